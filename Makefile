@@ -1,0 +1,32 @@
+# One-command install, tests and demo. See BUILD.md for why TFF is installed in two steps.
+PYTHON ?= python3.11
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.tfbfl-installed
+
+.PHONY: install check-install test demo bench clean-venv
+
+install: $(STAMP)
+
+# Re-runs only when the pins or the package metadata change (idempotent).
+$(STAMP): requirements/pins.txt setup.cfg pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements/pins.txt
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps google-vizier==0.1.11 tensorflow-federated==0.87.0
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	@touch $(STAMP)
+
+check-install: install
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m tfbfl.runtime
+
+test: install
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest -q tests
+
+demo: install
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m launchers.demo
+
+bench: install
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m benchmarks.round_time
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,71 @@
+"""Shared fixtures and the session-wide guard against leftover processes.
+
+Every test that invokes TFF computations uses the `tff_runtime` fixture: one owned
+`worker_binary` for the whole session, stopped at the end. After the session, the
+guard fails the run if any child process (or any process started under this
+session, found by an inherited environment marker) is still alive, and kills it so CI never hangs on an open pipe.
+"""
+
+import os
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import psutil  # noqa: E402
+import pytest  # noqa: E402
+
+# Inherited by every process the tests start (and by theirs): lets the guard find
+# orphans of this session without touching anybody else's processes.
+_MARKER = "TFBFL_TEST_SESSION"
+os.environ[_MARKER] = str(os.getpid())
+
+
+@pytest.fixture(scope="session")
+def tff_runtime():
+  from tfbfl import runtime  # pylint: disable=g-import-not-at-top
+
+  rt = runtime.set_local_runtime(max_concurrent_computation_calls=-1)
+  yield rt
+  runtime.shutdown()
+
+
+def _leftover_processes():
+  me = psutil.Process()
+  found = {p.pid: p for p in me.children(recursive=True)}
+  for p in psutil.process_iter(["pid"]):
+    if p.pid == me.pid:
+      continue
+    try:
+      if p.environ().get(_MARKER) == str(me.pid):
+        found[p.pid] = p
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+      continue
+  alive = []
+  for p in found.values():
+    try:
+      if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+        alive.append(p)
+    except psutil.NoSuchProcess:
+      pass
+  return alive
+
+
+def pytest_sessionfinish(session, exitstatus):
+  from tfbfl import runtime  # pylint: disable=g-import-not-at-top
+
+  runtime.shutdown()
+  deadline = time.time() + 5
+  leftovers = _leftover_processes()
+  while leftovers and time.time() < deadline:
+    time.sleep(0.2)
+    leftovers = _leftover_processes()
+  if leftovers:
+    lines = []
+    for p in leftovers:
+      try:
+        lines.append(f"  pid {p.pid}: {' '.join(p.cmdline())}")
+        p.kill()
+      except psutil.NoSuchProcess:
+        pass
+    print("\nERROR: tests left processes running (killed now):\n" + "\n".join(lines))
+    session.exitstatus = 1

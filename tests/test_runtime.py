@@ -1,0 +1,127 @@
+"""The runtime owns its worker: output to a log, no orphan, clear errors."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+from tfbfl import runtime
+
+_SCRIPT = textwrap.dedent("""
+    import os, sys
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    import numpy as np
+    import tensorflow_federated as tff
+    from tfbfl import runtime
+    rt = runtime.set_local_runtime(log_dir=sys.argv[1])
+    @tff.federated_computation(tff.FederatedType(np.float32, tff.CLIENTS))
+    def mean(v):
+      return tff.federated_mean(v)
+    print("WORKER_PID", rt.worker.process.pid, flush=True)
+    print("RESULT", float(mean([1.0, 2.0, 6.0])), flush=True)
+    if len(sys.argv) > 2:
+      import time
+      time.sleep(600)   # parent gets SIGKILLed by the test
+""")
+
+
+def _worker_pids_since(t0):
+  pids = []
+  for p in psutil.process_iter(["pid", "cmdline", "create_time"]):
+    cmd = " ".join(p.info["cmdline"] or [])
+    if "worker_binary" in cmd and p.info["create_time"] >= t0 - 1:
+      pids.append(p.info["pid"])
+  return pids
+
+
+def _wait_gone(pid, timeout_s=10.0):
+  deadline = time.time() + timeout_s
+  while time.time() < deadline:
+    if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+      return True
+    time.sleep(0.1)
+  return False
+
+
+def test_pipeline_ends_promptly_with_no_orphan(tmp_path):
+  script = tmp_path / "run.py"
+  script.write_text(_SCRIPT)
+  t0 = time.time()
+  # The failure mode being guarded against: an orphaned worker holding the pipe
+  # open makes `python run.py | cat` wait forever.
+  out = subprocess.run(
+      f"{sys.executable} {script} {tmp_path} | cat", shell=True, capture_output=True,
+      text=True, timeout=120)
+  elapsed = time.time() - t0
+  assert "RESULT 3.0" in out.stdout, out.stdout + out.stderr
+  worker_pid = int(out.stdout.split("WORKER_PID")[1].split()[0])
+  assert _wait_gone(worker_pid, 5), "worker outlived its parent"
+  assert elapsed < 90
+  # The worker's own output went to the log file, not into our pipe.
+  logs = [f for f in os.listdir(tmp_path) if f.startswith("tff_worker_")]
+  assert logs, "no worker log written"
+
+
+def test_worker_dies_when_parent_is_killed(tmp_path):
+  script = tmp_path / "run.py"
+  script.write_text(_SCRIPT)
+  proc = subprocess.Popen([sys.executable, str(script), str(tmp_path), "sleep"],
+                          stdout=subprocess.PIPE, text=True)
+  try:
+    worker_pid = None
+    deadline = time.time() + 120
+    while time.time() < deadline:
+      line = proc.stdout.readline()
+      if line.startswith("WORKER_PID"):
+        worker_pid = int(line.split()[1])
+      if line.startswith("RESULT"):
+        break
+    assert worker_pid is not None
+    os.kill(proc.pid, signal.SIGKILL)  # no atexit runs: only PDEATHSIG can help
+    proc.wait(timeout=10)
+    assert _wait_gone(worker_pid, 10), "worker survived SIGKILL of its parent"
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+      proc.wait()
+
+
+def test_dead_worker_gives_clear_error(tmp_path):
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+
+  rt = runtime.LocalRuntime(log_dir=str(tmp_path)).start()
+  try:
+    @tff.federated_computation(tff.FederatedType(np.float32, tff.CLIENTS))
+    def total(v):
+      return tff.federated_sum(v)
+
+    assert float(total([1.0, 2.0])) == 3.0
+    rt.worker.process.kill()
+    rt.worker.process.wait()
+    with pytest.raises(Exception, match="exited with code"):
+      total([1.0, 2.0])
+  finally:
+    rt.close()
+  assert rt.worker is None
+
+
+def test_startup_timeout_must_be_positive():
+  with pytest.raises(ValueError, match="startup_timeout_s"):
+    runtime.WorkerProcess(startup_timeout_s=0)
+
+
+def test_federated_mean_through_session_runtime(tff_runtime):
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+
+  @tff.federated_computation(tff.FederatedType(np.float32, tff.CLIENTS))
+  def mean(v):
+    return tff.federated_mean(v)
+
+  assert float(mean([1.0, 2.0, 6.0])) == pytest.approx(3.0)
+  assert tff_runtime.worker.alive()

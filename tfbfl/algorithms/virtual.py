@@ -1,0 +1,393 @@
+"""VIRTUAL: variational federated multi-task learning as TFF computations.
+
+Model (Corinzia, Beuret & Buhmann, "Variational Federated Multi-Task Learning",
+Algorithm 1, Proposition 1, eq. 3). Shared (server) weights `theta` with posterior
+proxy `s(theta) = prod_i s_i(theta)`, private client weights `phi_i` with posterior
+`c_i(phi_i)`, all mean-field Gaussians held in natural parameters
+(`tfbfl.gaussian`). In round t, each selected client i:
+
+1. receives `s^(t)` and forms the cavity `cav_i = s^(t) / s_i^(t-1)` and the prior
+   of its shared weights `p(theta)^(1/K) * cav_i`;
+2. trains `q_i(theta) = s_i(theta) * cav_i` (the shared layers' posterior) and
+   `c_i(phi_i)` for E epochs of plain SGD on eq. (3) per example,
+
+       CE(y, client(x)) [+ w_S CE(y, server(x))]
+         + beta / N_i * [KL(q_i || p^(1/K) cav_i) + KL(c_i || p(phi_i))],
+
+   sampling activations by local reparameterization;
+3. sends `Delta_i = s_i^new / s_i^(t-1)` with `s_i^new = q_i / cav_i`
+   (natural-parameter difference; equals `q_i / s^(t)` when nothing is floored);
+4. keeps `s_i <- s_i^(t-1) * Delta_i^gamma` (damping `gamma`, Appendix D).
+
+The server only receives the aggregate `Delta = prod_i Delta_i` (a
+`tfbfl.aggregators.GaussianProductFactory` sum) and applies
+`s^(t+1) = s^(t) * Delta^eta_s` (server learning rate `eta_s`). Information of
+clients not selected stays in `s` (no averaging).
+
+Choices this implementation makes explicit:
+
+* Damping acts on the client's stored factor only; the transmitted delta is
+  undamped. The paper ties `gamma = 1 - eta_s` (`tie_damping=True`); with
+  `eta_s = 1` this freezes the client factors but still applies the full server
+  update, so it is never a zero update (the public code's default was).
+* Start of each round's optimisation over `theta`: the client's own last
+  posterior `q_i` (its "deployed" shared weights), or `s^(t)` for a client never
+  trained; `fedavg_init=True` always starts from `s^(t)` ("VIRTUAL + FedAvg init",
+  Sec. IV-F). The loss is the same in both variants.
+* Non-positive precisions: the cavity is floored at `min_precision` (it is
+  multiplied by the proper prior `p^(1/K)`, so the KL target stays proper); the
+  server posterior is floored at the prior precision `1/prior_scale^2` keeping the
+  previous mean for floored entries; the number of floored entries is a metric.
+* Initial factors: `s^(0) = N(mu_init, init_scale^2)` (Glorot means, seeded) and
+  `s_i^(0) = s^(0)^(1/K)`, so that `s^(0) = prod_i s_i^(0)`.
+* `server_loss_weight` (default 1) adds the server network's own cross-entropy to
+  the likelihood term, because metric S evaluates the server network alone; set it
+  to 0 for the paper's eq. (3) likelihood on the client output only.
+* Client data enter each round as in-memory tensors `(x, y)`; minibatches are
+  drawn with stateless shuffles from the per-client seed, so a run is fully
+  determined by `--seed`.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tfbfl import gaussian
+from tfbfl import models
+from tfbfl.aggregators import GaussianProductFactory
+
+ServerState = collections.namedtuple("ServerState", ["posterior", "aggregator_state", "round_num"])
+ClientState = collections.namedtuple(
+    "ClientState", ["shared_factor", "shared_posterior", "private", "trained"])
+ClientOutput = collections.namedtuple(
+    "ClientOutput", ["delta", "client_state", "metrics", "num_examples"])
+
+_CAVITY_MIN_PRECISION = 1e-8
+
+
+@dataclasses.dataclass(frozen=True)
+class VirtualConfig:
+  """Hyperparameters of VIRTUAL (flags of `launchers/train.py`)."""
+  input_dim: int
+  num_classes: int
+  num_clients: int
+  hidden_units: Sequence[int] = (100, 100)
+  activation: str = "relu"
+  epochs: int = 20
+  batch_size: int = 20
+  client_lr: float = 0.05
+  server_lr: float = 1.0
+  damping: float = 1.0
+  tie_damping: bool = False
+  kl_weight: float = 1.0
+  prior_scale: float = 1.0
+  init_scale: float = 0.05
+  fedavg_init: bool = False
+  server_loss_weight: float = 1.0
+  private: bool = True
+  likelihood: str = "categorical"   # or "gaussian" (regression, noise_scale)
+  noise_scale: float = 1.0
+  gate_init: float = 1.0
+  eval_samples: int = 0
+  seed: int = 0
+
+  def __post_init__(self):
+    def positive(name, strict=True):
+      v = getattr(self, name)
+      if (v <= 0) if strict else (v < 0):
+        raise ValueError(f"{name} must be {'>' if strict else '>='} 0, got {v}.")
+    for name in ("input_dim", "num_classes", "num_clients", "epochs", "batch_size",
+                 "client_lr", "server_lr", "prior_scale", "init_scale", "noise_scale"):
+      positive(name)
+    for name in ("kl_weight", "server_loss_weight", "eval_samples"):
+      positive(name, strict=False)
+    if not 0.0 <= self.damping <= 1.0:
+      raise ValueError(f"damping must be in [0, 1], got {self.damping}.")
+    if self.tie_damping and self.server_lr > 1.0:
+      raise ValueError(f"tie_damping needs server_lr <= 1, got {self.server_lr}.")
+    if self.likelihood not in ("categorical", "gaussian"):
+      raise ValueError(f"likelihood must be 'categorical' or 'gaussian', got {self.likelihood!r}.")
+    if any(int(h) <= 0 for h in self.hidden_units):
+      raise ValueError(f"hidden_units must be positive, got {tuple(self.hidden_units)}.")
+
+  @property
+  def client_damping(self) -> float:
+    return 1.0 - self.server_lr if self.tie_damping else self.damping
+
+
+def _prior_natural(like: gaussian.NaturalGaussian, prior_scale: float, power: float):
+  """`p(theta)^power` for `p = N(0, prior_scale^2)`, shaped like `like`."""
+  prec = power / prior_scale**2
+  return gaussian.NaturalGaussian(
+      tf.nest.map_structure(tf.zeros_like, like.eta1),
+      tf.nest.map_structure(lambda e: tf.fill(tf.shape(e), tf.constant(prec, e.dtype)), like.eta2))
+
+
+def _sub(a, b):
+  return gaussian.NaturalGaussian(
+      tf.nest.map_structure(tf.subtract, a.eta1, b.eta1),
+      tf.nest.map_structure(tf.subtract, a.eta2, b.eta2))
+
+
+def _add_scaled(a, b, scale):
+  return gaussian.NaturalGaussian(
+      tf.nest.map_structure(lambda x, y: x + scale * y, a.eta1, b.eta1),
+      tf.nest.map_structure(lambda x, y: x + scale * y, a.eta2, b.eta2))
+
+
+def floor_precision(g, fallback, min_precision):
+  """Entries of `g` with precision < min_precision get that precision and the
+  mean of `fallback`. Returns (floored gaussian, number of floored entries)."""
+  fallback_mean = gaussian.mean(fallback)
+
+  def fix(e1, e2, m):
+    bad = e2 < min_precision
+    return (tf.where(bad, min_precision * m, e1), tf.where(bad, tf.ones_like(e2) * min_precision, e2),
+            tf.reduce_sum(tf.cast(bad, tf.int32)))
+
+  fixed = tf.nest.map_structure(fix, g.eta1, g.eta2, fallback_mean)
+  flat = tf.nest.flatten(fixed)
+  eta1 = tf.nest.pack_sequence_as(g.eta1, flat[0::3])
+  eta2 = tf.nest.pack_sequence_as(g.eta2, flat[1::3])
+  return gaussian.NaturalGaussian(eta1, eta2), tf.add_n(flat[2::3])
+
+
+def _data_loss(cfg: VirtualConfig, y, outputs):
+  """Per-batch mean negative log-likelihood and number of correct predictions."""
+  if cfg.likelihood == "categorical":
+    loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=outputs))
+    correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(outputs, -1, output_type=y.dtype), y), tf.float32))
+    return loss, correct
+  err = tf.cast(y, outputs.dtype) - tf.squeeze(outputs, -1)
+  return tf.reduce_mean(0.5 * tf.square(err) / cfg.noise_scale**2), tf.constant(0.0)
+
+
+class VirtualAlgorithm:
+  """Builds VIRTUAL's TFF computations and its initial states.
+
+  `next(server_state@SERVER, client_states@CLIENTS, seeds@CLIENTS, data@CLIENTS)`
+  returns `(server_state@SERVER, client_states@CLIENTS, metrics@SERVER)`; client data
+  come last (TFF's mergeable-context splitter reads the client count from the last
+  argument). `evaluate(server_state@SERVER, client_states@CLIENTS, seeds@CLIENTS,
+  test_data@CLIENTS)` returns per-client `(server_loss, server_correct, mt_loss,
+  mt_correct, n)` sums at CLIENTS.
+
+  Args:
+    config: `VirtualConfig`.
+    aggregator: factory for the product of deltas (default
+      `GaussianProductFactory()`, a plain federated sum).
+  """
+
+  name = "virtual"
+
+  def __init__(self, config: VirtualConfig, aggregator: Optional[GaussianProductFactory] = None):
+    self.config = config
+    self._aggregator = aggregator or GaussianProductFactory()
+    if self._aggregator.weighted:
+      raise ValueError("VIRTUAL needs an unweighted GaussianProductFactory (a product of deltas).")
+    self._init_posterior = models.initial_shared_posterior(
+        config.input_dim, config.num_classes, tuple(config.hidden_units),
+        init_scale=config.init_scale, seed=config.seed)
+    self._build_computations()
+
+  # ----------------------------------------------------------------- states
+  def _networks(self) -> models.VirtualNetworks:
+    c = self.config
+    return models.VirtualNetworks(
+        c.input_dim, c.num_classes, hidden_units=tuple(c.hidden_units), activation=c.activation,
+        prior_scale=c.prior_scale, init_scale=c.init_scale, gate_init=c.gate_init, seed=None)
+
+  def initial_server_state(self) -> ServerState:
+    posterior = tf.nest.map_structure(np.asarray, self._init_posterior)
+    return ServerState(gaussian.NaturalGaussian(*posterior), self._aggregation.initialize(), np.int32(0))
+
+  def initial_client_state(self, client_index: int) -> ClientState:
+    c = self.config
+    factor = gaussian.power(self._init_posterior, 1.0 / c.num_clients)
+    private = models.initial_private_weights(
+        c.input_dim, c.num_classes, tuple(c.hidden_units), init_scale=c.init_scale,
+        gate_init=c.gate_init, seed=c.seed * 100003 + 7919 * (client_index + 1))
+    as_np = lambda s: tf.nest.map_structure(lambda t: np.asarray(t, np.float32), s)
+    return ClientState(
+        gaussian.NaturalGaussian(*as_np(factor)),
+        gaussian.NaturalGaussian(*as_np(self._init_posterior)),
+        [np.asarray(w, np.float32) for w in private], np.bool_(False))
+
+  # ----------------------------------------------------------- client work
+  def _client_train(self, server_posterior, state: ClientState, seed, x, y):
+    cfg = self.config
+    net = self._networks()
+    shared_vars = net.shared_trainable_variables
+    train_vars = shared_vars + (net.private_trainable_variables if cfg.private else [])
+
+    @tf.function
+    def train():
+      cavity, _ = gaussian.ratio_with_count(
+          server_posterior, state.shared_factor, on_nonpositive="floor",
+          min_precision=_CAVITY_MIN_PRECISION)
+      prior = gaussian.product(_prior_natural(cavity, cfg.prior_scale, 1.0 / cfg.num_clients), cavity)
+      if cfg.fedavg_init:
+        start = server_posterior
+      else:
+        start = tf.nest.map_structure(
+            lambda own, srv: tf.where(state.trained, own, srv), state.shared_posterior, server_posterior)
+        start = gaussian.NaturalGaussian(*start)
+      net.set_shared_posterior(start)
+      net.set_shared_prior(prior)
+      net.set_private_weights(state.private)
+
+      n = tf.shape(y)[0]
+      n_float = tf.cast(n, tf.float32)
+      steps_per_epoch = (n + cfg.batch_size - 1) // cfg.batch_size
+      order = tf.argsort(
+          tf.random.stateless_uniform([cfg.epochs, n], seed=seed), axis=1)
+      kl_scale = cfg.kl_weight / n_float
+      loss_sum = tf.constant(0.0)
+      correct_sum = tf.constant(0.0)
+      for step in tf.range(cfg.epochs * steps_per_epoch):
+        epoch, i = step // steps_per_epoch, step % steps_per_epoch
+        idx = order[epoch, i * cfg.batch_size:(i + 1) * cfg.batch_size]
+        xb, yb = tf.gather(x, idx), tf.gather(y, idx)
+        step_seed = tf.random.experimental.stateless_fold_in(seed, step)
+        with tf.GradientTape() as tape:
+          server_out, client_out = net.forward(xb, seed=step_seed)
+          if cfg.private:
+            data_loss, correct = _data_loss(cfg, yb, client_out)
+            if cfg.server_loss_weight > 0:
+              data_loss += cfg.server_loss_weight * _data_loss(cfg, yb, server_out)[0]
+            kl = net.kl_shared() + net.kl_private()
+          else:
+            data_loss, correct = _data_loss(cfg, yb, server_out)
+            kl = net.kl_shared()
+          loss = data_loss + kl_scale * kl
+        grads = tape.gradient(loss, train_vars)
+        for v, g in zip(train_vars, grads):
+          if g is not None:
+            v.assign_sub(cfg.client_lr * g)
+        loss_sum += data_loss * tf.cast(tf.shape(yb)[0], tf.float32)
+        correct_sum += correct
+      seen = n_float * cfg.epochs
+      q_new = net.shared_posterior()
+      new_factor = _sub(q_new, cavity)                    # s_i^new = q_i / cav_i
+      delta = _sub(new_factor, state.shared_factor)        # Delta_i = s_i^new / s_i^old
+      stored = _add_scaled(state.shared_factor, delta, cfg.client_damping)
+      new_state = ClientState(stored, q_new, net.get_private_weights(), tf.constant(True))
+      metrics = collections.OrderedDict(
+          train_loss=loss_sum / seen, train_accuracy=correct_sum / seen)
+      return ClientOutput(delta, new_state, metrics, n_float)
+
+    return train()
+
+  def _evaluate_client(self, server_posterior, state: ClientState, seed, x, y):
+    cfg = self.config
+    net = self._networks()
+
+    @tf.function
+    def run():
+      own = gaussian.NaturalGaussian(*tf.nest.map_structure(
+          lambda o, s: tf.where(state.trained, o, s), state.shared_posterior, server_posterior))
+
+      def predict(posterior, want_client):
+        net.set_shared_posterior(posterior)
+        if cfg.eval_samples == 0:
+          out = net.forward(x)[1 if want_client else 0]
+          return tf.nn.log_softmax(out)
+        probs = tf.zeros([tf.shape(x)[0], cfg.num_classes])
+        for s in tf.range(cfg.eval_samples):
+          out = net.forward(x, seed=tf.random.experimental.stateless_fold_in(seed, s))
+          probs += tf.nn.softmax(out[1 if want_client else 0])
+        return tf.math.log(probs / cfg.eval_samples + 1e-12)
+
+      def score(log_probs):
+        nll = -tf.reduce_sum(tf.gather(log_probs, y, axis=1, batch_dims=1))
+        correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(log_probs, -1, output_type=y.dtype), y), tf.float32))
+        return nll, correct
+
+      net.set_private_weights(state.private)
+      s_loss, s_correct = score(predict(server_posterior, False))
+      if cfg.private:
+        m_loss, m_correct = score(predict(own, True))
+      else:
+        m_loss, m_correct = score(predict(own, False))
+      return collections.OrderedDict(
+          server_loss=s_loss, server_correct=s_correct, mt_loss=m_loss, mt_correct=m_correct,
+          num_examples=tf.cast(tf.shape(y)[0], tf.float32))
+
+    return run()
+
+  # ------------------------------------------------------ TFF computations
+  def _build_computations(self):
+    cfg = self.config
+    leaf_types = [tff.TensorType(np.float32, tuple(t.shape)) for t in self._init_posterior.eta1]
+    posterior_type = tff.to_type(gaussian.NaturalGaussian(list(leaf_types), list(leaf_types)))
+    init_state = self.initial_client_state(0)
+    client_state_type = tff.to_type(ClientState(
+        posterior_type, posterior_type,
+        [tff.TensorType(np.float32, w.shape) for w in init_state.private],
+        tff.TensorType(np.bool_)))
+    seed_type = tff.TensorType(np.int64, [2])
+    y_dtype = np.int32 if cfg.likelihood == "categorical" else np.float32
+    data_type = tff.to_type((tff.TensorType(np.float32, [None, cfg.input_dim]),
+                             tff.TensorType(y_dtype, [None])))
+    self._aggregation = self._aggregator.create(posterior_type)
+    aggregation = self._aggregation
+    server_state_type = tff.to_type(ServerState(
+        posterior_type, aggregation.initialize.type_signature.result.member, tff.TensorType(np.int32)))
+
+    @tff.tensorflow.computation(posterior_type, client_state_type, seed_type, data_type)
+    def client_update(server_posterior, state, seed, data):
+      state = ClientState(gaussian.NaturalGaussian(*state.shared_factor),
+                          gaussian.NaturalGaussian(*state.shared_posterior),
+                          list(state.private), state.trained)
+      return self._client_train(gaussian.NaturalGaussian(*server_posterior), state, seed, *data)
+
+    @tff.tensorflow.computation(server_state_type.posterior, posterior_type, tff.TensorType(np.int32))
+    def server_update(posterior, delta_sum, round_num):
+      posterior = gaussian.NaturalGaussian(*posterior)
+      moved = _add_scaled(posterior, gaussian.NaturalGaussian(*delta_sum), cfg.server_lr)
+      floored, count = floor_precision(moved, posterior, 1.0 / cfg.prior_scale**2)
+      return floored, round_num + 1, count
+
+    @tff.federated_computation(
+        tff.FederatedType(server_state_type, tff.SERVER),
+        tff.FederatedType(client_state_type, tff.CLIENTS),
+        tff.FederatedType(seed_type, tff.CLIENTS),
+        tff.FederatedType(data_type, tff.CLIENTS))
+    def next_fn(server_state, client_states, seeds, data):
+      broadcast = tff.federated_broadcast(server_state.posterior)
+      out = tff.federated_map(client_update, (broadcast, client_states, seeds, data))
+      agg = aggregation.next(server_state.aggregator_state, out.delta)
+      posterior, round_num, floored = tff.federated_map(
+          server_update, (server_state.posterior, agg.result, server_state.round_num))
+      new_state = tff.federated_zip(ServerState(posterior, agg.state, round_num))
+      train = tff.federated_mean(out.metrics, weight=out.num_examples)
+      metrics = tff.federated_zip(collections.OrderedDict(
+          train=train, server_floored=floored, num_examples=tff.federated_sum(out.num_examples)))
+      return new_state, out.client_state, metrics
+
+    @tff.tensorflow.computation(posterior_type, client_state_type, seed_type, data_type)
+    def client_eval(server_posterior, state, seed, data):
+      state = ClientState(gaussian.NaturalGaussian(*state.shared_factor),
+                          gaussian.NaturalGaussian(*state.shared_posterior),
+                          list(state.private), state.trained)
+      return self._evaluate_client(gaussian.NaturalGaussian(*server_posterior), state, seed, *data)
+
+    @tff.federated_computation(
+        tff.FederatedType(server_state_type, tff.SERVER),
+        tff.FederatedType(client_state_type, tff.CLIENTS),
+        tff.FederatedType(seed_type, tff.CLIENTS),
+        tff.FederatedType(data_type, tff.CLIENTS))
+    def evaluate_fn(server_state, client_states, seeds, data):
+      return tff.federated_map(
+          client_eval, (tff.federated_broadcast(server_state.posterior), client_states, seeds, data))
+
+    self.client_update = client_update
+    self.server_update = server_update
+    self.next = next_fn
+    self.evaluate = evaluate_fn

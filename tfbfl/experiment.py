@@ -1,0 +1,341 @@
+"""The round driver shared by every federated algorithm and launcher.
+
+It owns what is the same for all methods: client sampling, the client-state store,
+evaluation with the S and MT metrics, outputs and checkpoints. An algorithm plugs
+in through four members (see `tfbfl.algorithms.virtual.VirtualAlgorithm`):
+
+    initial_server_state() -> server_state
+    initial_client_state(client_index) -> client_state
+    next(server_state, client_states, seeds, data) -> (server_state, client_states, metrics)
+    evaluate(server_state, client_states, seeds, test_data) -> per-client sums
+        {server_loss, server_correct, mt_loss, mt_correct, num_examples}
+
+Round `r` (1-based) samples `clients_per_round` clients without replacement with
+`np.random.default_rng([seed, r])` and gives client `k` the stateless seed
+`[seed, r * 1_000_003 + k]`, so a run, and a run resumed from a checkpoint, is
+fully determined by `seed`. Metrics are weighted by client test-set size:
+
+* S  = the server model on every client's test data;
+* MT = each client's own model on its own test data (its last deployed model; a
+  client never selected yet is evaluated with its initial model).
+
+Outputs in `output_dir`: `metrics.csv` (one row per evaluated round),
+`client_metrics.csv` (per-client MT accuracy per evaluated round), `summary.json`,
+TensorBoard event files under `tb/`, `curves.png`, and `checkpoint.pkl`. Every file
+is written to a temporary name and renamed, so an interrupted run never leaves a
+half-written file, and a resumed run reproduces the uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import os
+import pickle
+import sys
+import tempfile
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from tfbfl.data import FederatedData
+
+CHECKPOINT = "checkpoint.pkl"
+BASE_COLUMNS = ("round", "server_accuracy", "server_loss", "mt_accuracy", "mt_loss",
+                "train_loss", "train_accuracy", "wall_time_s")
+
+
+@dataclasses.dataclass
+class RunConfig:
+  """How to drive the rounds (the algorithm-independent flags)."""
+  rounds: int = 20
+  clients_per_round: int = 10
+  eval_every: int = 1
+  seed: int = 0
+  output_dir: Optional[str] = None
+  checkpoint_every: int = 0
+  resume: bool = False
+  verbose: bool = True
+
+  def validate(self, num_clients: int) -> None:
+    if self.rounds < 1:
+      raise ValueError(f"--rounds must be >= 1, got {self.rounds}.")
+    if not 1 <= self.clients_per_round <= num_clients:
+      raise ValueError(
+          f"--clients_per_round must be in [1, num_clients={num_clients}], "
+          f"got {self.clients_per_round}.")
+    if self.eval_every < 1:
+      raise ValueError(f"--eval_every must be >= 1, got {self.eval_every}.")
+    if self.checkpoint_every < 0:
+      raise ValueError(f"--checkpoint_every must be >= 0, got {self.checkpoint_every}.")
+    if self.resume and not self.output_dir:
+      raise ValueError("--resume needs --output_dir (where the checkpoint is).")
+
+
+# ----------------------------------------------------------------- file output
+def atomic_write_bytes(path: str, data: bytes) -> None:
+  """Writes `data` to `path` via a temporary file in the same directory + rename."""
+  directory = os.path.dirname(os.path.abspath(path))
+  os.makedirs(directory, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+  try:
+    with os.fdopen(fd, "wb") as f:
+      f.write(data)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.unlink(tmp)
+    raise
+
+
+def atomic_write_text(path: str, text: str) -> None:
+  atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def write_csv(path: str, rows: Sequence[Dict[str, Any]], columns: Sequence[str]) -> None:
+  buf = io.StringIO()
+  writer = csv.DictWriter(buf, fieldnames=list(columns), extrasaction="ignore")
+  writer.writeheader()
+  for row in rows:
+    writer.writerow({k: _fmt(row.get(k, "")) for k in columns})
+  atomic_write_text(path, buf.getvalue())
+
+
+def _fmt(v):
+  if isinstance(v, (float, np.floating)):
+    return f"{float(v):.6g}"
+  return v
+
+
+def plot_curves(path: str, rows: Sequence[Dict[str, Any]], title: str = "") -> None:
+  """S and MT accuracy and loss per round (PNG)."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  rounds = [r["round"] for r in rows]
+  fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+  for key, label in (("server", "S (server model)"), ("mt", "MT (client models)")):
+    axes[0].plot(rounds, [r[f"{key}_accuracy"] for r in rows], marker=".", label=label)
+    axes[1].plot(rounds, [r[f"{key}_loss"] for r in rows], marker=".", label=label)
+  axes[0].set_ylabel("test accuracy")
+  axes[1].set_ylabel("test cross-entropy")
+  axes[1].set_yscale("log")
+  for ax in axes:
+    ax.set_xlabel("round")
+    ax.grid(alpha=0.3)
+    ax.legend()
+  fig.suptitle(title)
+  fig.tight_layout()
+  buf = io.BytesIO()
+  fig.savefig(buf, format="png", dpi=100)
+  plt.close(fig)
+  atomic_write_bytes(path, buf.getvalue())
+
+
+# --------------------------------------------------------------------- driver
+def client_seed(seed: int, round_num: int, client_index: int) -> np.ndarray:
+  return np.array([seed, round_num * 1_000_003 + client_index], dtype=np.int64)
+
+
+def sample_clients(seed: int, round_num: int, num_clients: int, per_round: int) -> List[int]:
+  rng = np.random.default_rng([seed, round_num])
+  return sorted(int(i) for i in rng.choice(num_clients, size=per_round, replace=False))
+
+
+def aggregate_evaluation(per_client: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+  """Weights each client's sums by its test-set size."""
+  n = float(sum(float(c["num_examples"]) for c in per_client))
+  if n <= 0:
+    raise ValueError("evaluation needs at least one test example over all clients.")
+  total = lambda k: float(sum(float(c[k]) for c in per_client))
+  return dict(
+      server_accuracy=total("server_correct") / n, server_loss=total("server_loss") / n,
+      mt_accuracy=total("mt_correct") / n, mt_loss=total("mt_loss") / n,
+      client_mt_accuracy=[float(c["mt_correct"]) / max(float(c["num_examples"]), 1.0)
+                          for c in per_client])
+
+
+def _flatten_metrics(metrics: Any, prefix: str = "") -> Dict[str, float]:
+  out = {}
+  if isinstance(metrics, dict) or hasattr(metrics, "items"):
+    for k, v in metrics.items():
+      out.update(_flatten_metrics(v, f"{prefix}{k}/" if k != "train" else "train_"))
+  else:
+    out[prefix.rstrip("/")] = float(np.asarray(metrics))
+  return out
+
+
+class ExperimentRunner:
+  """Runs `rounds` rounds of `algorithm` on `data`; see the module docstring.
+
+  Args:
+    algorithm: object with the four members listed in the module docstring.
+    data: `tfbfl.data.FederatedData`.
+    config: `RunConfig`.
+    flags: dict of the launcher's flags, stored in `summary.json` and checked on
+      `--resume` (a checkpoint of another configuration is refused).
+    round_hook: optional `fn(round_num, metrics_dict)` called after each round
+      (e.g. communication accounting adds columns).
+  """
+
+  def __init__(self, algorithm, data: FederatedData, config: RunConfig,
+               flags: Optional[Dict[str, Any]] = None,
+               round_hook: Optional[Callable[[int, Dict[str, Any]], None]] = None):
+    config.validate(len(data.client_ids))
+    self.algorithm, self.data, self.config = algorithm, data, config
+    self.flags = dict(flags or {})
+    self.round_hook = round_hook
+    self.client_ids = list(data.client_ids)
+    self._train = [data.train[c] for c in self.client_ids]
+    self._test = [data.test[c] for c in self.client_ids]
+    self.rows: List[Dict[str, Any]] = []
+    self.client_rows: List[Dict[str, Any]] = []
+    self._tb_writer = None
+
+  # ---------------------------------------------------------------- state
+  def _fresh_state(self):
+    return dict(round=0, server_state=self.algorithm.initial_server_state(),
+                clients={}, rows=[], client_rows=[], wall_time_s=0.0)
+
+  def _client_state(self, state, index):
+    if index not in state["clients"]:
+      state["clients"][index] = self.algorithm.initial_client_state(index)
+    return state["clients"][index]
+
+  def _checkpoint_path(self):
+    return os.path.join(self.config.output_dir, CHECKPOINT)
+
+  def _save_checkpoint(self, state):
+    payload = dict(state, flags=self._checkpoint_flags())
+    atomic_write_bytes(self._checkpoint_path(), pickle.dumps(payload, protocol=4))
+
+  def _checkpoint_flags(self):
+    ignore = {"rounds", "resume", "checkpoint_every", "output_dir", "eval_every"}
+    return {k: v for k, v in self.flags.items() if k not in ignore}
+
+  def _load_checkpoint(self):
+    path = self._checkpoint_path()
+    if not os.path.exists(path):
+      raise FileNotFoundError(f"--resume: no checkpoint at {path}.")
+    with open(path, "rb") as f:
+      state = pickle.load(f)
+    saved = state.pop("flags", {})
+    if saved != self._checkpoint_flags():
+      diff = sorted(k for k in set(saved) | set(self._checkpoint_flags())
+                    if saved.get(k) != self._checkpoint_flags().get(k))
+      raise ValueError(f"--resume: checkpoint {path} was written with other flags: {diff}.")
+    return state
+
+  # ------------------------------------------------------------- evaluate
+  def evaluate(self, state) -> Dict[str, Any]:
+    k = len(self.client_ids)
+    states = [self._client_state(state, i) for i in range(k)]
+    seeds = [client_seed(self.config.seed, -1 - state["round"], i) for i in range(k)]
+    per_client = self.algorithm.evaluate(state["server_state"], states, seeds, self._test)
+    return aggregate_evaluation(per_client)
+
+  # ------------------------------------------------------------------ run
+  def run(self) -> Dict[str, Any]:
+    cfg = self.config
+    state = self._load_checkpoint() if cfg.resume else self._fresh_state()
+    if cfg.resume and self.config.verbose:
+      print(f"resumed from {self._checkpoint_path()} at round {state['round']}", flush=True)
+    k = len(self.client_ids)
+    start_round = state["round"] + 1
+    clock = time.time() - state["wall_time_s"]
+    session_start, session_rounds = time.time(), 0
+    for r in range(start_round, cfg.rounds + 1):
+      selected = sample_clients(cfg.seed, r, k, cfg.clients_per_round)
+      states = [self._client_state(state, i) for i in selected]
+      seeds = [client_seed(cfg.seed, r, i) for i in selected]
+      data = [self._train[i] for i in selected]
+      server_state, new_states, metrics = self.algorithm.next(state["server_state"], states, seeds, data)
+      state["server_state"] = server_state
+      for i, s in zip(selected, new_states):
+        state["clients"][i] = s
+      state["round"] = r
+      session_rounds += 1
+      flat = _flatten_metrics(metrics)
+      if self.round_hook is not None:
+        self.round_hook(r, flat)
+      state["wall_time_s"] = time.time() - clock
+      if r % cfg.eval_every == 0 or r == cfg.rounds:
+        ev = self.evaluate(state)
+        row = dict(round=r, **{k2: v for k2, v in ev.items() if k2 != "client_mt_accuracy"},
+                   **flat, wall_time_s=time.time() - clock)
+        state["rows"].append(row)
+        state["client_rows"].append(
+            dict(round=r, **{c: a for c, a in zip(self.client_ids, ev["client_mt_accuracy"])}))
+        self._report(r, row, session_start, session_rounds)
+        self._write_outputs(state)
+      if cfg.output_dir and cfg.checkpoint_every and r % cfg.checkpoint_every == 0:
+        self._save_checkpoint(state)
+    self.rows, self.client_rows = state["rows"], state["client_rows"]
+    summary = self.summary(state)
+    if cfg.output_dir:
+      self._write_outputs(state, final=True, summary=summary)
+    return summary
+
+  def _report(self, r, row, session_start, session_rounds):
+    if not self.config.verbose:
+      return
+    per_round = (time.time() - session_start) / max(session_rounds, 1)
+    eta = per_round * (self.config.rounds - r)
+    print(f"[{self.algorithm.name}] round {r}/{self.config.rounds}  "
+          f"S acc {row['server_accuracy']:.4f} loss {row['server_loss']:.4f}  "
+          f"MT acc {row['mt_accuracy']:.4f} loss {row['mt_loss']:.4f}  "
+          f"train loss {row.get('train_loss', float('nan')):.4f}  "
+          f"{per_round:.2f} s/round  ETA {int(eta // 60)}:{int(eta % 60):02d}",
+          file=sys.stdout, flush=True)
+
+  def summary(self, state) -> Dict[str, Any]:
+    rows = state["rows"]
+    best = lambda key: max(r[key] for r in rows)
+    return dict(
+        algorithm=self.algorithm.name, flags=self.flags, rounds=state["round"],
+        best_server_accuracy=best("server_accuracy"), best_mt_accuracy=best("mt_accuracy"),
+        final_server_accuracy=rows[-1]["server_accuracy"], final_mt_accuracy=rows[-1]["mt_accuracy"],
+        final_server_loss=rows[-1]["server_loss"], final_mt_loss=rows[-1]["mt_loss"],
+        wall_time_s=state["wall_time_s"])
+
+  def _write_outputs(self, state, final=False, summary=None):
+    out = self.config.output_dir
+    if not out:
+      return
+    rows = state["rows"]
+    extra = sorted({k for r in rows for k in r} - set(BASE_COLUMNS))
+    write_csv(os.path.join(out, "metrics.csv"), rows, list(BASE_COLUMNS) + extra)
+    write_csv(os.path.join(out, "client_metrics.csv"), state["client_rows"],
+              ["round"] + self.client_ids)
+    self._write_tensorboard(rows[-1])
+    if final:
+      atomic_write_text(os.path.join(out, "summary.json"),
+                        json.dumps(summary, indent=2, sort_keys=True, default=_json_default))
+      plot_curves(os.path.join(out, "curves.png"), rows, title=self.algorithm.name)
+
+  def _write_tensorboard(self, row):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+    if self._tb_writer is None:
+      self._tb_writer = tf.summary.create_file_writer(os.path.join(self.config.output_dir, "tb"))
+    with self._tb_writer.as_default():
+      for key, value in row.items():
+        if key != "round" and isinstance(value, (int, float, np.floating)):
+          tf.summary.scalar(key, float(value), step=int(row["round"]))
+    self._tb_writer.flush()
+
+
+def _json_default(o):
+  if isinstance(o, (np.integer,)):
+    return int(o)
+  if isinstance(o, (np.floating,)):
+    return float(o)
+  if isinstance(o, (tuple, set)):
+    return list(o)
+  return str(o)

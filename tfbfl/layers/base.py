@@ -1,0 +1,333 @@
+"""Shared machinery of the mean-field Gaussian layers.
+
+`MeanFieldGaussianLayer` holds everything a Bayesian layer with a diagonal Gaussian
+posterior and a diagonal Gaussian prior needs: variable creation, the
+scale transform, conversion to and from natural parameters (`tfbfl.gaussian`), the
+closed-form KL divergence and its registration as a *callable* Keras loss, argument
+validation and `get_config`. A concrete layer only says which parameters it has
+(`_parameter_shapes`) and how an input meets them (`_apply_variational`).
+
+The helpers `initial_loc`, `initial_untransformed_scale` and `scale_from_untransformed`
+are public so that initial values can be computed without building a layer (the
+federated driver needs initial server and client states outside any Keras model);
+they are the functions the layers themselves use, so both agree bit for bit.
+"""
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_probability as tfp
+
+from tfbfl import gaussian
+
+__all__ = [
+  "MeanFieldGaussianLayer",
+  "derive_seed",
+  "initial_loc",
+  "initial_untransformed_scale",
+  "scale_from_untransformed",
+]
+
+_TRUNCATED_NORMAL_STDDEV_CORRECTION = 0.87962566103423978  # std of N(0,1) cut at +-2
+
+
+def derive_seed(seed, *salt):
+  """Derives a non-negative 31-bit integer seed from `seed` and integer `salt`s.
+
+  Pure Python/numpy (`np.random.SeedSequence`), so it is usable at graph-construction
+  time anywhere (inside `tf.function` or a TFF computation) and is deterministic.
+  """
+  if seed is None:
+    return None
+  if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
+    raise ValueError(f"`seed` must be a Python int or None, got {seed!r}.")
+  entropy = [int(seed) % (2**32)] + [int(s) % (2**32) for s in salt]
+  return int(np.random.SeedSequence(entropy).generate_state(1)[0] & 0x7FFFFFFF)
+
+
+def initial_loc(shape, fan_in, fan_out, seed=None, dtype=tf.float32):
+  """Glorot-normal initial posterior mean.
+
+  A normal truncated at two standard deviations with variance
+  `2 / (fan_in + fan_out)` after truncation. With an integer `seed` the draw is a
+  stateless op on seed `[seed, 0]` (deterministic, allowed inside TFF); with `None`
+  it is an ordinary unseeded draw.
+  """
+  stddev = np.sqrt(2.0 / max(1.0, float(fan_in + fan_out)))
+  stddev /= _TRUNCATED_NORMAL_STDDEV_CORRECTION
+  if seed is None:
+    return tf.random.truncated_normal(shape, stddev=stddev, dtype=dtype)
+  return tf.random.stateless_truncated_normal(
+    shape, seed=tf.constant([seed, 0], tf.int64), stddev=stddev, dtype=dtype
+  )
+
+
+def initial_untransformed_scale(init_scale, min_scale):
+  """The `u` with `softplus(u) + min_scale == init_scale` (a Python float).
+
+  Computed in numpy (`x + log(-expm1(-x))`, stable for small and large `x`), so it
+  is a constant in any graph.
+  """
+  x = float(init_scale) - float(min_scale)
+  if not x > 0:
+    raise ValueError(
+      f"`init_scale` must exceed `min_scale`, got {init_scale} <= {min_scale}."
+    )
+  return float(x + np.log(-np.expm1(-x)))
+
+
+def scale_from_untransformed(untransformed_scale, min_scale):
+  """`sigma = softplus(u) + min_scale`: positive, smooth, floored at `min_scale`."""
+  return tf.nn.softplus(untransformed_scale) + min_scale
+
+
+def _check_positive(name, value, allow_zero=False):
+  try:
+    value = float(value)
+  except (TypeError, ValueError):
+    raise ValueError(f"`{name}` must be a number, got {value!r}.") from None
+  if not np.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+    relation = ">= 0" if allow_zero else "> 0"
+    raise ValueError(f"`{name}` must be finite and {relation}, got {value!r}.")
+  return value
+
+
+class MeanFieldGaussianLayer(tf.keras.layers.Layer):
+  """Base class: mean-field Gaussian posterior, Gaussian prior, closed-form KL.
+
+  For every parameter tensor `w` (e.g. `kernel`, `bias`) the layer owns
+
+  * trainable `w_loc` (`mu`) and `w_untransformed_scale` (`u`), with posterior
+    `q(w) = N(mu, sigma^2)`, `sigma = softplus(u) + min_scale`. The floor
+    `min_scale` (default `1e-6`) keeps every precision finite when the posterior
+    is converted to natural parameters and keeps `u` invertible;
+  * non-trainable `w_prior_eta1`, `w_prior_eta2`: the prior in natural parameters
+    `(mu_p / sigma_p^2, 1 / sigma_p^2)`, initialised to `N(0, prior_scale^2)`.
+    Natural parameters make any Gaussian expressible as a prior, in particular the
+    tempered, cavity-multiplied priors of VIRTUAL, which are products of factors.
+
+  `kl_divergence()` is `sum_w KL(q(w) || p(w))` in closed form
+  (`tfbfl.gaussian.kl_divergence`); it is registered once with
+  `add_loss(lambda: self.kl_divergence())` so that `layer.losses` recomputes it in
+  whatever graph asks for it. A tensor loss would be captured by the first trace
+  and break the next one (TFF traces in TF1-style graphs).
+
+  Subclasses implement `_parameter_shapes(input_shape)`, returning an ordered list
+  of `(name, shape, fan_in, fan_out, random_loc)` (the order fixes the order of
+  `posterior()`), and `_apply_variational(inputs, locs, variances, seed)`, where
+  `locs`/`variances` are dicts by name and `variances` is `None` for the
+  deterministic (posterior-mean) forward pass.
+  """
+
+  def __init__(
+    self,
+    activation=None,
+    prior_scale=1.0,
+    init_scale=1e-3,
+    min_scale=1e-6,
+    variance_epsilon=1e-8,
+    seed=None,
+    **kwargs,
+  ):
+    super().__init__(**kwargs)
+    self.prior_scale = _check_positive("prior_scale", prior_scale)
+    self.min_scale = _check_positive("min_scale", min_scale, allow_zero=True)
+    self.init_scale = _check_positive("init_scale", init_scale)
+    if self.init_scale <= self.min_scale:
+      raise ValueError(
+        f"`init_scale` must exceed `min_scale` ({self.min_scale}), "
+        f"got {init_scale!r}."
+      )
+    self.variance_epsilon = _check_positive(
+      "variance_epsilon", variance_epsilon, allow_zero=True
+    )
+    if seed is not None and (
+      isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer))
+    ):
+      raise ValueError(f"`seed` must be a Python int or None, got {seed!r}.")
+    self.seed = None if seed is None else int(seed)
+    self.activation = tf.keras.activations.get(activation)
+    self._param_names = ()
+
+  # -- construction ----------------------------------------------------------------
+
+  def _parameter_shapes(self, input_shape):
+    raise NotImplementedError
+
+  def build(self, input_shape):
+    specs = self._parameter_shapes(tf.TensorShape(input_shape))
+    u0 = initial_untransformed_scale(self.init_scale, self.min_scale)
+    prior_eta2 = 1.0 / self.prior_scale**2
+    names = []
+    for index, (name, shape, fan_in, fan_out, random_loc) in enumerate(specs):
+      if random_loc:
+        seed = derive_seed(self.seed, index)
+        loc_init = lambda shape, dtype, fi=fan_in, fo=fan_out, s=seed: (
+          initial_loc(shape, fi, fo, seed=s, dtype=dtype)
+        )
+      else:
+        loc_init = tf.keras.initializers.Zeros()
+      loc = self.add_weight(
+        name=f"{name}_loc", shape=shape, initializer=loc_init, trainable=True
+      )
+      u = self.add_weight(
+        name=f"{name}_untransformed_scale",
+        shape=shape,
+        initializer=tf.keras.initializers.Constant(u0),
+        trainable=True,
+      )
+      eta1 = self.add_weight(
+        name=f"{name}_prior_eta1",
+        shape=shape,
+        initializer=tf.keras.initializers.Zeros(),
+        trainable=False,
+      )
+      eta2 = self.add_weight(
+        name=f"{name}_prior_eta2",
+        shape=shape,
+        initializer=tf.keras.initializers.Constant(prior_eta2),
+        trainable=False,
+      )
+      setattr(self, f"{name}_loc", loc)
+      setattr(self, f"{name}_untransformed_scale", u)
+      setattr(self, f"{name}_prior_eta1", eta1)
+      setattr(self, f"{name}_prior_eta2", eta2)
+      names.append(name)
+    self._param_names = tuple(names)
+    self.add_loss(lambda: self.kl_divergence())
+    super().build(input_shape)
+
+  # -- forward ---------------------------------------------------------------------
+
+  def _apply_variational(self, inputs, locs, variances, seed):
+    raise NotImplementedError
+
+  def call(self, inputs, seed=None):
+    locs = {n: getattr(self, f"{n}_loc") for n in self._param_names}
+    variances = None
+    if seed is not None:
+      variances = {
+        n: tf.square(
+          scale_from_untransformed(
+            getattr(self, f"{n}_untransformed_scale"), self.min_scale
+          )
+        )
+        for n in self._param_names
+      }
+    outputs = self._apply_variational(inputs, locs, variances, seed)
+    if self.activation is not None:
+      outputs = self.activation(outputs)
+    return outputs
+
+  # -- distributions ---------------------------------------------------------------
+
+  def _check_built(self, method):
+    if not self.built:
+      raise ValueError(
+        f"{type(self).__name__}.{method}() needs a built layer; call "
+        "`layer.build(input_shape)` first."
+      )
+
+  @property
+  def parameter_names(self):
+    """Names of the parameter tensors, in the order used by `posterior()`."""
+    return self._param_names
+
+  @property
+  def posterior_variables(self):
+    """The trainable variables `[w_loc, w_untransformed_scale, ...]` by parameter."""
+    return [
+      getattr(self, f"{n}_{kind}")
+      for n in self._param_names
+      for kind in ("loc", "untransformed_scale")
+    ]
+
+  def posterior_loc_scale(self):
+    """`(locs, scales)`: lists over `parameter_names`."""
+    self._check_built("posterior_loc_scale")
+    locs = [tf.convert_to_tensor(getattr(self, f"{n}_loc")) for n in self._param_names]
+    scales = [
+      scale_from_untransformed(
+        getattr(self, f"{n}_untransformed_scale"), self.min_scale
+      )
+      for n in self._param_names
+    ]
+    return locs, scales
+
+  def posterior(self):
+    """The posterior `q` as a `NaturalGaussian` over `[w for w in parameter_names]`."""
+    locs, scales = self.posterior_loc_scale()
+    return gaussian.from_loc_scale(locs, scales)
+
+  def set_posterior(self, g):
+    """Assigns `loc` and `u = softplus^-1(sigma - min_scale)` from natural params.
+
+    `g` must have the structure of `posterior()` and positive precision
+    (check with `tfbfl.gaussian.check_valid` where that is not guaranteed). A
+    scale at or below `min_scale` cannot be represented and is clipped to just
+    above it. Returns the grouped assign op (for graph mode).
+    """
+    self._check_built("set_posterior")
+    g = self._as_structure(g, "g")
+    locs, scales = gaussian.to_loc_scale(g)
+    ops = []
+    for n, loc, scale in zip(self._param_names, locs, scales):
+      var_loc = getattr(self, f"{n}_loc")
+      var_u = getattr(self, f"{n}_untransformed_scale")
+      excess = tf.cast(scale, var_u.dtype) - self.min_scale
+      tiny = np.finfo(var_u.dtype.as_numpy_dtype).tiny
+      excess = tf.maximum(excess, tiny)
+      ops.append(var_loc.assign(tf.cast(loc, var_loc.dtype)))
+      ops.append(var_u.assign(tfp.math.softplus_inverse(excess)))
+    return tf.group(*ops)
+
+  def prior(self):
+    """The prior as a `NaturalGaussian` over `[w for w in parameter_names]`."""
+    self._check_built("prior")
+    return gaussian.NaturalGaussian(
+      [tf.convert_to_tensor(getattr(self, f"{n}_prior_eta1")) for n in self._param_names],
+      [tf.convert_to_tensor(getattr(self, f"{n}_prior_eta2")) for n in self._param_names],
+    )
+
+  def set_prior(self, g):
+    """Assigns the prior's natural parameters. Returns the grouped assign op."""
+    self._check_built("set_prior")
+    g = self._as_structure(g, "g")
+    ops = []
+    for n, eta1, eta2 in zip(self._param_names, g.eta1, g.eta2):
+      v1 = getattr(self, f"{n}_prior_eta1")
+      v2 = getattr(self, f"{n}_prior_eta2")
+      ops.append(v1.assign(tf.cast(eta1, v1.dtype)))
+      ops.append(v2.assign(tf.cast(eta2, v2.dtype)))
+    return tf.group(*ops)
+
+  def kl_divergence(self):
+    """`KL(q || p)` summed over all parameters (a scalar), in closed form."""
+    return gaussian.kl_divergence(self.posterior(), self.prior())
+
+  def _as_structure(self, g, name):
+    if not (hasattr(g, "eta1") and hasattr(g, "eta2")):
+      raise ValueError(
+        f"`{name}` must be a tfbfl.gaussian.NaturalGaussian, got "
+        f"{type(g).__name__}."
+      )
+    eta1, eta2 = list(g.eta1), list(g.eta2)
+    if len(eta1) != len(self._param_names) or len(eta2) != len(self._param_names):
+      raise ValueError(
+        f"`{name}` must hold {len(self._param_names)} tensors per natural parameter "
+        f"(one per {list(self._param_names)}), got {len(eta1)} and {len(eta2)}."
+      )
+    return gaussian.NaturalGaussian(eta1, eta2)
+
+  # -- serialisation -----------------------------------------------------------------
+
+  def get_config(self):
+    config = super().get_config()
+    config.update(
+      activation=tf.keras.activations.serialize(self.activation),
+      prior_scale=self.prior_scale,
+      init_scale=self.init_scale,
+      min_scale=self.min_scale,
+      variance_epsilon=self.variance_epsilon,
+      seed=self.seed,
+    )
+    return config

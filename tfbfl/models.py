@@ -1,0 +1,436 @@
+"""Server and client networks: VIRTUAL's Bayesian MLPs and the deterministic MLP.
+
+* `VirtualNetworks`: the server network (shared Bayesian layers, parameters theta)
+  and one client's private Bayesian network (parameters phi_i) fed by the server
+  activations through lateral connections, with the natural-parameter accessors the
+  federated algorithm needs.
+* `initial_shared_posterior`, `initial_private_weights`: the initial values of a
+  fresh `VirtualNetworks`, computed with stateless ops only (no Keras), so a driver
+  can make initial server and client states anywhere, deterministically in `seed`.
+* `build_deterministic_mlp`: the point-estimate counterpart (FedAvg, FedProx, FOLA,
+  local and global baselines), with the server network's layer shapes.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from tfbfl import gaussian
+from tfbfl.layers import BayesianDense, LateralConnection
+from tfbfl.layers.base import (
+  derive_seed,
+  initial_loc,
+  initial_untransformed_scale,
+  scale_from_untransformed,
+)
+
+__all__ = [
+  "VirtualNetworks",
+  "build_deterministic_mlp",
+  "initial_private_weights",
+  "initial_shared_posterior",
+]
+
+# `BayesianDense` defaults; the initial-value functions below rely on them.
+_MIN_SCALE = 1e-6
+
+# Salts separating the seeds of the three families of layers.
+_SERVER, _CLIENT, _LATERAL = 0, 1, 2
+
+
+def _check_positive_int(name, value):
+  if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+    raise ValueError(f"`{name}` must be a positive int, got {value!r}.")
+  if value <= 0:
+    raise ValueError(f"`{name}` must be a positive int, got {value!r}.")
+  return int(value)
+
+
+def _plan(input_dim, num_classes, hidden_units, adapter_units):
+  """Validated `(inputs, widths, adapters)`: per-depth widths, from input to logits."""
+  input_dim = _check_positive_int("input_dim", input_dim)
+  num_classes = _check_positive_int("num_classes", num_classes)
+  if isinstance(hidden_units, (int, np.integer)) or not hasattr(
+    hidden_units, "__iter__"
+  ):
+    raise ValueError(
+      f"`hidden_units` must be a sequence of positive ints, got {hidden_units!r}."
+    )
+  hidden = [_check_positive_int("hidden_units", h) for h in hidden_units]
+  if adapter_units is not None:
+    adapter_units = _check_positive_int("adapter_units", adapter_units)
+  widths = hidden + [num_classes]
+  inputs = [input_dim] + hidden
+  adapters = [w if adapter_units is None else adapter_units for w in widths]
+  return inputs, widths, adapters
+
+
+def _check_seed(seed):
+  if seed is not None and (
+    isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer))
+  ):
+    raise ValueError(f"`seed` must be a Python int or None, got {seed!r}.")
+  return None if seed is None else int(seed)
+
+
+def _dense_initial_values(n_in, n_out, layer_seed, init_scale):
+  """`[kernel_loc, kernel_u, bias_loc, bias_u]` exactly as `BayesianDense.build`."""
+  u0 = tf.constant(initial_untransformed_scale(init_scale, _MIN_SCALE), tf.float32)
+  return [
+    initial_loc([n_in, n_out], n_in, n_out, seed=derive_seed(layer_seed, 0)),
+    tf.fill([n_in, n_out], u0),
+    tf.zeros([n_out], tf.float32),
+    tf.fill([n_out], u0),
+  ]
+
+
+def _maybe_numpy(tensors):
+  if tf.executing_eagerly():
+    return [t.numpy() for t in tensors]
+  return tensors
+
+
+class VirtualNetworks(tf.Module):
+  """VIRTUAL's server network and one client's private network, laterally connected.
+
+  With depth `L = len(hidden_units) + 1` and `h^0 = x`:
+
+  ```none
+  server:  h_s^l = act(W_s^l h_s^(l-1) + b_s^l),    l < L;   h_s^L = server logits
+  client:  h_c^l = act(W_c^l h_c^(l-1) + b_c^l + lateral_l(h_s^l)),  l < L
+           h_c^L =     W_c^L h_c^(L-1) + b_c^L + lateral_L(h_s^L)    (client logits)
+  lateral_l(h) = g_l * (U_l act(V_l h + c_l) + d_l)
+  ```
+
+  Every `W`, `b`, `U`, `V`, `c`, `d` is a mean-field Gaussian `BayesianDense`
+  parameter; the gates `g_l` are point estimates (`LateralConnection`). The server
+  layers carry the shared parameters `theta`, whose posterior
+  (`shared_posterior()`, natural parameters, list `[k_1, b_1, ..., k_L, b_L]`) and
+  prior (`set_shared_prior`, e.g. `p^(1/K) * cavity`) the algorithm sets each
+  round; the client layers and laterals carry the private `phi_i` with prior
+  `N(0, prior_scale^2)`. The client free energy of eq. (3) of VIRTUAL is then
+  `beta * (kl_shared() + kl_private()) - E_q[log p(D_i | theta, phi_i)]`.
+
+  `forward(x, seed)` runs one pass: the server activations are computed (sampled,
+  by local reparameterization, when a `[2]` integer `seed` is given) once and fed
+  to the client at the same depth; each layer uses its own seed from
+  `stateless_split(seed, 3 L)`, so `server_logits(x, seed)` equals
+  `forward(x, seed)[0]`. Without a seed every layer uses its posterior mean.
+
+  All variables are created in `__init__` (input dimensions are known), so the
+  model can be built inside a `tf.function` or TFF computation and its variables
+  assigned from incoming tensors. Initial values are deterministic in `seed` and
+  equal `initial_shared_posterior(...)` and `initial_private_weights(...)`.
+
+  Args:
+    input_dim: positive int, number of input features.
+    num_classes: positive int, number of logits.
+    hidden_units: sequence of positive ints, widths of the hidden layers (the
+      server and client networks have the same widths).
+    activation: Keras activation of the hidden layers and of the adapters.
+    prior_scale: standard deviation of the zero-mean priors (private layers, and
+      the shared layers until `set_shared_prior` is called).
+    init_scale: initial posterior standard deviation of every Bayesian weight.
+    adapter_units: width of every adapter's hidden layer; `None` uses the width
+      of the client layer it feeds.
+    gate_init: initial value of the lateral gates.
+    seed: Python int (or `None` for unseeded initialisation).
+    name: module name.
+
+  #### Examples
+
+  ```python
+  import tensorflow as tf
+  from tfbfl import models
+
+  net = models.VirtualNetworks(input_dim=64, num_classes=10, hidden_units=(32,))
+  x = tf.random.normal([8, 64])
+  server_logits, client_logits = net.forward(x, seed=tf.constant([0, 1]))
+  free_energy_kl = net.kl_shared() + net.kl_private()
+  s = net.shared_posterior()        # NaturalGaussian over [k1, b1, k2, b2]
+  net.set_shared_prior(s)           # kl_shared() is now 0
+  ```
+
+  #### References
+
+  [1]: Luca Corinzia, Ami Beuret, Joachim M. Buhmann. Variational Federated
+       Multi-Task Learning. https://arxiv.org/abs/1906.06268
+  [2]: Andrei A. Rusu et al. Progressive Neural Networks.
+       https://arxiv.org/abs/1606.04671
+  """
+
+  def __init__(
+    self,
+    input_dim,
+    num_classes,
+    hidden_units=(100, 100),
+    activation="relu",
+    prior_scale=1.0,
+    init_scale=1e-3,
+    adapter_units=None,
+    gate_init=1.0,
+    seed=0,
+    name=None,
+  ):
+    super().__init__(name=name)
+    inputs, widths, adapters = _plan(
+      input_dim, num_classes, hidden_units, adapter_units
+    )
+    seed = _check_seed(seed)
+    self.input_dim = inputs[0]
+    self.num_classes = widths[-1]
+    self.hidden_units = tuple(widths[:-1])
+    self.activation = tf.keras.activations.get(activation)
+    self._depth = len(widths)
+    common = dict(prior_scale=prior_scale, init_scale=init_scale)
+    server_layers, client_layers, laterals = [], [], []
+    with self.name_scope:
+      for l, (n_in, n_out, n_adapter) in enumerate(zip(inputs, widths, adapters)):
+        last = l == self._depth - 1
+        server = BayesianDense(
+          n_out,
+          activation=None if last else activation,
+          seed=derive_seed(seed, _SERVER, l),
+          name=f"server_{l}",
+          **common,
+        )
+        client = BayesianDense(
+          n_out,
+          activation=None,  # applied after the lateral term is added
+          seed=derive_seed(seed, _CLIENT, l),
+          name=f"client_{l}",
+          **common,
+        )
+        lateral = LateralConnection(
+          n_out,
+          adapter_units=n_adapter,
+          activation=activation,
+          gate_init=gate_init,
+          seed=derive_seed(seed, _LATERAL, l),
+          name=f"lateral_{l}",
+          **common,
+        )
+        for layer, n in ((server, n_in), (client, n_in), (lateral, n_out)):
+          with tf.name_scope(layer.name):
+            layer.build((None, n))
+        server_layers.append(server)
+        client_layers.append(client)
+        laterals.append(lateral)
+    self.server_layers = server_layers
+    self.client_layers = client_layers
+    self.laterals = laterals
+
+  # -- forward ---------------------------------------------------------------------
+
+  def _layer_seeds(self, seed):
+    if seed is None:
+      return [None] * (3 * self._depth)
+    seeds = tf.random.experimental.stateless_split(
+      tf.convert_to_tensor(seed), num=3 * self._depth
+    )
+    return [seeds[i] for i in range(3 * self._depth)]
+
+  def forward(self, x, seed=None):
+    """`(server_logits, client_logits)` from one pass; see the class docstring."""
+    seeds = self._layer_seeds(seed)
+    depth = self._depth
+    h_s = h_c = x
+    for l in range(depth):
+      h_s = self.server_layers[l](h_s, seed=seeds[l])
+      pre = self.client_layers[l](h_c, seed=seeds[depth + l]) + self.laterals[l](
+        h_s, seed=seeds[2 * depth + l]
+      )
+      h_c = pre if l == depth - 1 else self.activation(pre)
+    return h_s, h_c
+
+  def server_logits(self, x, seed=None):
+    """The server network alone (metric S); equals `forward(x, seed)[0]`."""
+    seeds = self._layer_seeds(seed)
+    h_s = x
+    for l, layer in enumerate(self.server_layers):
+      h_s = layer(h_s, seed=seeds[l])
+    return h_s
+
+  def client_logits(self, x, seed=None):
+    """The client's prediction (metric MT); equals `forward(x, seed)[1]`."""
+    return self.forward(x, seed=seed)[1]
+
+  # -- shared parameters -----------------------------------------------------------
+
+  def _split(self, g, name):
+    if not (hasattr(g, "eta1") and hasattr(g, "eta2")):
+      raise ValueError(
+        f"`{name}` must be a tfbfl.gaussian.NaturalGaussian, got "
+        f"{type(g).__name__}."
+      )
+    eta1, eta2 = list(g.eta1), list(g.eta2)
+    expected = 2 * self._depth
+    if len(eta1) != expected or len(eta2) != expected:
+      raise ValueError(
+        f"`{name}` must hold {expected} tensors per natural parameter "
+        f"([kernel, bias] per server layer), got {len(eta1)} and {len(eta2)}."
+      )
+    return [
+      gaussian.NaturalGaussian(eta1[2 * l : 2 * l + 2], eta2[2 * l : 2 * l + 2])
+      for l in range(self._depth)
+    ]
+
+  @staticmethod
+  def _concat(gs):
+    return gaussian.NaturalGaussian(
+      [e for g in gs for e in g.eta1], [e for g in gs for e in g.eta2]
+    )
+
+  def shared_posterior(self):
+    """Posterior over theta: `NaturalGaussian` over `[k_1, b_1, ..., k_L, b_L]`."""
+    return self._concat([layer.posterior() for layer in self.server_layers])
+
+  def set_shared_posterior(self, g):
+    """Assigns the server layers' posterior; returns the grouped assign op."""
+    parts = self._split(g, "g")
+    return tf.group(
+      *[layer.set_posterior(p) for layer, p in zip(self.server_layers, parts)]
+    )
+
+  def shared_prior(self):
+    """Prior over theta, with the structure of `shared_posterior()`."""
+    return self._concat([layer.prior() for layer in self.server_layers])
+
+  def set_shared_prior(self, g):
+    """Assigns the server layers' prior; returns the grouped assign op."""
+    parts = self._split(g, "g")
+    return tf.group(
+      *[layer.set_prior(p) for layer, p in zip(self.server_layers, parts)]
+    )
+
+  def kl_shared(self):
+    """`KL(q(theta) || prior(theta))` summed over the server layers."""
+    return tf.add_n([layer.kl_divergence() for layer in self.server_layers])
+
+  def kl_private(self):
+    """`KL(c_i || p(phi_i))` over the client layers and the laterals' `U`, `V`."""
+    return tf.add_n(
+      [layer.kl_divergence() for layer in self.client_layers]
+      + [lateral.kl_divergence() for lateral in self.laterals]
+    )
+
+  # -- variables -------------------------------------------------------------------
+
+  @property
+  def shared_trainable_variables(self):
+    """`[k_loc, k_u, b_loc, b_u]` per server layer, in order."""
+    return [v for layer in self.server_layers for v in layer.posterior_variables]
+
+  @property
+  def private_trainable_variables(self):
+    """Client layers' `[k_loc, k_u, b_loc, b_u]`, then per lateral `V`, `U`, gate."""
+    return [
+      v for layer in self.client_layers for v in layer.posterior_variables
+    ] + [v for lateral in self.laterals for v in lateral.trainable_parameter_variables]
+
+  def get_private_weights(self):
+    """Values of `private_trainable_variables` (tensors), for client-state storage."""
+    return [tf.convert_to_tensor(v) for v in self.private_trainable_variables]
+
+  def set_private_weights(self, weights):
+    """Assigns `private_trainable_variables`; returns the grouped assign op."""
+    variables = self.private_trainable_variables
+    weights = list(weights)
+    if len(weights) != len(variables):
+      raise ValueError(
+        f"`weights` must hold {len(variables)} tensors, got {len(weights)}."
+      )
+    ops = []
+    for i, (v, w) in enumerate(zip(variables, weights)):
+      w = tf.convert_to_tensor(w, v.dtype)
+      if not v.shape.is_compatible_with(w.shape):
+        raise ValueError(
+          f"`weights[{i}]` must have shape {v.shape} ({v.name}), got {w.shape}."
+        )
+      ops.append(v.assign(w))
+    return tf.group(*ops)
+
+
+def initial_shared_posterior(
+  input_dim, num_classes, hidden_units=(100, 100), init_scale=1e-3, seed=0
+):
+  """`VirtualNetworks(..., seed=seed).shared_posterior()` without building a model.
+
+  Stateless ops only: deterministic in `seed` and usable eagerly or inside a
+  graph/TFF computation. Returns a `NaturalGaussian` of float32 tensors over
+  `[k_1, b_1, ..., k_L, b_L]`.
+  """
+  inputs, widths, _ = _plan(input_dim, num_classes, hidden_units, None)
+  seed = _check_seed(seed)
+  locs, scales = [], []
+  for l, (n_in, n_out) in enumerate(zip(inputs, widths)):
+    k_loc, k_u, b_loc, b_u = _dense_initial_values(
+      n_in, n_out, derive_seed(seed, _SERVER, l), init_scale
+    )
+    locs += [k_loc, b_loc]
+    scales += [
+      scale_from_untransformed(k_u, _MIN_SCALE),
+      scale_from_untransformed(b_u, _MIN_SCALE),
+    ]
+  return gaussian.from_loc_scale(locs, scales)
+
+
+def initial_private_weights(
+  input_dim,
+  num_classes,
+  hidden_units=(100, 100),
+  init_scale=1e-3,
+  adapter_units=None,
+  gate_init=1.0,
+  seed=0,
+):
+  """`VirtualNetworks(..., seed=seed).get_private_weights()` without a model.
+
+  Stateless ops only, deterministic in `seed`; numpy arrays when executing
+  eagerly, tensors inside a graph.
+  """
+  inputs, widths, adapters = _plan(input_dim, num_classes, hidden_units, adapter_units)
+  seed = _check_seed(seed)
+  client, lateral = [], []
+  for l, (n_in, n_out, n_adapter) in enumerate(zip(inputs, widths, adapters)):
+    client += _dense_initial_values(
+      n_in, n_out, derive_seed(seed, _CLIENT, l), init_scale
+    )
+    lateral_seed = derive_seed(seed, _LATERAL, l)
+    lateral += _dense_initial_values(
+      n_out, n_adapter, derive_seed(lateral_seed, 0), init_scale
+    )
+    lateral += _dense_initial_values(
+      n_adapter, n_out, derive_seed(lateral_seed, 1), init_scale
+    )
+    lateral.append(tf.fill([n_out], tf.constant(float(gate_init), tf.float32)))
+  return _maybe_numpy(client + lateral)
+
+
+def build_deterministic_mlp(
+  input_dim, num_classes, hidden_units=(100, 100), activation="relu", seed=0
+):
+  """The point-estimate MLP with the server network's shapes (logits output).
+
+  Glorot-normal kernels seeded from `seed` (Keras stateless initializers, so the
+  model is deterministic in `seed`), zero biases. The returned
+  `tf.keras.Sequential` starts with an `Input`, so its weights exist on return.
+  Build it where it is used (inside the TFF computation when it is used there:
+  see the `_assert_built_as_v1` pitfall in the SPEC).
+  """
+  inputs, widths, _ = _plan(input_dim, num_classes, hidden_units, None)
+  seed = _check_seed(seed)
+  layers = [tf.keras.Input(shape=(inputs[0],))]
+  for l, n_out in enumerate(widths):
+    last = l == len(widths) - 1
+    layers.append(
+      tf.keras.layers.Dense(
+        n_out,
+        activation=None if last else activation,
+        kernel_initializer=tf.keras.initializers.GlorotNormal(
+          seed=derive_seed(seed, _SERVER, l)
+        ),
+        bias_initializer="zeros",
+        name=f"dense_{l}",
+      )
+    )
+  return tf.keras.Sequential(layers, name="deterministic_mlp")

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from tfbfl.matching import (MatchingHyperparams, assignment_cost, dp_means,
+import tfbfl.matching.pfnm as pfnm_module
+from tfbfl.matching import (MatchingHyperparams, assignment_cost, coordinate_blocks, dp_means,
                             dpmeans_single_layer, existing_neuron_gain, match_layer,
                             new_neuron_gain, new_neuron_log_prior, num_new_columns,
                             pfnm_single_layer, popularity_log_odds)
@@ -194,6 +195,38 @@ def test_per_coordinate_gain_matches_loop():
     for l in range(4):
         ref = sum((G0[a] + g[l, a]) ** 2 / (P0[a] + p[a]) - G0[a] ** 2 / P0[a] for a in range(5))
         assert new[l] == pytest.approx(ref, rel=1e-12)
+
+
+def test_blocked_gain_equals_general_formula():
+    rng = np.random.default_rng(13)
+    A = 9
+    group = np.array([0, 1, 0, 2, 2, 0, 1, 3, 0])          # coordinates sharing precisions
+    prec = rng.uniform(0.2, 3.0, size=(5, 4))[:, group]    # rows: P0, clients, ... per group
+    perm, blocks = coordinate_blocks(prec)
+    assert len(blocks) == 4
+    P = rng.uniform(0.5, 4.0, size=(6, 4))[:, group][:, perm]
+    p = prec[1][perm]
+    G, g = rng.normal(size=(6, A)), rng.normal(size=(3, A))
+    np.testing.assert_allclose(pfnm_module.existing_neuron_gain(G, P, g, p, blocks),
+                               existing_neuron_gain(G, P, g, p), rtol=1e-12, atol=1e-12)
+    assert coordinate_blocks(rng.normal(size=(3, 40)))[0] is None   # > 32 groups: general
+
+
+def test_fast_path_gives_same_matching_as_general_path(monkeypatch):
+    rng = np.random.default_rng(14)
+    net = random_net(rng, D=10, L=7, K=4)
+    clients = [tuple(w + 0.3 * rng.normal(size=w.shape) for w in c)
+               for c in permuted_copies(rng, net, 4)[0]]
+    clients.append(random_net(rng, D=10, L=5, K=4))
+    counts = [rng.integers(0, 10, size=4) for _ in clients]
+    hp = MatchingHyperparams(softmax_precision="class_frequency", seed=1)
+    fast, r_fast = pfnm_single_layer(clients, counts, hp, return_matching=True)
+    monkeypatch.setattr(pfnm_module, "coordinate_blocks", lambda *a, **k: (None, None))
+    slow, r_slow = pfnm_single_layer(clients, counts, hp, return_matching=True)
+    for a, b in zip(r_fast.assignments, r_slow.assignments):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(fast, slow):
+        np.testing.assert_allclose(a, b, atol=1e-12)
 
 
 def test_popularity_cap_and_log_factors():

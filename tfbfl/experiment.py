@@ -10,6 +10,10 @@ in through four members (see `tfbfl.algorithms.virtual.VirtualAlgorithm`):
     evaluate(server_state, client_states, seeds, test_data) -> per-client sums
         {server_loss, server_correct, mt_loss, mt_correct, num_examples}
 
+An algorithm may also define `round_bytes(num_selected, round_metrics) -> (up, down)`
+(see `tfbfl.communication`); the driver then adds `bytes_up`, `bytes_down` and their
+running totals to every row and to `summary.json`.
+
 Round `r` (1-based) samples `clients_per_round` clients without replacement with
 `np.random.default_rng([seed, r])` and gives client `k` the stateless seed
 `[seed, r * 1_000_003 + k]`, so a run, and a run resumed from a checkpoint, is
@@ -161,14 +165,21 @@ def aggregate_evaluation(per_client: Sequence[Dict[str, Any]]) -> Dict[str, Any]
                           for c in per_client])
 
 
-def _flatten_metrics(metrics: Any, prefix: str = "") -> Dict[str, float]:
-  out = {}
-  if isinstance(metrics, dict) or hasattr(metrics, "items"):
-    for k, v in metrics.items():
-      out.update(_flatten_metrics(v, f"{prefix}{k}/" if k != "train" else "train_"))
-  else:
-    out[prefix.rstrip("/")] = float(np.asarray(metrics))
-  return out
+def _flatten_metrics(metrics: Any) -> Dict[str, float]:
+  """Nested metric dicts -> flat {leaf name: float}; a path joined by '/' only
+  where two leaves share a name."""
+  leaves = []
+
+  def walk(m, path):
+    if hasattr(m, "items"):
+      for k, v in m.items():
+        walk(v, path + (str(k),))
+    else:
+      leaves.append((path, float(np.asarray(m))))
+
+  walk(metrics, ())
+  names = [p[-1] for p, _ in leaves]
+  return {(p[-1] if names.count(p[-1]) == 1 else "/".join(p)): v for p, v in leaves}
 
 
 class ExperimentRunner:
@@ -262,6 +273,13 @@ class ExperimentRunner:
       state["round"] = r
       session_rounds += 1
       flat = _flatten_metrics(metrics)
+      round_bytes = getattr(self.algorithm, "round_bytes", None)
+      if round_bytes is not None:
+        up, down = round_bytes(len(selected), flat)
+        state["bytes_up_total"] = state.get("bytes_up_total", 0) + up
+        state["bytes_down_total"] = state.get("bytes_down_total", 0) + down
+        flat.update(bytes_up=up, bytes_down=down, bytes_up_total=state["bytes_up_total"],
+                    bytes_down_total=state["bytes_down_total"])
       if self.round_hook is not None:
         self.round_hook(r, flat)
       state["wall_time_s"] = time.time() - clock
@@ -302,7 +320,8 @@ class ExperimentRunner:
         best_server_accuracy=best("server_accuracy"), best_mt_accuracy=best("mt_accuracy"),
         final_server_accuracy=rows[-1]["server_accuracy"], final_mt_accuracy=rows[-1]["mt_accuracy"],
         final_server_loss=rows[-1]["server_loss"], final_mt_loss=rows[-1]["mt_loss"],
-        wall_time_s=state["wall_time_s"])
+        wall_time_s=state["wall_time_s"],
+        bytes_up_total=state.get("bytes_up_total"), bytes_down_total=state.get("bytes_down_total"))
 
   def _write_outputs(self, state, final=False, summary=None):
     out = self.config.output_dir

@@ -153,7 +153,7 @@ def _leaf_dtype(x):
 def _convert_leaves(leaves, name):
   """Converts leaves that are combined elementwise to tensors of one dtype."""
   # A tensor's dtype wins over a numpy array's, which wins over float32, so
-  # mixing e.g. a Python list with a float64 tensor just works.
+  # mixing e.g. a Python number with a float64 tensor just works.
   tensor_dtypes = {x.dtype for x in leaves
                    if tf.is_tensor(x) and x.dtype.is_floating}
   if len(tensor_dtypes) > 1:

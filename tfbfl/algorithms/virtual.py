@@ -30,10 +30,12 @@ Choices this implementation makes explicit:
   undamped. The paper ties `gamma = 1 - eta_s` (`tie_damping=True`); with
   `eta_s = 1` this freezes the client factors but still applies the full server
   update, so it is never a zero update (the public code's default was).
-* Start of each round's optimisation over `theta`: the client's own last
-  posterior `q_i` (its "deployed" shared weights), or `s^(t)` for a client never
-  trained; `fedavg_init=True` always starts from `s^(t)` ("VIRTUAL + FedAvg init",
-  Sec. IV-F). The loss is the same in both variants.
+* The client trains its factor `s_i`, so each round's optimisation over `theta`
+  starts at `q_i = s_i^(t-1) * cav_i = s^(t)`. `fedavg_init=True` ("VIRTUAL +
+  FedAvg init", Sec. IV-F) resets the factor to the server posterior first,
+  `s_i^(t-1) := s^(t)`: the cavity is then flat, the KL target is `p^(1/K)`, and the
+  delta is `q_i / s^(t)`. The client keeps its trained `q_i` (with its private
+  weights) as its deployed model, which the MT metric evaluates.
 * Non-positive precisions: the cavity is floored at `min_precision` (it is
   multiplied by the proper prior `p^(1/K)`, so the KL target stays proper); the
   server posterior is floored at the prior precision `1/prior_scale^2` keeping the
@@ -58,8 +60,10 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tfbfl import communication
 from tfbfl import gaussian
 from tfbfl import models
+from tfbfl import training
 from tfbfl.aggregators import GaussianProductFactory
 
 ServerState = collections.namedtuple("ServerState", ["posterior", "aggregator_state", "round_num"])
@@ -94,8 +98,14 @@ class VirtualConfig:
   likelihood: str = "categorical"   # or "gaussian" (regression, noise_scale)
   noise_scale: float = 1.0
   gate_init: float = 1.0
+  local_solver: str = "sgd"         # or "conjugate" (exact, linear-Gaussian models only)
   eval_samples: int = 0
   seed: int = 0
+  input_shape: Optional[Sequence[int]] = None   # None: (input_dim,); images are flattened
+
+  @property
+  def example_shape(self):
+    return tuple(self.input_shape) if self.input_shape else (self.input_dim,)
 
   def __post_init__(self):
     def positive(name, strict=True):
@@ -113,6 +123,14 @@ class VirtualConfig:
       raise ValueError(f"tie_damping needs server_lr <= 1, got {self.server_lr}.")
     if self.likelihood not in ("categorical", "gaussian"):
       raise ValueError(f"likelihood must be 'categorical' or 'gaussian', got {self.likelihood!r}.")
+    if self.local_solver not in ("sgd", "conjugate"):
+      raise ValueError(f"local_solver must be 'sgd' or 'conjugate', got {self.local_solver!r}.")
+    if self.local_solver == "conjugate" and not (
+        self.likelihood == "gaussian" and not self.private and not tuple(self.hidden_units)
+        and self.num_classes == 1 and self.kl_weight > 0):
+      raise ValueError(
+          "local_solver='conjugate' needs a linear-Gaussian model: likelihood='gaussian', "
+          "private=False, hidden_units=(), num_classes=1 and kl_weight > 0.")
     if any(int(h) <= 0 for h in self.hidden_units):
       raise ValueError(f"hidden_units must be positive, got {tuple(self.hidden_units)}.")
 
@@ -156,6 +174,35 @@ def floor_precision(g, fallback, min_precision):
   eta1 = tf.nest.pack_sequence_as(g.eta1, flat[0::3])
   eta2 = tf.nest.pack_sequence_as(g.eta2, flat[1::3])
   return gaussian.NaturalGaussian(eta1, eta2), tf.add_n(flat[2::3])
+
+
+def conjugate_linear_posterior(prior: gaussian.NaturalGaussian, x, y, noise_scale, kl_weight):
+  """Exact minimiser of the client free energy for a linear-Gaussian model.
+
+  For `y = x^T w + b + e`, `e ~ N(0, noise_scale^2)` and the objective
+  `kl_weight * KL(q || prior) - E_q[log p(y | x, w, b)]` over mean-field Gaussians
+  `q`, the optimum is the mean-field projection of `prior * lik^(1/kl_weight)`:
+  with `z = [x, 1]`,
+
+      Lambda = diag(prior precisions) + z^T z / (kl_weight * noise_scale^2),
+      eta    = prior eta1 + z^T y / (kl_weight * noise_scale^2),
+      q: mean = Lambda^-1 eta (exact), precision = diag(Lambda).
+
+  `prior` is structured like a single dense layer's `[kernel (d, 1), bias (1,)]`.
+  """
+  x = tf.cast(x, tf.float32)
+  y = tf.reshape(tf.cast(y, tf.float32), [-1, 1])
+  d = tf.shape(x)[1]
+  z = tf.concat([x, tf.ones_like(y)], axis=1)
+  scale = 1.0 / (kl_weight * noise_scale**2)
+  flat = lambda parts: tf.concat([tf.reshape(t, [-1]) for t in parts], 0)
+  lam = tf.linalg.diag(flat(prior.eta2)) + scale * tf.matmul(z, z, transpose_a=True)
+  eta = flat(prior.eta1) + scale * tf.reshape(tf.matmul(z, y, transpose_a=True), [-1])
+  mean = tf.linalg.solve(lam, eta[:, None])[:, 0]
+  prec = tf.linalg.diag_part(lam)
+  kernel_shape, bias_shape = tf.shape(prior.eta1[0]), tf.shape(prior.eta1[1])
+  split = lambda v: [tf.reshape(v[:d], kernel_shape), tf.reshape(v[d:], bias_shape)]
+  return gaussian.NaturalGaussian(split(mean * prec), split(prec))
 
 
 def _data_loss(cfg: VirtualConfig, y, outputs):
@@ -219,44 +266,33 @@ class VirtualAlgorithm:
         gaussian.NaturalGaussian(*as_np(self._init_posterior)),
         [np.asarray(w, np.float32) for w in private], np.bool_(False))
 
+  def round_bytes(self, num_selected: int, metrics) -> tuple:
+    """Dense accounting: each selected client downloads s and uploads Delta_i."""
+    del metrics
+    size = communication.dense_bytes(self._init_posterior)
+    return num_selected * size, num_selected * size
+
   # ----------------------------------------------------------- client work
   def _client_train(self, server_posterior, state: ClientState, seed, x, y):
     cfg = self.config
     net = self._networks()
-    shared_vars = net.shared_trainable_variables
-    train_vars = shared_vars + (net.private_trainable_variables if cfg.private else [])
+    train_vars = net.shared_trainable_variables + (
+        net.private_trainable_variables if cfg.private else [])
+    x = tf.reshape(x, [tf.shape(x)[0], cfg.input_dim])
 
-    @tf.function
-    def train():
-      cavity, _ = gaussian.ratio_with_count(
-          server_posterior, state.shared_factor, on_nonpositive="floor",
-          min_precision=_CAVITY_MIN_PRECISION)
-      prior = gaussian.product(_prior_natural(cavity, cfg.prior_scale, 1.0 / cfg.num_clients), cavity)
-      if cfg.fedavg_init:
-        start = server_posterior
-      else:
-        start = tf.nest.map_structure(
-            lambda own, srv: tf.where(state.trained, own, srv), state.shared_posterior, server_posterior)
-        start = gaussian.NaturalGaussian(*start)
-      net.set_shared_posterior(start)
-      net.set_shared_prior(prior)
-      net.set_private_weights(state.private)
-
-      n = tf.shape(y)[0]
-      n_float = tf.cast(n, tf.float32)
+    def sgd_epochs(n):
+      """E epochs of plain SGD on eq. (3); returns summed data loss and correct."""
       steps_per_epoch = (n + cfg.batch_size - 1) // cfg.batch_size
-      order = tf.argsort(
-          tf.random.stateless_uniform([cfg.epochs, n], seed=seed), axis=1)
-      kl_scale = cfg.kl_weight / n_float
-      loss_sum = tf.constant(0.0)
-      correct_sum = tf.constant(0.0)
+      order = tf.argsort(tf.random.stateless_uniform([cfg.epochs, n], seed=seed), axis=1)
+      kl_scale = cfg.kl_weight / tf.cast(n, tf.float32)
+      loss_sum, correct_sum = tf.constant(0.0), tf.constant(0.0)
       for step in tf.range(cfg.epochs * steps_per_epoch):
         epoch, i = step // steps_per_epoch, step % steps_per_epoch
         idx = order[epoch, i * cfg.batch_size:(i + 1) * cfg.batch_size]
         xb, yb = tf.gather(x, idx), tf.gather(y, idx)
-        step_seed = tf.random.experimental.stateless_fold_in(seed, step)
         with tf.GradientTape() as tape:
-          server_out, client_out = net.forward(xb, seed=step_seed)
+          server_out, client_out = net.forward(
+              xb, seed=tf.random.experimental.stateless_fold_in(seed, step))
           if cfg.private:
             data_loss, correct = _data_loss(cfg, yb, client_out)
             if cfg.server_loss_weight > 0:
@@ -266,55 +302,81 @@ class VirtualAlgorithm:
             data_loss, correct = _data_loss(cfg, yb, server_out)
             kl = net.kl_shared()
           loss = data_loss + kl_scale * kl
-        grads = tape.gradient(loss, train_vars)
-        for v, g in zip(train_vars, grads):
+        for v, g in zip(train_vars, tape.gradient(loss, train_vars)):
           if g is not None:
             v.assign_sub(cfg.client_lr * g)
         loss_sum += data_loss * tf.cast(tf.shape(yb)[0], tf.float32)
         correct_sum += correct
-      seen = n_float * cfg.epochs
-      q_new = net.shared_posterior()
-      new_factor = _sub(q_new, cavity)                    # s_i^new = q_i / cav_i
-      delta = _sub(new_factor, state.shared_factor)        # Delta_i = s_i^new / s_i^old
-      stored = _add_scaled(state.shared_factor, delta, cfg.client_damping)
+      return loss_sum, correct_sum
+
+    @tf.function
+    def train():
+      # FedAvg init resets the client's factor to the server posterior, so its
+      # cavity is flat and the KL target is p^(1/K) alone.
+      old_factor = server_posterior if cfg.fedavg_init else state.shared_factor
+      cavity, _ = gaussian.ratio_with_count(
+          server_posterior, old_factor, on_nonpositive="floor",
+          min_precision=_CAVITY_MIN_PRECISION)
+      prior = gaussian.product(_prior_natural(cavity, cfg.prior_scale, 1.0 / cfg.num_clients), cavity)
+      # The factor s_i is what is trained: q_i = s_i * cavity starts at s^(t).
+      net.set_shared_posterior(server_posterior)
+      net.set_shared_prior(prior)
+      net.set_private_weights(state.private)
+      n = tf.shape(y)[0]
+      seen = tf.cast(n, tf.float32)
+      if cfg.local_solver == "conjugate":
+        q_new = conjugate_linear_posterior(prior, x, y, cfg.noise_scale, cfg.kl_weight)
+        loss_sum, correct_sum = _data_loss(cfg, y, net.server_logits(x))[0] * seen, tf.constant(0.0)
+      else:
+        loss_sum, correct_sum = sgd_epochs(n)
+        q_new = net.shared_posterior()
+        seen *= cfg.epochs
+      new_factor = _sub(q_new, cavity)                     # s_i^new = q_i / cav_i
+      delta = _sub(new_factor, old_factor)                 # Delta_i = s_i^new / s_i^old
+      stored = _add_scaled(old_factor, delta, cfg.client_damping)
       new_state = ClientState(stored, q_new, net.get_private_weights(), tf.constant(True))
       metrics = collections.OrderedDict(
           train_loss=loss_sum / seen, train_accuracy=correct_sum / seen)
-      return ClientOutput(delta, new_state, metrics, n_float)
+      return ClientOutput(delta, new_state, metrics, tf.cast(n, tf.float32))
 
     return train()
 
   def _evaluate_client(self, server_posterior, state: ClientState, seed, x, y):
     cfg = self.config
     net = self._networks()
+    x = tf.reshape(x, [tf.shape(x)[0], cfg.input_dim])
 
     @tf.function
     def run():
       own = gaussian.NaturalGaussian(*tf.nest.map_structure(
           lambda o, s: tf.where(state.trained, o, s), state.shared_posterior, server_posterior))
 
-      def predict(posterior, want_client):
+      def predict(posterior, head):
+        """Log predictive probabilities (categorical) or predictive mean (gaussian):
+        the posterior mean network, or an average over `eval_samples` samples."""
         net.set_shared_posterior(posterior)
+        to_prob = tf.nn.softmax if cfg.likelihood == "categorical" else tf.identity
         if cfg.eval_samples == 0:
-          out = net.forward(x)[1 if want_client else 0]
-          return tf.nn.log_softmax(out)
-        probs = tf.zeros([tf.shape(x)[0], cfg.num_classes])
-        for s in tf.range(cfg.eval_samples):
-          out = net.forward(x, seed=tf.random.experimental.stateless_fold_in(seed, s))
-          probs += tf.nn.softmax(out[1 if want_client else 0])
-        return tf.math.log(probs / cfg.eval_samples + 1e-12)
+          avg = to_prob(net.forward(x)[head])
+        else:
+          avg = tf.zeros([tf.shape(x)[0], cfg.num_classes])
+          for s in tf.range(cfg.eval_samples):
+            out = net.forward(x, seed=tf.random.experimental.stateless_fold_in(seed, s))[head]
+            avg += to_prob(out) / cfg.eval_samples
+        return tf.math.log(avg + 1e-12) if cfg.likelihood == "categorical" else avg
 
-      def score(log_probs):
-        nll = -tf.reduce_sum(tf.gather(log_probs, y, axis=1, batch_dims=1))
-        correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(log_probs, -1, output_type=y.dtype), y), tf.float32))
+      def score(pred):
+        """Summed negative log-likelihood and number of correct predictions."""
+        if cfg.likelihood == "gaussian":
+          err = tf.cast(y, tf.float32) - tf.squeeze(pred, -1)
+          return tf.reduce_sum(0.5 * tf.square(err) / cfg.noise_scale**2), tf.constant(0.0)
+        nll = -tf.reduce_sum(tf.gather(pred, y, axis=1, batch_dims=1))
+        correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(pred, -1, output_type=y.dtype), y), tf.float32))
         return nll, correct
 
       net.set_private_weights(state.private)
-      s_loss, s_correct = score(predict(server_posterior, False))
-      if cfg.private:
-        m_loss, m_correct = score(predict(own, True))
-      else:
-        m_loss, m_correct = score(predict(own, False))
+      s_loss, s_correct = score(predict(server_posterior, 0))
+      m_loss, m_correct = score(predict(own, 1 if cfg.private else 0))
       return collections.OrderedDict(
           server_loss=s_loss, server_correct=s_correct, mt_loss=m_loss, mt_correct=m_correct,
           num_examples=tf.cast(tf.shape(y)[0], tf.float32))
@@ -333,7 +395,7 @@ class VirtualAlgorithm:
         tff.TensorType(np.bool_)))
     seed_type = tff.TensorType(np.int64, [2])
     y_dtype = np.int32 if cfg.likelihood == "categorical" else np.float32
-    data_type = tff.to_type((tff.TensorType(np.float32, [None, cfg.input_dim]),
+    data_type = tff.to_type((tff.TensorType(np.float32, [None, *cfg.example_shape]),
                              tff.TensorType(y_dtype, [None])))
     self._aggregation = self._aggregator.create(posterior_type)
     aggregation = self._aggregation
@@ -391,3 +453,19 @@ class VirtualAlgorithm:
     self.server_update = server_update
     self.next = next_fn
     self.evaluate = evaluate_fn
+
+
+def config_from_params(data, p) -> VirtualConfig:
+  """`VirtualConfig` from `tfbfl.training` flags and the data's shapes."""
+  return VirtualConfig(
+      input_dim=int(np.prod(data.input_shape)), input_shape=tuple(data.input_shape),
+      num_classes=data.num_classes, num_clients=len(data.client_ids),
+      hidden_units=tuple(p["hidden_units"]), epochs=p["epochs_per_round"],
+      batch_size=p["batch_size"], client_lr=p["client_lr"], server_lr=p["server_lr"],
+      damping=p["damping"], tie_damping=p["tie_damping"], kl_weight=p["kl_weight"],
+      prior_scale=p["prior_scale"], init_scale=p["init_scale"], fedavg_init=p["fedavg_init"],
+      server_loss_weight=p["server_loss_weight"], gate_init=p["gate_init"],
+      eval_samples=p["eval_samples"], seed=p["seed"])
+
+
+training.register_algorithm("virtual", lambda data, p: VirtualAlgorithm(config_from_params(data, p)))

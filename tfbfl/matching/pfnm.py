@@ -61,6 +61,7 @@ __all__ = [
     "match_layer",
     "pfnm_single_layer",
     "assignment_cost",
+    "coordinate_blocks",
     "existing_neuron_gain",
     "new_neuron_gain",
     "popularity_log_odds",
@@ -198,6 +199,11 @@ class MatchResult:
         posterior variance of ``theta_i`` is ``1 / P`` (eq. 10 of the supplement).
       n_sweeps: random-order sweeps run after the first pass.
       converged: ``True`` if the last sweep changed no assignment.
+
+    Global neurons are unordered (the model is permutation invariant); in
+    practice carried-over (streaming) neurons come first, then neurons in the
+    order they were opened, a neuron freed during a sweep lending its index to
+    the next one opened.
     """
 
     global_atoms: np.ndarray
@@ -218,8 +224,8 @@ class MatchResult:
 # Cost terms of eq. (9), vectorised.
 # --------------------------------------------------------------------------------------
 
-def existing_neuron_gain(G: np.ndarray, P: np.ndarray, g: np.ndarray,
-                         p: np.ndarray) -> np.ndarray:
+def existing_neuron_gain(G: np.ndarray, P: np.ndarray, g: np.ndarray, p: np.ndarray,
+                         blocks: Optional[Sequence[slice]] = None) -> np.ndarray:
     """Posterior gain of matching client atoms to existing global neurons.
 
     First case of eq. (9) without the popularity term: for client atom ``l`` with
@@ -229,23 +235,71 @@ def existing_neuron_gain(G: np.ndarray, P: np.ndarray, g: np.ndarray,
 
         gain[l, i] = sum_a (G_ia + g_la)^2 / (P_ia + p_a) - sum_a G_ia^2 / P_ia.
 
-    Computed without loops: with ``R = 1 / (P + p)``,
-    ``sum_a (G + g)^2 R = (G^2 R) 1 + 2 g (G R)^T + g^2 R^T``.
+    Computed without loops over neurons: with ``R = 1 / (P + p)``,
+    ``sum_a (G + g)^2 R = (G^2 R) 1 + 2 g (G R)^T + g^2 R^T`` (two matrix products).
+
+    ``blocks`` (optional): contiguous coordinate slices on which every ``P_i`` and
+    ``p`` are constant (``pi_ib``, ``q_b``), e.g. the whole atom when all
+    coordinates share ``sigma^2``.  Then, with ``r_ib = 1/(pi_ib + q_b)``,
+
+        gain[l, i] = sum_b r_ib (|G_ib|^2 + 2 g_lb . G_ib + |g_lb|^2) - |G_ib|^2 / pi_ib,
+
+    one matrix product per block and no ``(L, A)`` temporaries.
 
     Args:
       G, P: ``(L, A)`` natural sums of the global neurons (``P > 0``).
       g: ``(L_j, A)`` natural observations ``v_jl * p``.
       p: ``(A,)`` client precisions (``>= 0``).
+      blocks: ``None`` or slices covering ``0..A-1`` (see above).
 
     Returns:
       ``(L_j, L)`` gains.
     """
     if G.shape[0] == 0:
         return np.zeros((g.shape[0], 0))
-    R = 1.0 / (P + p)
-    GR = G * R
-    col = np.einsum("ia,ia->i", G, GR) - np.einsum("ia,ia->i", G, G / P)
-    return 2.0 * (g @ GR.T) + (g * g) @ R.T + col[None, :]
+    if blocks is None:
+        R = 1.0 / (P + p)
+        GR = G * R
+        col = np.einsum("ia,ia->i", G, GR) - np.einsum("ia,ia->i", G, G / P)
+        return 2.0 * (g @ GR.T) + (g * g) @ R.T + col[None, :]
+    gain = np.zeros((g.shape[0], G.shape[0]))
+    for sl in blocks:
+        pi, q = P[:, sl.start], p[sl.start]
+        Gb, gb = G[:, sl], g[:, sl]
+        GG = np.einsum("ia,ia->i", Gb, Gb)
+        gg = np.einsum("la,la->l", gb, gb)
+        r = 1.0 / (pi + q)
+        inner = gb @ Gb.T
+        inner *= 2.0
+        inner += gg[:, None]
+        inner += GG[None, :]
+        inner *= r[None, :]
+        inner -= (GG / pi)[None, :]
+        gain += inner
+    return gain
+
+
+def coordinate_blocks(precisions: np.ndarray, max_blocks: int = 32):
+    """Group atom coordinates whose precision columns are identical.
+
+    ``precisions`` stacks, as rows, every precision vector that will ever be
+    added into the global sums (base prior ``P0``, each client's ``p_j``, carried
+    over ``P`` rows).  Coordinates with identical columns keep identical ``P``
+    columns throughout matching, which ``existing_neuron_gain`` exploits.
+
+    Returns:
+      ``(perm, blocks)``: a coordinate permutation making each group contiguous and
+      the list of slices in permuted coordinates, or ``(None, None)`` when there
+      are more than ``max_blocks`` groups (use the general formula).
+    """
+    _, inv = np.unique(precisions, axis=1, return_inverse=True)
+    inv = np.asarray(inv).reshape(-1)
+    n_blocks = int(inv.max()) + 1
+    if n_blocks > max_blocks:
+        return None, None
+    perm = np.argsort(inv, kind="stable")
+    bounds = np.concatenate([[0], np.cumsum(np.bincount(inv, minlength=n_blocks))])
+    return perm, [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 def new_neuron_gain(G0: np.ndarray, P0: np.ndarray, g: np.ndarray,
@@ -319,7 +373,9 @@ def num_new_columns(L_minus_j: int, L_j: int, max_global: int, rule: str = "pape
 
 def assignment_cost(G: np.ndarray, P: np.ndarray, log_odds: np.ndarray, g: np.ndarray,
                     p: np.ndarray, G0: np.ndarray, P0: np.ndarray,
-                    new_log_prior: np.ndarray) -> np.ndarray:
+                    new_log_prior: np.ndarray,
+                    blocks: Optional[Sequence[slice]] = None,
+                    rows: Optional[np.ndarray] = None) -> np.ndarray:
     """Cost matrix ``C^j`` of eq. (9) (Proposition 2), to be *minimised*.
 
     ``C[l, i] = -(existing_neuron_gain[l, i] + log_odds[i])`` for the ``L_-j``
@@ -332,11 +388,17 @@ def assignment_cost(G: np.ndarray, P: np.ndarray, log_odds: np.ndarray, g: np.nd
       g, p: client natural observations ``(L_j, A)`` and precisions ``(A,)``.
       G0, P0: ``(A,)`` base-measure natural parameters.
       new_log_prior: ``(n_new,)`` new-neuron log terms (``new_neuron_log_prior``).
+      blocks: optional constant-precision coordinate slices (``existing_neuron_gain``).
+      rows: optional indices of the rows of ``G``/``P`` that are the ``L_-j``
+        existing neurons (``log_odds`` is then given for these rows only).
 
     Returns:
       ``(L_j, L_-j + n_new)`` costs.
     """
-    existing = existing_neuron_gain(G, P, g, p) + log_odds[None, :]
+    existing = existing_neuron_gain(G, P, g, p, blocks)
+    if rows is not None:
+        existing = existing[:, rows]
+    existing += log_odds[None, :]
     new = new_neuron_gain(G0, P0, g, p)[:, None] + new_log_prior[None, :]
     return -np.hstack([existing, new])
 
@@ -414,13 +476,18 @@ class _GlobalLayer:
         n = self.n_slots
         return np.flatnonzero((self.counts[:n] > 0) | self.has_prior[:n])
 
-    def remove(self, j: int, g: np.ndarray, p: np.ndarray) -> None:
-        """Subtract client ``j``'s natural observations (inverse of ``add``)."""
+    def remove(self, j: int, g: np.ndarray, p: np.ndarray, G0: np.ndarray,
+               P0: np.ndarray) -> None:
+        """Subtract client ``j``'s natural observations (inverse of ``add``); slots
+        left without support are reset to the base measure ``(G0, P0)``."""
         a = self.assignments[j]
         self.assignments[j] = None
         self.G[a] -= g
         self.P[a] -= p
         self.counts[a] -= 1
+        dead = a[(self.counts[a] == 0) & ~self.has_prior[a]]
+        self.G[dead] = G0
+        self.P[dead] = P0
 
     def _grow(self, n_needed: int) -> None:
         cap = self.G.shape[0]
@@ -473,7 +540,8 @@ class _GlobalLayer:
 
 
 def _match_one(layer: _GlobalLayer, j: int, g: np.ndarray, p: np.ndarray, G0, P0,
-               hp: MatchingHyperparams, J: int, step: int) -> Tuple[np.ndarray, np.ndarray]:
+               hp: MatchingHyperparams, J: int, step: int,
+               blocks: Optional[Sequence[slice]] = None) -> Tuple[np.ndarray, np.ndarray]:
     """Solve eq. (9) for client ``j`` against ``layer`` (client ``j`` removed).
 
     Returns ``(slots, is_new)``: the live slot each atom joins (ignored where
@@ -487,13 +555,12 @@ def _match_one(layer: _GlobalLayer, j: int, g: np.ndarray, p: np.ndarray, G0, P0
         odds = popularity_log_odds(layer.prior_pop[live] + layer.counts[live], n_batches,
                                    hp.popularity_cap)
     n_new = num_new_columns(L, L_j, hp.max_global_neurons, hp.truncation)
+    # Gains against every slot (views, no copy; freed slots hold the base
+    # measure) and keep the live columns.
     n = layer.n_slots
-    if L == n:
-        G, P = layer.G[:n], layer.P[:n]              # views, no copy
-    else:
-        G, P = layer.G[live], layer.P[live]
-    C = assignment_cost(G, P, hp.popularity_log_factor * odds, g, p, G0, P0,
-                        new_neuron_log_prior(n_new, hp.gamma0, n_batches, hp.log_factor))
+    C = assignment_cost(layer.G[:n], layer.P[:n], hp.popularity_log_factor * odds, g, p, G0, P0,
+                        new_neuron_log_prior(n_new, hp.gamma0, n_batches, hp.log_factor),
+                        blocks, rows=None if L == n else live)
     rows, cols = linear_sum_assignment(C)
     col = np.empty(L_j, dtype=np.int64)
     col[rows] = cols
@@ -505,69 +572,16 @@ def _match_one(layer: _GlobalLayer, j: int, g: np.ndarray, p: np.ndarray, G0, P0
     return slots, is_new
 
 
-def match_layer(atoms_per_client: Sequence[np.ndarray],
-                hp: Optional[MatchingHyperparams] = None,
-                prior_mean: Optional[np.ndarray] = None,
-                prior_var=None,
-                prior_popularity: Optional[np.ndarray] = None,
-                *,
-                obs_var: Optional[Sequence] = None,
-                base_mean: Optional[np.ndarray] = None,
-                base_var=None,
-                prior_steps: int = 0) -> MatchResult:
-    """Match the neurons (atoms) of ``J`` clients into a global layer.
+def _resolve_priors(hp: MatchingHyperparams, J: int, A: int, prior_mean, prior_var,
+                    prior_popularity, base_mean, base_var, prior_steps: int):
+    """Validate the prior arguments of ``match_layer``.
 
-    Alternates the Hungarian solution of eq. (9) over clients: a first pass in
-    order of decreasing ``L_j`` (ties: client order), then up to ``hp.max_sweeps``
-    sweeps in random order (``hp.seed``) that remove a client's contribution and
-    re-match it, stopping after a sweep in which no assignment changed.  Global
-    atoms are the posterior means of Proposition 1 (eq. 5).
-
-    Args:
-      atoms_per_client: list of ``(L_j, A)`` arrays, one per client (``J >= 1``).
-      hp: hyperparameters (default ``MatchingHyperparams()``).
-      prior_mean: ``None`` (base mean ``0``), ``(A,)`` base-measure mean ``mu0``,
-        or ``(L0, A)`` per-neuron prior means of ``L0`` global neurons carried over
-        from earlier streaming steps (supplement eq. 10); then ``prior_popularity``
-        is required and new neurons use ``base_mean`` / ``base_var``.
-      prior_var: prior variances matching ``prior_mean``: scalar, ``(A,)`` or
-        ``(L0, A)``; default ``hp.sigma0_sq``.
-      prior_popularity: streaming only: ``(J, L0)`` counts ``m_ji`` of earlier
-        steps in which group ``j`` used neuron ``i`` (or ``(L0,)`` pooled counts
-        with ``hp.streaming_popularity == "pooled"``).
-      obs_var: optional list of ``J`` per-coordinate client variances
-        ``sigma_j^2`` (scalar or ``(A,)``, ``> 0``; ``inf`` = no information);
-        default ``hp.sigma_sq``.
-      base_mean, base_var: base measure of new neurons when ``prior_mean`` is
-        ``(L0, A)`` (defaults ``0`` and ``hp.sigma0_sq``).
-      prior_steps: number ``s - 1`` of earlier streaming steps.
-
-    Returns:
-      ``MatchResult``.  Global neurons carried in through ``prior_mean`` keep
-      indices ``0..L0-1``.
-
-    Raises:
-      ValueError: naming the offending argument (empty client list, atom
-        dimension mismatch, non-positive variances, bad prior shapes).
+    Returns ``(G0, P0, G, P, prior_pop, group_prior)``: base-measure natural
+    parameters ``G0 = mu0 / sigma0^2``, ``P0 = 1 / sigma0^2`` (``(A,)``), the
+    carried-over neurons' natural parameters ``G = mu / sigma^2``,
+    ``P = 1 / sigma^2`` (``(L0, A)``, supplement eq. 10), their pooled counts
+    ``(L0,)`` and per-group counts ``(J, L0)``.
     """
-    hp = MatchingHyperparams() if hp is None else hp
-    atoms = _as_matrix_list(atoms_per_client)
-    J, A = len(atoms), atoms[0].shape[1]
-
-    # Observation precisions p_j (A,) and natural observations g_j = v_j * p_j.
-    if obs_var is None:
-        obs_var = [hp.sigma_sq] * J
-    if len(obs_var) != J:
-        raise ValueError(f"obs_var must hold one entry per client ({J}), got {len(obs_var)}")
-    p_list = [_precision_vector(v, A, f"obs_var[{j}]", allow_inf=True)
-              for j, v in enumerate(obs_var)]
-    g_list = [a * p for a, p in zip(atoms, p_list)]
-
-    if int(prior_steps) != prior_steps or prior_steps < 0:
-        raise ValueError(f"prior_steps must be an integer >= 0, got {prior_steps!r}")
-    step = int(prior_steps) + 1
-
-    # Base measure (new neurons) and carried-over neurons (streaming).
     pm = None if prior_mean is None else np.asarray(prior_mean, dtype=np.float64)
     if pm is not None and not np.all(np.isfinite(pm)):
         raise ValueError("prior_mean must be finite")
@@ -631,12 +645,91 @@ def match_layer(atoms_per_client: Sequence[np.ndarray],
             raise ValueError("prior_popularity: every carried-over neuron needs a count >= 1 "
                              "with streaming_popularity='pooled'")
 
+    return G0, P0, G, P, prior_pop, group_prior
+
+
+def match_layer(atoms_per_client: Sequence[np.ndarray],
+                hp: Optional[MatchingHyperparams] = None,
+                prior_mean: Optional[np.ndarray] = None,
+                prior_var=None,
+                prior_popularity: Optional[np.ndarray] = None,
+                *,
+                obs_var: Optional[Sequence] = None,
+                base_mean: Optional[np.ndarray] = None,
+                base_var=None,
+                prior_steps: int = 0) -> MatchResult:
+    """Match the neurons (atoms) of ``J`` clients into a global layer.
+
+    Alternates the Hungarian solution of eq. (9) over clients: a first pass in
+    order of decreasing ``L_j`` (ties: client order), then up to ``hp.max_sweeps``
+    sweeps in random order (``hp.seed``) that remove a client's contribution and
+    re-match it, stopping after a sweep in which no assignment changed.  Global
+    atoms are the posterior means of Proposition 1 (eq. 5).
+
+    Args:
+      atoms_per_client: list of ``(L_j, A)`` arrays, one per client (``J >= 1``).
+      hp: hyperparameters (default ``MatchingHyperparams()``).
+      prior_mean: ``None`` (base mean ``0``), ``(A,)`` base-measure mean ``mu0``,
+        or ``(L0, A)`` per-neuron prior means of ``L0`` global neurons carried over
+        from earlier streaming steps (supplement eq. 10); then ``prior_popularity``
+        is required and new neurons use ``base_mean`` / ``base_var``.
+      prior_var: prior variances matching ``prior_mean``: scalar, ``(A,)`` or
+        ``(L0, A)``; default ``hp.sigma0_sq``.
+      prior_popularity: streaming only: ``(J, L0)`` counts ``m_ji`` of earlier
+        steps in which group ``j`` used neuron ``i`` (or ``(L0,)`` pooled counts
+        with ``hp.streaming_popularity == "pooled"``).
+      obs_var: optional list of ``J`` per-coordinate client variances
+        ``sigma_j^2`` (scalar or ``(A,)``, ``> 0``; ``inf`` = no information);
+        default ``hp.sigma_sq``.
+      base_mean, base_var: base measure of new neurons when ``prior_mean`` is
+        ``(L0, A)`` (defaults ``0`` and ``hp.sigma0_sq``).
+      prior_steps: number ``s - 1`` of earlier streaming steps.
+
+    Returns:
+      ``MatchResult``.  Global neurons carried in through ``prior_mean`` keep
+      indices ``0..L0-1``.
+
+    Raises:
+      ValueError: naming the offending argument (empty client list, atom
+        dimension mismatch, non-positive variances, bad prior shapes).
+    """
+    hp = MatchingHyperparams() if hp is None else hp
+    atoms = _as_matrix_list(atoms_per_client)
+    J, A = len(atoms), atoms[0].shape[1]
+
+    # Observation precisions p_j (A,) and natural observations g_j = v_j * p_j.
+    if obs_var is None:
+        obs_var = [hp.sigma_sq] * J
+    if not hasattr(obs_var, "__len__") or len(obs_var) != J:
+        raise ValueError(f"obs_var must be a list with one entry per client ({J})")
+    p_list = [_precision_vector(v, A, f"obs_var[{j}]", allow_inf=True)
+              for j, v in enumerate(obs_var)]
+    g_list = [a * p for a, p in zip(atoms, p_list)]
+
+    if int(prior_steps) != prior_steps or prior_steps < 0:
+        raise ValueError(f"prior_steps must be an integer >= 0, got {prior_steps!r}")
+    step = int(prior_steps) + 1
+
+    G0, P0, G, P, prior_pop, group_prior = _resolve_priors(
+        hp, J, A, prior_mean, prior_var, prior_popularity, base_mean, base_var, prior_steps)
+
+    # Coordinates sharing every precision form blocks (one block when all use
+    # sigma^2); permute them to be contiguous for the fast cost path.
+    perm, blocks = coordinate_blocks(np.vstack([P0[None, :], *[q[None, :] for q in p_list], P]))
+    if perm is not None and not np.array_equal(perm, np.arange(A)):
+        g_list = [g[:, perm] for g in g_list]
+        p_list = [q[perm] for q in p_list]
+        G0, P0, G, P = G0[perm], P0[perm], G[:, perm], P[:, perm]
+        unperm = np.argsort(perm)
+    else:
+        unperm = None
+
     layer = _GlobalLayer(G, P, prior_pop, group_prior, J)
 
     # First pass: clients by decreasing size.
     order = sorted(range(J), key=lambda j: -atoms[j].shape[0])
     for j in order:
-        slots, is_new = _match_one(layer, j, g_list[j], p_list[j], G0, P0, hp, J, step)
+        slots, is_new = _match_one(layer, j, g_list[j], p_list[j], G0, P0, hp, J, step, blocks)
         layer.add(j, slots, is_new, g_list[j], p_list[j], G0, P0)
 
     # Sweeps: remove client j, re-match it.
@@ -647,9 +740,9 @@ def match_layer(atoms_per_client: Sequence[np.ndarray],
         changed = False
         for j in rng.permutation(J):
             old = layer.assignments[j]
-            layer.remove(j, g_list[j], p_list[j])
+            layer.remove(j, g_list[j], p_list[j], G0, P0)
             survived = (layer.counts[old] > 0) | layer.has_prior[old]
-            slots, is_new = _match_one(layer, j, g_list[j], p_list[j], G0, P0, hp, J, step)
+            slots, is_new = _match_one(layer, j, g_list[j], p_list[j], G0, P0, hp, J, step, blocks)
             # Unchanged: same surviving neuron, or again alone on a fresh neuron.
             same = np.where(survived, ~is_new & (slots == old), is_new)
             changed |= not bool(same.all())
@@ -659,6 +752,8 @@ def match_layer(atoms_per_client: Sequence[np.ndarray],
             break
 
     G, P, popularity, assignments = layer.finalize()
+    if unperm is not None:
+        G, P = G[:, unperm], P[:, unperm]
     return MatchResult(global_atoms=G / P, assignments=assignments, popularity=popularity,
                        G=G, P=P, n_sweeps=n_sweeps, converged=converged)
 

@@ -24,7 +24,7 @@ os.environ[_MARKER] = str(os.getpid())
 def tff_runtime():
   from tfbfl import runtime  # pylint: disable=g-import-not-at-top
 
-  rt = runtime.set_local_runtime(max_concurrent_computation_calls=-1)
+  rt = runtime.set_local_runtime()
   yield rt
   runtime.shutdown()
 

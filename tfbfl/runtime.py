@@ -194,9 +194,10 @@ class LocalRuntime:
   """The local TFF C++ runtime with an owned worker, installed as default context.
 
   Args:
-    max_concurrent_computation_calls: concurrency of client computations inside
-      the worker (`-1`: unlimited; TFF then runs the clients of a round on all
-      cores).
+    max_concurrent_computation_calls: how many client computations the worker
+      runs at once. Default: the number of CPU cores (more oversubscribes the cores:
+      on 2 cores, 10 concurrent XLA-compiled VIRTUAL clients ran 2.6x slower than
+      2). `-1`: unlimited.
     default_num_clients: cardinality used when a computation's arguments do not
       determine the number of clients.
     log_dir: where the worker writes its log (default: system temp dir).
@@ -206,13 +207,15 @@ class LocalRuntime:
   def __init__(
       self,
       *,
-      max_concurrent_computation_calls: int = -1,
+      max_concurrent_computation_calls: Optional[int] = None,
       default_num_clients: int = 0,
       log_dir: Optional[str] = None,
       startup_timeout_s: float = 60.0,
   ):
     if default_num_clients < 0:
       raise ValueError(f"default_num_clients must be >= 0, got {default_num_clients}.")
+    if max_concurrent_computation_calls is None:
+      max_concurrent_computation_calls = os.cpu_count() or 1
     self._options = dict(
         max_concurrent_computation_calls=max_concurrent_computation_calls,
         log_dir=log_dir,
@@ -222,6 +225,7 @@ class LocalRuntime:
     self.worker: Optional[WorkerProcess] = None
     self.context = None
     self.requested = None  # kwargs given to set_local_runtime, if started there
+    self._previous_context = None
     self._lock = threading.Lock()
 
   def start(self) -> "LocalRuntime":
@@ -254,15 +258,22 @@ class LocalRuntime:
         transform_args=tff.tensorflow.transform_args,
         transform_result=tff.tensorflow.transform_result,
     )
+    self._previous_context = tff.framework.get_context_stack().current
     tff.framework.set_default_context(self.context)
     return self
 
   def close(self) -> None:
-    """Terminates the worker. Safe to call more than once."""
+    """Terminates the worker and, if this runtime's context is still TFF's
+    default, reinstates the one it replaced. Safe to call more than once."""
+    import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+
     with self._lock:
       worker, self.worker = self.worker, None
     if worker is not None:
       worker.close()
+      stack = tff.framework.get_context_stack()
+      if self.context is not None and stack.current is self.context and self._previous_context:
+        tff.framework.set_default_context(self._previous_context)
 
   def __enter__(self) -> "LocalRuntime":
     return self.start()

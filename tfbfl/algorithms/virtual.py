@@ -99,6 +99,7 @@ class VirtualConfig:
   noise_scale: float = 1.0
   gate_init: float = 1.0
   local_solver: str = "sgd"         # or "conjugate" (exact, linear-Gaussian models only)
+  jit_compile: bool = True          # XLA-compile the client SGD step
   eval_samples: int = 0
   seed: int = 0
   input_shape: Optional[Sequence[int]] = None   # None: (input_dim,); images are flattened
@@ -205,14 +206,175 @@ def conjugate_linear_posterior(prior: gaussian.NaturalGaussian, x, y, noise_scal
   return gaussian.NaturalGaussian(split(mean * prec), split(prec))
 
 
-def _data_loss(cfg: VirtualConfig, y, outputs):
-  """Per-batch mean negative log-likelihood and number of correct predictions."""
+def _data_loss(cfg: VirtualConfig, y, outputs, mask=None):
+  """Summed (masked) negative log-likelihood and number of correct predictions."""
+  if mask is None:
+    mask = tf.ones(tf.shape(outputs)[:1], tf.float32)
   if cfg.likelihood == "categorical":
-    loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=outputs))
-    correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(outputs, -1, output_type=y.dtype), y), tf.float32))
-    return loss, correct
+    nll = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=outputs)
+    hit = tf.cast(tf.equal(tf.argmax(outputs, -1, output_type=y.dtype), y), tf.float32)
+    return tf.reduce_sum(mask * nll), tf.reduce_sum(mask * hit)
   err = tf.cast(y, outputs.dtype) - tf.squeeze(outputs, -1)
-  return tf.reduce_mean(0.5 * tf.square(err) / cfg.noise_scale**2), tf.constant(0.0)
+  return tf.reduce_sum(mask * 0.5 * tf.square(err) / cfg.noise_scale**2), tf.constant(0.0)
+
+
+def initial_posterior(cfg: VirtualConfig) -> gaussian.NaturalGaussian:
+  """`s^(0) = N(mu_init, init_scale^2)` with seeded Glorot means."""
+  return models.initial_shared_posterior(
+      cfg.input_dim, cfg.num_classes, tuple(cfg.hidden_units), init_scale=cfg.init_scale,
+      seed=cfg.seed)
+
+
+def initial_client_state(cfg: VirtualConfig, client_index: int,
+                         init_posterior: gaussian.NaturalGaussian) -> ClientState:
+  """`s_i^(0) = s^(0)^(1/K)`, posterior copy `s^(0)`, seeded private network."""
+  factor = gaussian.power(init_posterior, 1.0 / cfg.num_clients)
+  private = models.initial_private_weights(
+      cfg.input_dim, cfg.num_classes, tuple(cfg.hidden_units), init_scale=cfg.init_scale,
+      gate_init=cfg.gate_init, seed=cfg.seed * 100003 + 7919 * (client_index + 1))
+  as_np = lambda s: tf.nest.map_structure(lambda t: np.asarray(t, np.float32), s)
+  return ClientState(
+      gaussian.NaturalGaussian(*as_np(factor)),
+      gaussian.NaturalGaussian(*as_np(init_posterior)),
+      [np.asarray(w, np.float32) for w in private], np.bool_(False))
+
+
+def build_networks(cfg: VirtualConfig) -> models.VirtualNetworks:
+  return models.VirtualNetworks(
+      cfg.input_dim, cfg.num_classes, hidden_units=tuple(cfg.hidden_units),
+      activation=cfg.activation, prior_scale=cfg.prior_scale, init_scale=cfg.init_scale,
+      gate_init=cfg.gate_init, seed=None)
+
+
+def client_update(cfg: VirtualConfig, server_posterior, state: ClientState, seed, x, y,
+                  net: Optional[models.VirtualNetworks] = None) -> ClientOutput:
+  """One client's round (steps 1-4 of the module docstring), plain TensorFlow.
+
+  Used inside the TFF client computation; callable as is (eagerly or in a
+  `tf.function`), which `benchmarks/round_time.py` uses to time TFF's overhead.
+  `net` (default: built here) holds the variables; pass one built outside a
+  `tf.function` that calls this.
+  """
+  net = net or build_networks(cfg)
+  train_vars = net.shared_trainable_variables + (
+      net.private_trainable_variables if cfg.private else [])
+  x = tf.reshape(x, [tf.shape(x)[0], cfg.input_dim])
+
+  def loss_terms(xb, yb, mask, step_seed, kl_scale):
+    """Masked mean data loss, correct count, and the eq. (3) objective."""
+    server_out, client_out = net.forward(xb, seed=step_seed)
+    count = tf.reduce_sum(mask)
+    head = client_out if cfg.private else server_out
+    nll, correct = _data_loss(cfg, yb, head, mask)
+    data_loss = nll / count
+    if cfg.private and cfg.server_loss_weight > 0:
+      data_loss += cfg.server_loss_weight * _data_loss(cfg, yb, server_out, mask)[0] / count
+    kl = net.kl_shared() + (net.kl_private() if cfg.private else 0.0)
+    return data_loss, correct, data_loss + kl_scale * kl
+
+  # Every minibatch has the static shape [batch_size] (the last one of an epoch is
+  # masked), so XLA compiles the step once per process; the SGD trajectory is the
+  # same as with a short last batch.
+  @tf.function(jit_compile=cfg.jit_compile)
+  def sgd_step(xb, yb, mask, step_seed, kl_scale):
+    with tf.GradientTape() as tape:
+      data_loss, correct, loss = loss_terms(xb, yb, mask, step_seed, kl_scale)
+    for v, g in zip(train_vars, tape.gradient(loss, train_vars)):
+      if g is not None:
+        v.assign_sub(cfg.client_lr * g)
+    return data_loss * tf.reduce_sum(mask), correct
+
+  def sgd_epochs(n):
+    """E epochs of plain SGD on eq. (3); returns summed data loss and correct."""
+    steps_per_epoch = (n + cfg.batch_size - 1) // cfg.batch_size
+    order = tf.argsort(tf.random.stateless_uniform([cfg.epochs, n], seed=seed), axis=1)
+    kl_scale = cfg.kl_weight / tf.cast(n, tf.float32)
+    offsets = tf.range(cfg.batch_size)
+    loss_sum, correct_sum = tf.constant(0.0), tf.constant(0.0)
+    for step in tf.range(cfg.epochs * steps_per_epoch):
+      epoch, i = step // steps_per_epoch, step % steps_per_epoch
+      pos = i * cfg.batch_size + offsets
+      idx = tf.gather(order[epoch], tf.minimum(pos, n - 1))
+      mask = tf.cast(pos < n, tf.float32)
+      loss_b, correct_b = sgd_step(tf.gather(x, idx), tf.gather(y, idx), mask,
+                                   tf.random.experimental.stateless_fold_in(seed, step), kl_scale)
+      loss_sum += loss_b
+      correct_sum += correct_b
+    return loss_sum, correct_sum
+
+  @tf.function
+  def train():
+    # FedAvg init resets the client's factor to the server posterior, so its
+    # cavity is flat and the KL target is p^(1/K) alone.
+    old_factor = server_posterior if cfg.fedavg_init else state.shared_factor
+    cavity, _ = gaussian.ratio_with_count(
+        server_posterior, old_factor, on_nonpositive="floor",
+        min_precision=_CAVITY_MIN_PRECISION)
+    prior = gaussian.product(_prior_natural(cavity, cfg.prior_scale, 1.0 / cfg.num_clients), cavity)
+    # The factor s_i is what is trained: q_i = s_i * cavity starts at s^(t).
+    net.set_shared_posterior(server_posterior)
+    net.set_shared_prior(prior)
+    net.set_private_weights(state.private)
+    n = tf.shape(y)[0]
+    seen = tf.cast(n, tf.float32)
+    if cfg.local_solver == "conjugate":
+      q_new = conjugate_linear_posterior(prior, x, y, cfg.noise_scale, cfg.kl_weight)
+      loss_sum, correct_sum = _data_loss(cfg, y, net.server_logits(x))[0], tf.constant(0.0)
+    else:
+      loss_sum, correct_sum = sgd_epochs(n)
+      q_new = net.shared_posterior()
+      seen *= cfg.epochs
+    new_factor = _sub(q_new, cavity)                     # s_i^new = q_i / cav_i
+    delta = _sub(new_factor, old_factor)                 # Delta_i = s_i^new / s_i^old
+    stored = _add_scaled(old_factor, delta, cfg.client_damping)
+    new_state = ClientState(stored, q_new, net.get_private_weights(), tf.constant(True))
+    metrics = collections.OrderedDict(
+        train_loss=loss_sum / seen, train_accuracy=correct_sum / seen)
+    return ClientOutput(delta, new_state, metrics, tf.cast(n, tf.float32))
+
+  return train()
+
+def evaluate_client(cfg: VirtualConfig, server_posterior, state: ClientState, seed, x, y):
+  """Per-client sums {server_loss, server_correct, mt_loss, mt_correct, num_examples}."""
+  net = build_networks(cfg)
+  x = tf.reshape(x, [tf.shape(x)[0], cfg.input_dim])
+
+  @tf.function
+  def run():
+    own = gaussian.NaturalGaussian(*tf.nest.map_structure(
+        lambda o, s: tf.where(state.trained, o, s), state.shared_posterior, server_posterior))
+
+    def predict(posterior, head):
+      """Log predictive probabilities (categorical) or predictive mean (gaussian):
+      the posterior mean network, or an average over `eval_samples` samples."""
+      net.set_shared_posterior(posterior)
+      to_prob = tf.nn.softmax if cfg.likelihood == "categorical" else tf.identity
+      if cfg.eval_samples == 0:
+        avg = to_prob(net.forward(x)[head])
+      else:
+        avg = tf.zeros([tf.shape(x)[0], cfg.num_classes])
+        for s in tf.range(cfg.eval_samples):
+          out = net.forward(x, seed=tf.random.experimental.stateless_fold_in(seed, s))[head]
+          avg += to_prob(out) / cfg.eval_samples
+      return tf.math.log(avg + 1e-12) if cfg.likelihood == "categorical" else avg
+
+    def score(pred):
+      """Summed negative log-likelihood and number of correct predictions."""
+      if cfg.likelihood == "gaussian":
+        err = tf.cast(y, tf.float32) - tf.squeeze(pred, -1)
+        return tf.reduce_sum(0.5 * tf.square(err) / cfg.noise_scale**2), tf.constant(0.0)
+      nll = -tf.reduce_sum(tf.gather(pred, y, axis=1, batch_dims=1))
+      correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(pred, -1, output_type=y.dtype), y), tf.float32))
+      return nll, correct
+
+    net.set_private_weights(state.private)
+    s_loss, s_correct = score(predict(server_posterior, 0))
+    m_loss, m_correct = score(predict(own, 1 if cfg.private else 0))
+    return collections.OrderedDict(
+        server_loss=s_loss, server_correct=s_correct, mt_loss=m_loss, mt_correct=m_correct,
+        num_examples=tf.cast(tf.shape(y)[0], tf.float32))
+
+  return run()
 
 
 class VirtualAlgorithm:
@@ -238,33 +400,16 @@ class VirtualAlgorithm:
     self._aggregator = aggregator or GaussianProductFactory()
     if self._aggregator.weighted:
       raise ValueError("VIRTUAL needs an unweighted GaussianProductFactory (a product of deltas).")
-    self._init_posterior = models.initial_shared_posterior(
-        config.input_dim, config.num_classes, tuple(config.hidden_units),
-        init_scale=config.init_scale, seed=config.seed)
+    self._init_posterior = initial_posterior(config)
     self._build_computations()
 
   # ----------------------------------------------------------------- states
-  def _networks(self) -> models.VirtualNetworks:
-    c = self.config
-    return models.VirtualNetworks(
-        c.input_dim, c.num_classes, hidden_units=tuple(c.hidden_units), activation=c.activation,
-        prior_scale=c.prior_scale, init_scale=c.init_scale, gate_init=c.gate_init, seed=None)
-
   def initial_server_state(self) -> ServerState:
     posterior = tf.nest.map_structure(np.asarray, self._init_posterior)
     return ServerState(gaussian.NaturalGaussian(*posterior), self._aggregation.initialize(), np.int32(0))
 
   def initial_client_state(self, client_index: int) -> ClientState:
-    c = self.config
-    factor = gaussian.power(self._init_posterior, 1.0 / c.num_clients)
-    private = models.initial_private_weights(
-        c.input_dim, c.num_classes, tuple(c.hidden_units), init_scale=c.init_scale,
-        gate_init=c.gate_init, seed=c.seed * 100003 + 7919 * (client_index + 1))
-    as_np = lambda s: tf.nest.map_structure(lambda t: np.asarray(t, np.float32), s)
-    return ClientState(
-        gaussian.NaturalGaussian(*as_np(factor)),
-        gaussian.NaturalGaussian(*as_np(self._init_posterior)),
-        [np.asarray(w, np.float32) for w in private], np.bool_(False))
+    return initial_client_state(self.config, client_index, self._init_posterior)
 
   def round_bytes(self, num_selected: int, metrics) -> tuple:
     """Dense accounting: each selected client downloads s and uploads Delta_i."""
@@ -273,116 +418,6 @@ class VirtualAlgorithm:
     return num_selected * size, num_selected * size
 
   # ----------------------------------------------------------- client work
-  def _client_train(self, server_posterior, state: ClientState, seed, x, y):
-    cfg = self.config
-    net = self._networks()
-    train_vars = net.shared_trainable_variables + (
-        net.private_trainable_variables if cfg.private else [])
-    x = tf.reshape(x, [tf.shape(x)[0], cfg.input_dim])
-
-    def sgd_epochs(n):
-      """E epochs of plain SGD on eq. (3); returns summed data loss and correct."""
-      steps_per_epoch = (n + cfg.batch_size - 1) // cfg.batch_size
-      order = tf.argsort(tf.random.stateless_uniform([cfg.epochs, n], seed=seed), axis=1)
-      kl_scale = cfg.kl_weight / tf.cast(n, tf.float32)
-      loss_sum, correct_sum = tf.constant(0.0), tf.constant(0.0)
-      for step in tf.range(cfg.epochs * steps_per_epoch):
-        epoch, i = step // steps_per_epoch, step % steps_per_epoch
-        idx = order[epoch, i * cfg.batch_size:(i + 1) * cfg.batch_size]
-        xb, yb = tf.gather(x, idx), tf.gather(y, idx)
-        with tf.GradientTape() as tape:
-          server_out, client_out = net.forward(
-              xb, seed=tf.random.experimental.stateless_fold_in(seed, step))
-          if cfg.private:
-            data_loss, correct = _data_loss(cfg, yb, client_out)
-            if cfg.server_loss_weight > 0:
-              data_loss += cfg.server_loss_weight * _data_loss(cfg, yb, server_out)[0]
-            kl = net.kl_shared() + net.kl_private()
-          else:
-            data_loss, correct = _data_loss(cfg, yb, server_out)
-            kl = net.kl_shared()
-          loss = data_loss + kl_scale * kl
-        for v, g in zip(train_vars, tape.gradient(loss, train_vars)):
-          if g is not None:
-            v.assign_sub(cfg.client_lr * g)
-        loss_sum += data_loss * tf.cast(tf.shape(yb)[0], tf.float32)
-        correct_sum += correct
-      return loss_sum, correct_sum
-
-    @tf.function
-    def train():
-      # FedAvg init resets the client's factor to the server posterior, so its
-      # cavity is flat and the KL target is p^(1/K) alone.
-      old_factor = server_posterior if cfg.fedavg_init else state.shared_factor
-      cavity, _ = gaussian.ratio_with_count(
-          server_posterior, old_factor, on_nonpositive="floor",
-          min_precision=_CAVITY_MIN_PRECISION)
-      prior = gaussian.product(_prior_natural(cavity, cfg.prior_scale, 1.0 / cfg.num_clients), cavity)
-      # The factor s_i is what is trained: q_i = s_i * cavity starts at s^(t).
-      net.set_shared_posterior(server_posterior)
-      net.set_shared_prior(prior)
-      net.set_private_weights(state.private)
-      n = tf.shape(y)[0]
-      seen = tf.cast(n, tf.float32)
-      if cfg.local_solver == "conjugate":
-        q_new = conjugate_linear_posterior(prior, x, y, cfg.noise_scale, cfg.kl_weight)
-        loss_sum, correct_sum = _data_loss(cfg, y, net.server_logits(x))[0] * seen, tf.constant(0.0)
-      else:
-        loss_sum, correct_sum = sgd_epochs(n)
-        q_new = net.shared_posterior()
-        seen *= cfg.epochs
-      new_factor = _sub(q_new, cavity)                     # s_i^new = q_i / cav_i
-      delta = _sub(new_factor, old_factor)                 # Delta_i = s_i^new / s_i^old
-      stored = _add_scaled(old_factor, delta, cfg.client_damping)
-      new_state = ClientState(stored, q_new, net.get_private_weights(), tf.constant(True))
-      metrics = collections.OrderedDict(
-          train_loss=loss_sum / seen, train_accuracy=correct_sum / seen)
-      return ClientOutput(delta, new_state, metrics, tf.cast(n, tf.float32))
-
-    return train()
-
-  def _evaluate_client(self, server_posterior, state: ClientState, seed, x, y):
-    cfg = self.config
-    net = self._networks()
-    x = tf.reshape(x, [tf.shape(x)[0], cfg.input_dim])
-
-    @tf.function
-    def run():
-      own = gaussian.NaturalGaussian(*tf.nest.map_structure(
-          lambda o, s: tf.where(state.trained, o, s), state.shared_posterior, server_posterior))
-
-      def predict(posterior, head):
-        """Log predictive probabilities (categorical) or predictive mean (gaussian):
-        the posterior mean network, or an average over `eval_samples` samples."""
-        net.set_shared_posterior(posterior)
-        to_prob = tf.nn.softmax if cfg.likelihood == "categorical" else tf.identity
-        if cfg.eval_samples == 0:
-          avg = to_prob(net.forward(x)[head])
-        else:
-          avg = tf.zeros([tf.shape(x)[0], cfg.num_classes])
-          for s in tf.range(cfg.eval_samples):
-            out = net.forward(x, seed=tf.random.experimental.stateless_fold_in(seed, s))[head]
-            avg += to_prob(out) / cfg.eval_samples
-        return tf.math.log(avg + 1e-12) if cfg.likelihood == "categorical" else avg
-
-      def score(pred):
-        """Summed negative log-likelihood and number of correct predictions."""
-        if cfg.likelihood == "gaussian":
-          err = tf.cast(y, tf.float32) - tf.squeeze(pred, -1)
-          return tf.reduce_sum(0.5 * tf.square(err) / cfg.noise_scale**2), tf.constant(0.0)
-        nll = -tf.reduce_sum(tf.gather(pred, y, axis=1, batch_dims=1))
-        correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(pred, -1, output_type=y.dtype), y), tf.float32))
-        return nll, correct
-
-      net.set_private_weights(state.private)
-      s_loss, s_correct = score(predict(server_posterior, 0))
-      m_loss, m_correct = score(predict(own, 1 if cfg.private else 0))
-      return collections.OrderedDict(
-          server_loss=s_loss, server_correct=s_correct, mt_loss=m_loss, mt_correct=m_correct,
-          num_examples=tf.cast(tf.shape(y)[0], tf.float32))
-
-    return run()
-
   # ------------------------------------------------------ TFF computations
   def _build_computations(self):
     cfg = self.config
@@ -403,11 +438,11 @@ class VirtualAlgorithm:
         posterior_type, aggregation.initialize.type_signature.result.member, tff.TensorType(np.int32)))
 
     @tff.tensorflow.computation(posterior_type, client_state_type, seed_type, data_type)
-    def client_update(server_posterior, state, seed, data):
+    def client_update_comp(server_posterior, state, seed, data):
       state = ClientState(gaussian.NaturalGaussian(*state.shared_factor),
                           gaussian.NaturalGaussian(*state.shared_posterior),
                           list(state.private), state.trained)
-      return self._client_train(gaussian.NaturalGaussian(*server_posterior), state, seed, *data)
+      return client_update(cfg, gaussian.NaturalGaussian(*server_posterior), state, seed, *data)
 
     @tff.tensorflow.computation(server_state_type.posterior, posterior_type, tff.TensorType(np.int32))
     def server_update(posterior, delta_sum, round_num):
@@ -423,7 +458,7 @@ class VirtualAlgorithm:
         tff.FederatedType(data_type, tff.CLIENTS))
     def next_fn(server_state, client_states, seeds, data):
       broadcast = tff.federated_broadcast(server_state.posterior)
-      out = tff.federated_map(client_update, (broadcast, client_states, seeds, data))
+      out = tff.federated_map(client_update_comp, (broadcast, client_states, seeds, data))
       agg = aggregation.next(server_state.aggregator_state, out.delta)
       posterior, round_num, floored = tff.federated_map(
           server_update, (server_state.posterior, agg.result, server_state.round_num))
@@ -434,11 +469,11 @@ class VirtualAlgorithm:
       return new_state, out.client_state, metrics
 
     @tff.tensorflow.computation(posterior_type, client_state_type, seed_type, data_type)
-    def client_eval(server_posterior, state, seed, data):
+    def client_eval_comp(server_posterior, state, seed, data):
       state = ClientState(gaussian.NaturalGaussian(*state.shared_factor),
                           gaussian.NaturalGaussian(*state.shared_posterior),
                           list(state.private), state.trained)
-      return self._evaluate_client(gaussian.NaturalGaussian(*server_posterior), state, seed, *data)
+      return evaluate_client(cfg, gaussian.NaturalGaussian(*server_posterior), state, seed, *data)
 
     @tff.federated_computation(
         tff.FederatedType(server_state_type, tff.SERVER),
@@ -447,9 +482,9 @@ class VirtualAlgorithm:
         tff.FederatedType(data_type, tff.CLIENTS))
     def evaluate_fn(server_state, client_states, seeds, data):
       return tff.federated_map(
-          client_eval, (tff.federated_broadcast(server_state.posterior), client_states, seeds, data))
+          client_eval_comp, (tff.federated_broadcast(server_state.posterior), client_states, seeds, data))
 
-    self.client_update = client_update
+    self.client_update = client_update_comp
     self.server_update = server_update
     self.next = next_fn
     self.evaluate = evaluate_fn

@@ -7,14 +7,21 @@
 * `partition`: homogeneous, class_dirichlet (PFNM/FedMA), label_dirichlet
   (Hsu et al./FOLA), pathological (McMahan shards), permuted (PMNIST).
 * `load_digits_arrays` (bundled, no download), `load_npz` (user files).
+* Loaders of the papers' datasets from their published files (no download):
+  `load_mnist`, `load_pmnist`, `load_cifar10`, `load_femnist`, `load_har`,
+  `load_vsn`, `load_shakespeare` (see data/README.md).
 * `dataset_statistics` / `format_table1`: VIRTUAL Table I statistics.
 """
 
+from tfbfl.data.cifar10 import load_cifar10
 from tfbfl.data.digits import load_digits_arrays
 from tfbfl.data.errors import MissingDataError
 from tfbfl.data.federate import federate_pooled
 from tfbfl.data.federated import FederatedData
 from tfbfl.data.federated import from_client_arrays
+from tfbfl.data.femnist import load_femnist
+from tfbfl.data.har import load_har
+from tfbfl.data.mnist import load_mnist
 from tfbfl.data.npz import load_npz
 from tfbfl.data.partition import class_dirichlet
 from tfbfl.data.partition import feature_permutations
@@ -24,9 +31,13 @@ from tfbfl.data.partition import PARTITIONERS
 from tfbfl.data.partition import pathological
 from tfbfl.data.partition import permute_features
 from tfbfl.data.partition import permuted
+from tfbfl.data.pmnist import load_pmnist
 from tfbfl.data.registry import DATASETS
 from tfbfl.data.registry import load_federated
 from tfbfl.data.registry import PARTITIONS
 from tfbfl.data.registry import register_dataset
+from tfbfl.data.safe_pickle import UnsafePickleError
+from tfbfl.data.shakespeare import load_shakespeare
 from tfbfl.data.stats import dataset_statistics
 from tfbfl.data.stats import format_table1
+from tfbfl.data.vsn import load_vsn

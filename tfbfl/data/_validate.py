@@ -46,8 +46,13 @@ def as_client_dict(arrays, arg):
       f"{type(arrays).__name__}.")
 
 
-def check_features(x, arg, cid, allow_empty=False):
-  """Returns `x` as a float32 array of shape [n, *input_shape], checked."""
+def check_features(x, arg, cid, allow_empty=False, dtype=np.float32):
+  """Returns `x` as an array of shape [n, *input_shape] and `dtype`, checked.
+
+  `dtype` is float32 (the default: features must be finite after the cast)
+  or int32 (integer inputs such as token ids: integer or integral-float
+  arrays whose values fit in int32).
+  """
   x = np.asarray(x)
   if x.dtype == bool or not (np.issubdtype(x.dtype, np.integer) or
                              np.issubdtype(x.dtype, np.floating)):
@@ -62,6 +67,8 @@ def check_features(x, arg, cid, allow_empty=False):
     raise ValueError(
         f"`{arg}` of client {cid!r} is empty; every client needs at least one "
         "example.")
+  if np.dtype(dtype) == np.int32:
+    return _as_int32_features(x, arg, cid)
   with np.errstate(over="ignore"):  # overflow becomes inf, reported below
     x = x.astype(np.float32)
   if not np.all(np.isfinite(x)):
@@ -69,6 +76,20 @@ def check_features(x, arg, cid, allow_empty=False):
         f"`{arg}` of client {cid!r} contains NaN or inf features (after the "
         "cast to float32); expected finite values.")
   return x
+
+
+def _as_int32_features(x, arg, cid):
+  if np.issubdtype(x.dtype, np.floating):
+    if not np.all(np.isfinite(x)) or np.any(x != np.round(x)):
+      raise ValueError(
+          f"`{arg}` of client {cid!r} must hold integer inputs (x_dtype "
+          "int32), got non-integer or non-finite values.")
+  info = np.iinfo(np.int32)
+  if x.size and (x.min() < info.min or x.max() > info.max):
+    raise ValueError(
+        f"`{arg}` of client {cid!r} has values in [{x.min()}, {x.max()}]; "
+        f"expected values in the int32 range [{info.min}, {info.max}].")
+  return x.astype(np.int32)
 
 
 def check_labels(y, arg, cid, allow_empty=False):

@@ -14,13 +14,16 @@ from tfbfl.data import _validate
 from tfbfl.data import split as split_lib
 
 SPLITS = ("train", "test")
+X_DTYPES = ("float32", "int32")
 
 
 class FederatedData:
   """Per-client train/test numpy arrays.
 
-  For every client id, `train[cid]` and `test[cid]` are `(x, y)` with x float32
-  of shape [n, *input_shape] and y int32 of shape [n] in [0, num_classes). A
+  For every client id, `train[cid]` and `test[cid]` are `(x, y)` with x of
+  dtype `x_dtype` (float32 by default; int32 for token ids such as
+  Shakespeare's) and shape [n, *input_shape], and y int32 of shape [n] in
+  [0, num_classes). A
   client's test part may be empty (n = 0); its train part never is when built
   by `from_client_arrays`.
 
@@ -28,6 +31,7 @@ class FederatedData:
     name: dataset name shown in tables and logs.
     num_classes: number of classes.
     input_shape: shape of one example, a tuple of ints.
+    x_dtype: numpy dtype of every x array: float32 (default) or int32.
     client_ids: sorted list of client ids (str); every per-client view
       (`pooled`, `to_client_data`, statistics) uses this order.
     train: dict client_id -> (x, y).
@@ -42,17 +46,23 @@ class FederatedData:
   ```
   """
 
-  def __init__(self, name, num_classes, input_shape, train, test):
+  def __init__(self, name, num_classes, input_shape, train, test,
+               x_dtype="float32"):
     if set(train) != set(test):
       raise ValueError(
           "`train` and `test` must have the same client ids, got "
           f"{sorted(set(train) ^ set(test))} in only one of them.")
+    x_dtype = np.dtype(x_dtype)
+    if x_dtype.name not in X_DTYPES:
+      raise ValueError(
+          f"`x_dtype` must be one of {X_DTYPES}, got {x_dtype.name!r}.")
+    self.x_dtype = x_dtype
     self.name = str(name)
     self.num_classes = int(num_classes)
     self.input_shape = tuple(int(d) for d in input_shape)
     self.client_ids = sorted(train)
-    self.train = {c: _as_pair(*train[c]) for c in self.client_ids}
-    self.test = {c: _as_pair(*test[c]) for c in self.client_ids}
+    self.train = {c: _as_pair(*train[c], x_dtype) for c in self.client_ids}
+    self.test = {c: _as_pair(*test[c], x_dtype) for c in self.client_ids}
 
   def __repr__(self):
     return (f"FederatedData(name={self.name!r}, clients={len(self.client_ids)}, "
@@ -97,7 +107,7 @@ class FederatedData:
     Python str the dataset function slices that client's numpy arrays; traced
     with a tf.string tensor (e.g. by `dataset_computation`) it looks the client
     up in constants holding the pooled arrays of `split` and their offsets.
-    Element spec: (TensorSpec([*input_shape], float32), TensorSpec([], int32)).
+    Element spec: (TensorSpec([*input_shape], x_dtype), TensorSpec([], int32)).
     """
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
@@ -135,16 +145,17 @@ class FederatedData:
     return FederatedData(
         self.name, self.num_classes, self.input_shape,
         {c: self.train[c] for c in client_ids},
-        {c: self.test[c] for c in client_ids})
+        {c: self.test[c] for c in client_ids}, x_dtype=self.x_dtype)
 
 
-def _as_pair(x, y):
-  return np.asarray(x, dtype=np.float32), np.asarray(y, dtype=np.int32)
+def _as_pair(x, y, x_dtype=np.float32):
+  return np.asarray(x, dtype=x_dtype), np.asarray(y, dtype=np.int32)
 
 
 def from_client_arrays(x_by_client, y_by_client, x_test_by_client=None,
                        y_test_by_client=None, *, num_classes=None,
-                       test_fraction=0.25, seed=0, name="custom"):
+                       test_fraction=0.25, seed=0, name="custom",
+                       x_dtype="float32"):
   """Builds a checked `FederatedData` from per-client arrays.
 
   This is the public entry point for users bringing their own data.
@@ -153,7 +164,7 @@ def from_client_arrays(x_by_client, y_by_client, x_test_by_client=None,
     x_by_client: dict client_id (str) -> features [n, *input_shape], or a list
       of such arrays; client `i` of a list gets the id `client_<i>`
       zero-padded to two or more digits (`client_00`, `client_01`, ...) so the
-      ids sort in numeric order. Cast to float32.
+      ids sort in numeric order. Cast to `x_dtype`.
     y_by_client: labels [n] keyed like `x_by_client`: integers (or integral
       floats) in [0, num_classes). Cast to int32.
     x_test_by_client: optional test features keyed like `x_by_client`; give it
@@ -166,6 +177,9 @@ def from_client_arrays(x_by_client, y_by_client, x_test_by_client=None,
       Ignored when test arrays are given.
     seed: int or np.random.Generator for that split.
     name: dataset name.
+    x_dtype: "float32" (default: real features, must be finite after the
+      cast) or "int32" (integer inputs such as token ids: integer arrays, or
+      integral floats, within the int32 range).
 
   Returns:
     A `FederatedData`.
@@ -177,6 +191,10 @@ def from_client_arrays(x_by_client, y_by_client, x_test_by_client=None,
       with other client ids, `test_fraction` outside (0, 1), or a client left
       with no training example after the split.
   """
+  x_dtype = np.dtype(x_dtype)
+  if x_dtype.name not in X_DTYPES:
+    raise ValueError(
+        f"`x_dtype` must be one of {X_DTYPES}, got {x_dtype.name!r}.")
   xs = _validate.as_client_dict(x_by_client, "x_by_client")
   ys = _validate.as_client_dict(y_by_client, "y_by_client")
   _check_same_ids(xs, ys, "x_by_client", "y_by_client")
@@ -191,7 +209,7 @@ def from_client_arrays(x_by_client, y_by_client, x_test_by_client=None,
   x_by_arg = {"x_by_client": {}}
   y_by_arg = {"y_by_client": {}}
   for cid in sorted(xs):
-    x = _validate.check_features(xs[cid], "x_by_client", cid)
+    x = _validate.check_features(xs[cid], "x_by_client", cid, dtype=x_dtype)
     y = _validate.check_labels(ys[cid], "y_by_client", cid)
     _validate.check_pair(x, y, "x_by_client", "y_by_client", cid)
     x_by_arg["x_by_client"][cid], y_by_arg["y_by_client"][cid] = x, y
@@ -204,7 +222,7 @@ def from_client_arrays(x_by_client, y_by_client, x_test_by_client=None,
     x_by_arg["x_test_by_client"], y_by_arg["y_test_by_client"] = {}, {}
     for cid in sorted(xs):
       x = _validate.check_features(
-          xts[cid], "x_test_by_client", cid, allow_empty=True)
+          xts[cid], "x_test_by_client", cid, allow_empty=True, dtype=x_dtype)
       y = _validate.check_labels(
           yts[cid], "y_test_by_client", cid, allow_empty=True)
       _validate.check_pair(x, y, "x_test_by_client", "y_test_by_client", cid)
@@ -222,7 +240,8 @@ def from_client_arrays(x_by_client, y_by_client, x_test_by_client=None,
   else:
     train, test = split_lib.split_clients(
         x_by_arg["x_by_client"], y_by_arg["y_by_client"], test_fraction, seed)
-  return FederatedData(name, num_classes, input_shape, train, test)
+  return FederatedData(name, num_classes, input_shape, train, test,
+                       x_dtype=x_dtype)
 
 
 def _check_same_ids(a, b, a_arg, b_arg):

@@ -6,11 +6,43 @@ arguments only, all of `load_federated`'s except `dataset`:
 classes_per_client, test_fraction, seed) -> FederatedData`; loaders of natural
 federated datasets ignore the partition arguments. Add a dataset with
 `register_dataset(name, loader)` (or by assigning into `DATASETS`).
+
+Registered datasets (files and conventions: each module's docstring and
+data/README.md; nothing is downloaded, a missing file raises
+`MissingDataError` naming it):
+
+* "digits": scikit-learn's bundled digits, federated by `partition`.
+* "npz": the user's own clients in one .npz file (`data_dir` is its path).
+* "mnist": MNIST IDX files; train set by `partition`, official test set
+  spread over the same clients (`official_split`).
+* "pmnist": MNIST, homogeneous split + one pixel permutation per client
+  (VIRTUAL's PMNIST); `partition` is ignored.
+* "cifar10": CIFAR-10 python batches (restricted unpickler); as "mnist".
+* "femnist" / "femnist62": LEAF JSON or TFF HDF5; `num_clients` writers
+  drawn with `seed`; 10 digit classes / all 62; the distribution's split.
+* "har" / "hapt": UCI HAR (6 activities) / HAPT (12) text files, one client
+  per subject (`num_clients` of the 30 drawn with `seed`), split by
+  `test_fraction`.
+* "vsn": vehicle.mat, one client per sensor (`num_clients` of the 23),
+  split by `test_fraction`, standardised per client.
+* "shakespeare": LEAF JSON, one client per role with >= 10 sequences
+  (`num_clients` drawn with `seed`); x int32 token ids [n, 80].
+
+Natural datasets (femnist, har, vsn, shakespeare) ignore `partition`,
+`alpha`, `min_size` and `classes_per_client`; `num_clients` picks that many
+of their clients (an error if it exceeds those available).
 """
 
+from tfbfl.data import cifar10
 from tfbfl.data import digits
 from tfbfl.data import federate
+from tfbfl.data import femnist
+from tfbfl.data import har
+from tfbfl.data import mnist
 from tfbfl.data import npz
+from tfbfl.data import pmnist
+from tfbfl.data import shakespeare
+from tfbfl.data import vsn
 
 PARTITIONS = federate.PARTITIONS
 
@@ -36,9 +68,74 @@ def _load_npz(*, data_dir, partition, num_clients, alpha, min_size,
   return npz.load_npz(data_dir, test_fraction=test_fraction, seed=seed)
 
 
+def _load_mnist(*, data_dir, partition, num_clients, alpha, min_size,
+                classes_per_client, test_fraction, seed):
+  del test_fraction  # the official test set is used
+  return mnist.load_mnist(
+      data_dir, partition=partition, num_clients=num_clients, alpha=alpha,
+      min_size=min_size, classes_per_client=classes_per_client, seed=seed)
+
+
+def _load_pmnist(*, data_dir, partition, num_clients, alpha, min_size,
+                 classes_per_client, test_fraction, seed):
+  del partition, alpha, min_size, classes_per_client, test_fraction
+  return pmnist.load_pmnist(data_dir, num_clients=num_clients, seed=seed)
+
+
+def _load_cifar10(*, data_dir, partition, num_clients, alpha, min_size,
+                  classes_per_client, test_fraction, seed):
+  del test_fraction  # the official test set is used
+  return cifar10.load_cifar10(
+      data_dir, partition=partition, num_clients=num_clients, alpha=alpha,
+      min_size=min_size, classes_per_client=classes_per_client, seed=seed)
+
+
+def _femnist_loader(digits_only):
+  def loader(*, data_dir, partition, num_clients, alpha, min_size,
+             classes_per_client, test_fraction, seed):
+    del partition, alpha, min_size, classes_per_client  # natural clients
+    del test_fraction  # the distribution's own split
+    return femnist.load_femnist(data_dir, num_clients=num_clients,
+                                digits_only=digits_only, seed=seed)
+  return loader
+
+
+def _har_loader(variant):
+  def loader(*, data_dir, partition, num_clients, alpha, min_size,
+             classes_per_client, test_fraction, seed):
+    del partition, alpha, min_size, classes_per_client  # natural clients
+    return har.load_har(data_dir, variant=variant, num_clients=num_clients,
+                        test_fraction=test_fraction, seed=seed)
+  return loader
+
+
+def _load_vsn(*, data_dir, partition, num_clients, alpha, min_size,
+              classes_per_client, test_fraction, seed):
+  del partition, alpha, min_size, classes_per_client  # natural clients
+  return vsn.load_vsn(data_dir, num_clients=num_clients,
+                      test_fraction=test_fraction, seed=seed)
+
+
+def _load_shakespeare(*, data_dir, partition, num_clients, alpha, min_size,
+                      classes_per_client, test_fraction, seed):
+  del partition, alpha, min_size, classes_per_client  # natural clients
+  del test_fraction  # the distribution's own split
+  return shakespeare.load_shakespeare(data_dir, num_clients=num_clients,
+                                      seed=seed)
+
+
 DATASETS = {
     "digits": _load_digits,
     "npz": _load_npz,
+    "mnist": _load_mnist,
+    "pmnist": _load_pmnist,
+    "cifar10": _load_cifar10,
+    "femnist": _femnist_loader(digits_only=True),
+    "femnist62": _femnist_loader(digits_only=False),
+    "har": _har_loader("har"),
+    "hapt": _har_loader("hapt"),
+    "vsn": _load_vsn,
+    "shakespeare": _load_shakespeare,
 }
 
 
@@ -61,20 +158,26 @@ def load_federated(dataset="digits", *, data_dir=None,
     dataset: a name in `DATASETS` ("digits" runs with no download).
     data_dir: where the dataset's files are (for "npz": the .npz path).
     partition: a name in `PARTITIONS`; used by datasets without natural
-      clients ("digits"), ignored by natural ones ("npz").
-    num_clients: number of clients of the partition.
+      clients ("digits", "mnist", "cifar10"), ignored by natural ones
+      ("npz", "femnist", "har", "vsn", "shakespeare") and by "pmnist".
+    num_clients: number of clients of the partition; for natural datasets
+      (except "npz"), the number of their clients drawn with `seed`.
     alpha: Dirichlet concentration of "class_dirichlet"/"label_dirichlet".
     min_size: minimum client size of "class_dirichlet".
     classes_per_client: shards per client of "pathological".
-    test_fraction: per-client held-out fraction where a dataset has no split.
+    test_fraction: per-client held-out fraction where a dataset has no split
+      ("digits", "npz" without test arrays, "har", "hapt", "vsn").
     seed: int; the same seed gives identical data.
 
   Returns:
     A `FederatedData`.
 
   Raises:
-    ValueError: unknown `dataset` or `partition` (listing the valid names), or
-      any invalid argument (named in the message).
+    MissingDataError: (a FileNotFoundError) a dataset file is missing; the
+      message names it, the expected layout and where it is published.
+    ValueError: unknown `dataset` or `partition` (listing the valid names),
+      any invalid argument (named in the message), or a truncated/corrupted
+      file (named in the message).
   """
   if dataset not in DATASETS:
     raise ValueError(

@@ -32,6 +32,12 @@ flags.DEFINE_integer("batch_size", _D["batch_size"], "Client minibatch size B.")
 flags.DEFINE_float("client_lr", _D["client_lr"], "Client SGD learning rate.")
 flags.DEFINE_float("server_lr", None, "Server learning rate eta_s (default: 1/clients_per_round "
                    "for VIRTUAL, whose server multiplies C deltas; 1.0 otherwise).")
+flags.DEFINE_enum("architecture", _D["architecture"], list(training.ARCHITECTURES),
+                  "Network: mlp (all algorithms), conv (FEMNIST net, VIRTUAL), lstm "
+                  "(Shakespeare, VIRTUAL), cnn (McMahan et al. CIFAR-10 CNN, FOLA/FedCurv).")
+flags.DEFINE_list("image_shape", None, "conv: image shape H,W[,C] of flat inputs (digits: 8,8).")
+flags.DEFINE_list("filters", [str(f) for f in _D["filters"]], "conv: filters per conv layer.")
+flags.DEFINE_list("lstm_units", [str(u) for u in _D["lstm_units"]], "lstm: units per LSTM layer.")
 flags.DEFINE_list("hidden_units", [str(h) for h in _D["hidden_units"]], "Hidden layer widths.")
 flags.DEFINE_integer("seed", _D["seed"], "Fixes client sampling, initialisation and data splits.")
 flags.DEFINE_integer("eval_every", _D["eval_every"], "Evaluate S and MT every this many rounds.")
@@ -48,9 +54,20 @@ flags.DEFINE_bool("fedavg_init", _D["fedavg_init"], "VIRTUAL + FedAvg init varia
 flags.DEFINE_float("server_loss_weight", _D["server_loss_weight"],
                    "VIRTUAL: weight of the server network's own cross-entropy (0 = paper eq. 3).")
 flags.DEFINE_float("gate_init", _D["gate_init"], "VIRTUAL: initial lateral gate value.")
+flags.DEFINE_float("prune_percentile", _D["prune_percentile"],
+                   "VIRTUAL: zero Delta_i entries whose SNR is below this percentile (Sec. IV-F).")
+flags.DEFINE_bool("prune_per_layer", _D["prune_per_layer"],
+                  "VIRTUAL: percentile per weight tensor (else over all shared weights).")
 flags.DEFINE_integer("eval_samples", _D["eval_samples"], "MC samples at evaluation (0: posterior mean).")
 # FedProx
 flags.DEFINE_float("mu", _D["mu"], "FedProx proximal strength.")
+# FOLA, offline Laplace, FedCurv
+flags.DEFINE_float("fola_lambda", _D["fola_lambda"], "FOLA: strength lambda of the prior penalty.")
+flags.DEFINE_float("fola_gamma", _D["fola_gamma"], "FOLA: variance of the round-1 prior N(0, gamma I) (inf: flat).")
+flags.DEFINE_float("fola_eps", _D["fola_eps"], "FOLA: server epsilon for zero aggregate precision.")
+flags.DEFINE_float("fola_clip_norm", _D["fola_clip_norm"], "FOLA/FedCurv: client gradient clip norm (0: none).")
+flags.DEFINE_float("compress_p", _D["compress_p"], "FOLA: fraction of precisions kept per layer (1: none).")
+flags.DEFINE_float("fedcurv_lambda", _D["fedcurv_lambda"], "FedCurv: penalty strength lambda.")
 
 
 def params_from_flags() -> dict:

@@ -318,6 +318,7 @@ class ExperimentRunner:
     return dict(
         algorithm=self.algorithm.name, flags=self.flags, rounds=state["round"],
         best_server_accuracy=best("server_accuracy"), best_mt_accuracy=best("mt_accuracy"),
+        best_global_accuracy=best("server_accuracy"),
         final_server_accuracy=rows[-1]["server_accuracy"], final_mt_accuracy=rows[-1]["mt_accuracy"],
         final_server_loss=rows[-1]["server_loss"], final_mt_loss=rows[-1]["mt_loss"],
         wall_time_s=state["wall_time_s"],

@@ -32,6 +32,9 @@ _ALGORITHM_MODULES = {
     "laplace_offline": "tfbfl.algorithms.fola",
 }
 _BUILDERS: Dict[str, Callable[..., Any]] = {}
+# mlp: every algorithm; conv (FEMNIST net) and lstm (Shakespeare): VIRTUAL;
+# cnn (McMahan et al. CIFAR-10 CNN): FOLA / FedCurv.
+ARCHITECTURES = ("mlp", "conv", "lstm", "cnn")
 
 # Defaults of every common flag (the launchers' absl flags mirror these).
 DEFAULTS: Dict[str, Any] = dict(
@@ -43,8 +46,13 @@ DEFAULTS: Dict[str, Any] = dict(
     # VIRTUAL
     damping=1.0, tie_damping=False, kl_weight=1e-4, prior_scale=1.0, init_scale=0.05,
     fedavg_init=False, server_loss_weight=1.0, gate_init=1.0, eval_samples=0,
+    prune_percentile=0.0, prune_per_layer=True,
+    architecture="mlp", image_shape=None, filters=(32, 64), lstm_units=(100, 100),
     # FedProx
     mu=0.01,
+    # FOLA / offline Laplace / FedCurv (tfbfl.algorithms.fola)
+    fola_lambda=10.0, fola_gamma=float("inf"), fola_eps=1e-8, fola_clip_norm=0.0,
+    compress_p=1.0, fedcurv_lambda=1.0,
 )
 
 
@@ -77,6 +85,11 @@ def resolve_params(params: Dict[str, Any]) -> Dict[str, Any]:
   if isinstance(p["hidden_units"], str):
     p["hidden_units"] = tuple(int(h) for h in p["hidden_units"].split(",") if h.strip())
   p["hidden_units"] = tuple(int(h) for h in p["hidden_units"])
+  for name in ("image_shape", "filters", "lstm_units"):
+    v = p[name].split(",") if isinstance(p[name], str) else p[name]
+    p[name] = tuple(int(x) for x in v if str(x).strip()) or None if v else None
+  if p["architecture"] not in ARCHITECTURES:
+    raise ValueError(f"--architecture must be one of {ARCHITECTURES}, got {p['architecture']!r}.")
   if p["server_lr"] is None:
     # VIRTUAL's server multiplies C deltas (a sum of natural-parameter moves), so
     # eta_s = 1/C makes a round move as far as one averaged FedAvg step.

@@ -60,9 +60,11 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tfbfl import architectures
 from tfbfl import communication
 from tfbfl import gaussian
 from tfbfl import models
+from tfbfl import sparsity
 from tfbfl import training
 from tfbfl.aggregators import GaussianProductFactory
 
@@ -70,7 +72,7 @@ ServerState = collections.namedtuple("ServerState", ["posterior", "aggregator_st
 ClientState = collections.namedtuple(
     "ClientState", ["shared_factor", "shared_posterior", "private", "trained"])
 ClientOutput = collections.namedtuple(
-    "ClientOutput", ["delta", "client_state", "metrics", "num_examples"])
+    "ClientOutput", ["delta", "client_state", "metrics", "num_examples", "delta_nonzeros"])
 
 _CAVITY_MIN_PRECISION = 1e-8
 
@@ -100,6 +102,15 @@ class VirtualConfig:
   gate_init: float = 1.0
   local_solver: str = "sgd"         # or "conjugate" (exact, linear-Gaussian models only)
   jit_compile: bool = True          # XLA-compile the client SGD step
+  architecture: str = "mlp"         # "mlp", "conv" (FEMNIST net) or "lstm" (Shakespeare)
+  image_shape: Optional[Sequence[int]] = None   # conv: (H, W[, C]); default input_shape
+  filters: Sequence[int] = (32, 64)
+  kernel_size: int = 5
+  vocab_size: int = 88
+  embedding_dim: int = 8
+  lstm_units: Sequence[int] = (100, 100)
+  prune_percentile: float = 0.0     # zero Delta_i entries below this SNR percentile (IV-F)
+  prune_per_layer: bool = True
   eval_samples: int = 0
   seed: int = 0
   input_shape: Optional[Sequence[int]] = None   # None: (input_dim,); images are flattened
@@ -124,6 +135,10 @@ class VirtualConfig:
       raise ValueError(f"tie_damping needs server_lr <= 1, got {self.server_lr}.")
     if self.likelihood not in ("categorical", "gaussian"):
       raise ValueError(f"likelihood must be 'categorical' or 'gaussian', got {self.likelihood!r}.")
+    if self.architecture not in ("mlp", "conv", "lstm"):
+      raise ValueError(f"architecture must be 'mlp', 'conv' or 'lstm', got {self.architecture!r}.")
+    if not 0.0 <= self.prune_percentile < 100.0:
+      raise ValueError(f"prune_percentile must be in [0, 100), got {self.prune_percentile}.")
     if self.local_solver not in ("sgd", "conjugate"):
       raise ValueError(f"local_solver must be 'sgd' or 'conjugate', got {self.local_solver!r}.")
     if self.local_solver == "conjugate" and not (
@@ -218,20 +233,40 @@ def _data_loss(cfg: VirtualConfig, y, outputs, mask=None):
   return tf.reduce_sum(mask * 0.5 * tf.square(err) / cfg.noise_scale**2), tf.constant(0.0)
 
 
+def _architecture(cfg: VirtualConfig):
+  """(network class, initial shared posterior fn, initial private weights fn,
+  keyword arguments) of the configured architecture."""
+  common = dict(init_scale=cfg.init_scale)
+  if cfg.architecture == "conv":
+    kw = dict(input_shape=tuple(cfg.image_shape or cfg.example_shape), num_classes=cfg.num_classes,
+              filters=tuple(cfg.filters), kernel_size=cfg.kernel_size,
+              hidden_units=tuple(cfg.hidden_units), **common)
+    return (architectures.VirtualConvNetworks, architectures.initial_shared_posterior_conv,
+            architectures.initial_private_weights_conv, kw)
+  if cfg.architecture == "lstm":
+    kw = dict(vocab_size=cfg.vocab_size, embedding_dim=cfg.embedding_dim,
+              lstm_units=tuple(cfg.lstm_units), **common)
+    return (architectures.VirtualLSTMNetworks, architectures.initial_shared_posterior_lstm,
+            architectures.initial_private_weights_lstm, kw)
+  kw = dict(input_dim=cfg.input_dim, num_classes=cfg.num_classes,
+            hidden_units=tuple(cfg.hidden_units), **common)
+  return (models.VirtualNetworks, models.initial_shared_posterior,
+          models.initial_private_weights, kw)
+
+
 def initial_posterior(cfg: VirtualConfig) -> gaussian.NaturalGaussian:
   """`s^(0) = N(mu_init, init_scale^2)` with seeded Glorot means."""
-  return models.initial_shared_posterior(
-      cfg.input_dim, cfg.num_classes, tuple(cfg.hidden_units), init_scale=cfg.init_scale,
-      seed=cfg.seed)
+  _, init_shared, _, kw = _architecture(cfg)
+  return init_shared(seed=cfg.seed, **kw)
 
 
 def initial_client_state(cfg: VirtualConfig, client_index: int,
                          init_posterior: gaussian.NaturalGaussian) -> ClientState:
   """`s_i^(0) = s^(0)^(1/K)`, posterior copy `s^(0)`, seeded private network."""
   factor = gaussian.power(init_posterior, 1.0 / cfg.num_clients)
-  private = models.initial_private_weights(
-      cfg.input_dim, cfg.num_classes, tuple(cfg.hidden_units), init_scale=cfg.init_scale,
-      gate_init=cfg.gate_init, seed=cfg.seed * 100003 + 7919 * (client_index + 1))
+  _, _, init_private, kw = _architecture(cfg)
+  private = init_private(gate_init=cfg.gate_init,
+                         seed=cfg.seed * 100003 + 7919 * (client_index + 1), **kw)
   as_np = lambda s: tf.nest.map_structure(lambda t: np.asarray(t, np.float32), s)
   return ClientState(
       gaussian.NaturalGaussian(*as_np(factor)),
@@ -239,11 +274,15 @@ def initial_client_state(cfg: VirtualConfig, client_index: int,
       [np.asarray(w, np.float32) for w in private], np.bool_(False))
 
 
-def build_networks(cfg: VirtualConfig) -> models.VirtualNetworks:
-  return models.VirtualNetworks(
-      cfg.input_dim, cfg.num_classes, hidden_units=tuple(cfg.hidden_units),
-      activation=cfg.activation, prior_scale=cfg.prior_scale, init_scale=cfg.init_scale,
-      gate_init=cfg.gate_init, seed=None)
+def build_networks(cfg: VirtualConfig):
+  """The configured server + client networks (unseeded: values are assigned)."""
+  network, _, _, kw = _architecture(cfg)
+  extra = dict(activation=cfg.activation) if cfg.architecture != "lstm" else {}
+  return network(prior_scale=cfg.prior_scale, gate_init=cfg.gate_init, seed=None, **extra, **kw)
+
+
+def _flatten_for_mlp(cfg: VirtualConfig, x):
+  return tf.reshape(x, [tf.shape(x)[0], cfg.input_dim]) if cfg.architecture == "mlp" else x
 
 
 def client_update(cfg: VirtualConfig, server_posterior, state: ClientState, seed, x, y,
@@ -258,7 +297,7 @@ def client_update(cfg: VirtualConfig, server_posterior, state: ClientState, seed
   net = net or build_networks(cfg)
   train_vars = net.shared_trainable_variables + (
       net.private_trainable_variables if cfg.private else [])
-  x = tf.reshape(x, [tf.shape(x)[0], cfg.input_dim])
+  x = _flatten_for_mlp(cfg, x)
 
   def loss_terms(xb, yb, mask, step_seed, kl_scale):
     """Masked mean data loss, correct count, and the eq. (3) objective."""
@@ -280,8 +319,8 @@ def client_update(cfg: VirtualConfig, server_posterior, state: ClientState, seed
     with tf.GradientTape() as tape:
       data_loss, correct, loss = loss_terms(xb, yb, mask, step_seed, kl_scale)
     for v, g in zip(train_vars, tape.gradient(loss, train_vars)):
-      if g is not None:
-        v.assign_sub(cfg.client_lr * g)
+      if g is not None:  # convert: embedding lookups give IndexedSlices
+        v.assign_sub(cfg.client_lr * tf.convert_to_tensor(g))
     return data_loss * tf.reduce_sum(mask), correct
 
   def sgd_epochs(n):
@@ -326,18 +365,22 @@ def client_update(cfg: VirtualConfig, server_posterior, state: ClientState, seed
       seen *= cfg.epochs
     new_factor = _sub(q_new, cavity)                     # s_i^new = q_i / cav_i
     delta = _sub(new_factor, old_factor)                 # Delta_i = s_i^new / s_i^old
+    if cfg.prune_percentile > 0:
+      delta = sparsity.apply_mask(delta, sparsity.keep_mask(
+          sparsity.snr(q_new), cfg.prune_percentile, cfg.prune_per_layer))
     stored = _add_scaled(old_factor, delta, cfg.client_damping)
     new_state = ClientState(stored, q_new, net.get_private_weights(), tf.constant(True))
     metrics = collections.OrderedDict(
         train_loss=loss_sum / seen, train_accuracy=correct_sum / seen)
-    return ClientOutput(delta, new_state, metrics, tf.cast(n, tf.float32))
+    return ClientOutput(delta, new_state, metrics, tf.cast(n, tf.float32),
+                        sparsity.count_nonzero(delta))
 
   return train()
 
 def evaluate_client(cfg: VirtualConfig, server_posterior, state: ClientState, seed, x, y):
   """Per-client sums {server_loss, server_correct, mt_loss, mt_correct, num_examples}."""
   net = build_networks(cfg)
-  x = tf.reshape(x, [tf.shape(x)[0], cfg.input_dim])
+  x = _flatten_for_mlp(cfg, x)
 
   @tf.function
   def run():
@@ -412,10 +455,14 @@ class VirtualAlgorithm:
     return initial_client_state(self.config, client_index, self._init_posterior)
 
   def round_bytes(self, num_selected: int, metrics) -> tuple:
-    """Dense accounting: each selected client downloads s and uploads Delta_i."""
-    del metrics
+    """Each selected client downloads s (dense) and uploads Delta_i: dense, or,
+    when pruned, its non-zero entries as (eta1, eta2, flat index) triples."""
     size = communication.dense_bytes(self._init_posterior)
-    return num_selected * size, num_selected * size
+    up = num_selected * size
+    if self.config.prune_percentile > 0:
+      nnz = int(metrics["delta_nonzeros"])
+      up = min(up, communication.sparse_bytes(nnz, value_bytes=8))
+    return up, num_selected * size
 
   # ----------------------------------------------------------- client work
   # ------------------------------------------------------ TFF computations
@@ -430,7 +477,8 @@ class VirtualAlgorithm:
         tff.TensorType(np.bool_)))
     seed_type = tff.TensorType(np.int64, [2])
     y_dtype = np.int32 if cfg.likelihood == "categorical" else np.float32
-    data_type = tff.to_type((tff.TensorType(np.float32, [None, *cfg.example_shape]),
+    x_dtype = np.int32 if cfg.architecture == "lstm" else np.float32
+    data_type = tff.to_type((tff.TensorType(x_dtype, [None, *cfg.example_shape]),
                              tff.TensorType(y_dtype, [None])))
     self._aggregation = self._aggregator.create(posterior_type)
     aggregation = self._aggregation
@@ -465,7 +513,8 @@ class VirtualAlgorithm:
       new_state = tff.federated_zip(ServerState(posterior, agg.state, round_num))
       train = tff.federated_mean(out.metrics, weight=out.num_examples)
       metrics = tff.federated_zip(collections.OrderedDict(
-          train=train, server_floored=floored, num_examples=tff.federated_sum(out.num_examples)))
+          train=train, server_floored=floored, num_examples=tff.federated_sum(out.num_examples),
+          delta_nonzeros=tff.federated_sum(out.delta_nonzeros)))
       return new_state, out.client_state, metrics
 
     @tff.tensorflow.computation(posterior_type, client_state_type, seed_type, data_type)
@@ -500,7 +549,12 @@ def config_from_params(data, p) -> VirtualConfig:
       damping=p["damping"], tie_damping=p["tie_damping"], kl_weight=p["kl_weight"],
       prior_scale=p["prior_scale"], init_scale=p["init_scale"], fedavg_init=p["fedavg_init"],
       server_loss_weight=p["server_loss_weight"], gate_init=p["gate_init"],
-      eval_samples=p["eval_samples"], seed=p["seed"])
+      eval_samples=p["eval_samples"], seed=p["seed"],
+      prune_percentile=p["prune_percentile"], prune_per_layer=p["prune_per_layer"],
+      architecture=p["architecture"],
+      image_shape=tuple(p["image_shape"]) if p["image_shape"] else None,
+      filters=tuple(p["filters"]), lstm_units=tuple(p["lstm_units"]),
+      vocab_size=data.num_classes if p["architecture"] == "lstm" else 88)
 
 
 training.register_algorithm("virtual", lambda data, p: VirtualAlgorithm(config_from_params(data, p)))

@@ -1,12 +1,24 @@
 """Bayesian Keras layers: mean-field Gaussian posteriors, natural-parameter priors.
 
 * `BayesianDense`      dense layer, local reparameterization, closed-form KL.
+* `BayesianConv2D`     2-D convolution, local reparameterization, closed-form KL.
+* `BayesianLSTM`       LSTM, one weight draw per call shared across time steps.
+* `GaussianEmbedding`  embedding table of diagonal Gaussians, one draw per lookup.
 * `LateralConnection`  gated Bayesian adapter from a server to a client layer (VIRTUAL).
 * `MeanFieldGaussianLayer` the base class new Bayesian layers subclass.
 """
 
 from tfbfl.layers.base import MeanFieldGaussianLayer
+from tfbfl.layers.conv import BayesianConv2D
 from tfbfl.layers.dense import BayesianDense
 from tfbfl.layers.lateral import LateralConnection
+from tfbfl.layers.recurrent import BayesianLSTM, GaussianEmbedding
 
-__all__ = ["BayesianDense", "LateralConnection", "MeanFieldGaussianLayer"]
+__all__ = [
+  "BayesianConv2D",
+  "BayesianDense",
+  "BayesianLSTM",
+  "GaussianEmbedding",
+  "LateralConnection",
+  "MeanFieldGaussianLayer",
+]

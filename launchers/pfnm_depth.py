@@ -1,0 +1,48 @@
+r"""PFNM vs the number of hidden layers C at J = 10 (paper Fig. 4).
+
+    python -m launchers.pfnm_depth --output_dir=/tmp/pfnm_depth --trials=2
+
+Writes results.csv, results.md, trials.csv, settings.json and fig4_depth.png
+into --output_dir.
+"""
+
+from absl import app
+from absl import flags
+
+from tfbfl import pfnm_experiments as px
+from tfbfl import runtime
+
+FLAGS = flags.FLAGS
+px.define_data_flags()
+px.define_training_flags(hidden_units=False)
+px.define_matching_flags()
+px.define_baseline_flags(px.DEPTH_METHODS)
+flags.DEFINE_list("C", ["1", "2", "3", "4", "5", "6"], "Numbers of hidden layers.")
+flags.DEFINE_integer("J", 10, "Number of batches (paper: 10).")
+flags.DEFINE_integer("width", 100, "Neurons per hidden layer of every client network.")
+flags.DEFINE_integer("trials", 10, "Trials (data partitions) per C (paper: 10).")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  try:
+    settings = px.settings_from_flags(FLAGS, px.DEPTH_METHODS)
+    C_values = px.parse_int_list("C", FLAGS.C, minimum=1)
+    for name in ("J", "width", "trials"):
+      if FLAGS[name].value < 1:
+        raise ValueError(f"--{name} must be >= 1, got {FLAGS[name].value}")
+  except ValueError as e:
+    raise app.UsageError(str(e)) from e
+  runtime.set_local_runtime()
+  try:
+    px.run_depth(settings, C_values, FLAGS.J, FLAGS.width, FLAGS.trials, FLAGS.output_dir)
+  except (ValueError, FileNotFoundError) as e:  # bad data files or settings
+    raise app.UsageError(str(e)) from e
+  finally:
+    runtime.shutdown()
+  print(f"wrote {FLAGS.output_dir}/results.md")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,52 @@
+r"""Streaming PFNM: J = 3 groups reveal their data in S = 15 steps (supplement 4.2).
+
+    python -m launchers.pfnm_streaming --output_dir=/tmp/pfnm_streaming --trials=2
+
+Writes results.csv, results.md (accuracy per step and method), trials.csv,
+settings.json and fig_streaming.png into --output_dir.
+"""
+
+from absl import app
+from absl import flags
+
+from tfbfl import pfnm_experiments as px
+from tfbfl import runtime
+
+FLAGS = flags.FLAGS
+px.define_data_flags()
+px.define_training_flags()
+px.define_matching_flags()
+px.define_baseline_flags(px.STREAMING_METHODS)
+flags.DEFINE_integer("J", 3, "Number of groups (paper: 3).")
+flags.DEFINE_integer("steps", 15, "Streaming steps S (paper: 15).")
+flags.DEFINE_integer("trials", 10, "Trials (data partitions).")
+flags.DEFINE_integer("fresh_neurons", 1, "Neurons of a group's next network initialised at the "
+                     "prior mean (paper: gamma0 = 1); the rest are drawn from the global network.")
+flags.DEFINE_float("init_noise", 0.01, "Std of the noise added to those initial weights.")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  try:
+    settings = px.settings_from_flags(FLAGS, px.STREAMING_METHODS)
+    for name in ("J", "steps", "trials"):
+      if FLAGS[name].value < 1:
+        raise ValueError(f"--{name} must be >= 1, got {FLAGS[name].value}")
+    if FLAGS.init_noise < 0:
+      raise ValueError(f"--init_noise must be >= 0, got {FLAGS.init_noise}")
+  except ValueError as e:
+    raise app.UsageError(str(e)) from e
+  runtime.set_local_runtime()
+  try:
+    px.run_streaming(settings, FLAGS.J, FLAGS.steps, FLAGS.trials, FLAGS.output_dir,
+                     fresh_neurons=FLAGS.fresh_neurons, init_noise=FLAGS.init_noise)
+  except (ValueError, FileNotFoundError) as e:  # bad data files or settings
+    raise app.UsageError(str(e)) from e
+  finally:
+    runtime.shutdown()
+  print(f"wrote {FLAGS.output_dir}/results.md")
+
+
+if __name__ == "__main__":
+  app.run(main)

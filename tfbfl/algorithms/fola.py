@@ -1,0 +1,978 @@
+r"""Gaussian product + FOLA, the offline Laplace variant and FedCurv, as TFF computations.
+
+Liu & Zheng, "A Bayesian Federated Learning Framework with Multivariate Gaussian
+Product" (`fola.txt`): every client n uploads a diagonal Gaussian approximation
+`q_n = N(mu_n, Lambda_n^-1)` of its local posterior, the server multiplies them
+(tempered by `a_n = n_k / N`, N the number of training examples of the clients
+of the round) and broadcasts the product `q_S = N(mu_S, Lambda_S^-1)`, which is
+both the next global model and the clients' next prior.
+
+Server, eq. (9) (Algorithm 1, "Server executes"):
+
+```none
+Lambda_S = sum_n a_n Lambda_n,        mu_S = Lambda_S^-1 sum_n a_n Lambda_n mu_n
+```
+
+computed as one weighted mean of natural parameters `(Lambda_n mu_n, Lambda_n)`
+through `tfbfl.aggregators.GaussianProductFactory(weighted=True)` (TFF's
+`MeanFactory` underneath, so only the aggregate reaches the server and secure
+sums plug in). Explicit epsilon (`fola_eps`): an entry whose precision is zero in
+every client has no mean at all, so the server multiplies the product by a very
+broad factor `N(theta_prev, eps^-1)` centred on the current server weights,
+
+```none
+mu_S = (sum_n a_n Lambda_n mu_n + eps * theta_prev) / (Lambda_S + eps),
+```
+
+i.e. eq. (9) up to a relative `eps / Lambda_S`, and "keep the previous value"
+where nobody has information (the public code divides by `Lambda_S + 1e-5`,
+which sends such entries to 0 instead). The stored `Lambda_S` is eq. (9)
+exactly; the number of entries with `Lambda_S <= eps` is the round metric
+`weak_precision`.
+
+Client (Algorithm 1, ClientUpdate; Prior Iteration, eqs. 11-12), round r >= 1:
+
+```none
+theta <- mu_S;  for each of E epochs, for each minibatch b (batch size B):
+    g      = grad of the mean cross-entropy over b                 (task loss)
+    F     += |b| * g**2                                            (eq. 15)
+    theta <- theta - lr * clip(g + lambda * Lambda_S * (theta - m_S))
+F_n       = F / T                     (T = number of local steps)
+mu_n      = theta,    Lambda_n = (1/r) F_n + ((r-1)/r) Lambda_S    (eq. 17)
+```
+
+The penalty gradient is that of `lambda * 1/2 (theta - m_S)^T diag(Lambda_S)
+(theta - m_S)` (`fola_lambda`); `clip` is an optional global-norm clip of the
+update (`fola_clip_norm`, 0 = none; the public code clips at 10), the Fisher
+accumulates the unclipped task gradient. Reading `Lambda_S` as a per-example
+precision (below), the Bayesian prior of eq. (11) on a mean loss over `n_k`
+examples is `lambda = N / n_k` (about the number of clients); the default is 10.
+Plain SGD on the penalty is stable only while `lr * lambda * max(Lambda_S) < 2`;
+a client whose weights become non-finite uploads nothing (weight 0, metric
+`non_finite_clients`), and an all-diverged round leaves the server unchanged.
+
+Fisher normalisation (a choice; the paper is not consistent between eq. 15,
+which averages over steps and examples, and Algorithm 1, which sums `g g^T`).
+Eq. 15 wants the per-example empirical Fisher averaged over the T steps,
+`(1/T) sum_t (1/|D|) sum_(x,y) sq(grad log p(y|x, theta_t))`. Each SGD step only
+sees its minibatch, whose per-example squared gradients are estimated by
+`|b| * sq(g_b)` (unbiased when the per-example gradients are independent with
+zero mean, exact for |b| = 1), hence `F_n = (1/T) sum_t |b_t| sq(g_t)`: a
+per-example Fisher whose scale does not grow with E or shrink with B. The
+public code instead keeps `sum_t (|b_t| / |D_k|) sq(g_t)` (about `E / B` times
+ours); the aggregation is invariant to such a common factor, the penalty is not:
+`lambda_ours = lambda_public * E / B` gives the same penalty.
+
+Round-1 prior (a choice). The paper's initial prior is `N(0, gamma I)` (Sec.
+3.4), "Initialize theta, mu_S and Sigma_S" in Algorithm 1, and clients start
+from one common initialisation ("all local parameters are coordinate-wise
+identical"). Here: the server weights start at a seeded Glorot initialisation
+`theta_0` (clients start there; an all-zero MLP cannot train), and the round-1
+penalty uses the prior `m_S = 0`, `Lambda_S = 1/gamma` (`fola_gamma` is the prior
+variance; `inf` gives a flat prior, i.e. no round-1 penalty, as the public code).
+From round 2 on, `m_S = mu_S` and the start point is `mu_S`. Eq. (17) gives the
+prior weight `(r-1)/r = 0` at r = 1, so the uploaded precision of round 1 is
+`F_n` alone and unrolling eqs. (17) and (9) with full participation gives
+`Lambda_S,R = (1/R) sum_r sum_n a_n F_n,r`: eq. (18) without its `+ gamma I`,
+which eq. (17) cannot produce (a paper inconsistency); the initial prior acts
+only as the round-1 regulariser.
+
+Variants on the same code:
+
+* `laplace_offline` ("offline" Laplace, Sec. 4.3): the same, but `F_n` is
+  computed once after local training at the final weights, with one pass over
+  the local data in minibatches of B, `F_n = (1/S) sum_s |b_s| sq(g_s)`.
+* `fisher="identity"` (library only): `F_n = 1`, so all precisions are equal and
+  eq. (9) is FedAvg's weighted average (the paper's remark after eq. 6); with
+  `fola_lambda = 0` a round is exactly a FedAvg round (tested).
+* FedCurv (Shoham et al. 2019), `FedCurvAlgorithm`: client s minimises
+  `CE + lambda * sum_{j != s} (theta - theta_j)^T diag(I_j) (theta - theta_j)`
+  (`fedcurv_lambda`), with `I_j` the offline Fisher above at client j's last
+  weights `theta_j`. The server keeps `u = sum_j I_j`, `v = sum_j I_j theta_j`,
+  which are the natural parameters of the product of the factors
+  `N(theta_j, I_j^-1)`; client s forms the cavity `(v - I_s theta_s, u - I_s)`
+  from its own stored `(I_s, theta_s)` (`tfbfl.gaussian.ratio_with_count`,
+  floored at 1e-30) and uploads the delta of its factor, summed by an
+  unweighted `GaussianProductFactory`; the model is the FedAvg weighted mean.
+  Penalty gradient: `2 lambda ((u - I_s) theta - (v - I_s theta_s))`.
+
+Compression (Sec. 3.5, `compress_p` < 1): each client replaces, per variable,
+all but the top `compress_p` fraction of its uploaded precisions by their mean
+(`tfbfl.compression.top_p_mean`, inside the client computation, so the server
+aggregates what would really be sent) and `round_bytes` counts the CSR encoding.
+
+Models: `build_deterministic_mlp` (`model="mlp"`, the paper's 784-500-300-10 on
+MNIST, 64-500-300-10 on digits through `hidden_units`) or `build_mcmahan_cnn`
+(`model="cnn"`; flat square inputs such as digits' 64 pixels are viewed as
+`8 x 8 x 1` images). Plain SGD on variables, minibatches from stateless
+shuffles of the per-client seed (`shuffle_order`), so a run is fully
+determined by `--seed`.
+
+Metrics: S = the server weights `mu_S` on every client's test data; MT = each
+client's last trained weights `mu_n` on its own test data.
+
+#### Examples
+
+```python
+from tfbfl import data, runtime
+from tfbfl.algorithms import fola
+from tfbfl.experiment import ExperimentRunner, RunConfig
+
+runtime.set_local_runtime()
+fd = data.load_federated("digits", partition="label_dirichlet", alpha=0.1)
+algo = fola.FolaAlgorithm(fola.LaplaceConfig(
+    input_shape=fd.input_shape, num_classes=fd.num_classes, hidden_units=(500, 300)))
+summary = ExperimentRunner(algo, fd, RunConfig(rounds=5, clients_per_round=10)).run()
+```
+
+#### References
+
+[1]: Liangxi Liu, Feng Zheng. A Bayesian Federated Learning Framework with
+     Multivariate Gaussian Product. arXiv:2102.01936.
+[2]: Neta Shoham et al. Overcoming Forgetting in Federated Learning on Non-IID
+     Data. arXiv:1910.07796.
+"""
+
+from __future__ import annotations
+
+import collections
+import csv
+import dataclasses
+import io
+import json
+import math
+import os
+from typing import Any, Dict, Iterable, List, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tfbfl import communication
+from tfbfl import compression
+from tfbfl import experiment
+from tfbfl import gaussian
+from tfbfl import models
+from tfbfl import training
+from tfbfl.aggregators import GaussianProductFactory
+
+FISHER_MODES = ("online", "offline", "identity")
+MODELS = ("mlp", "cnn")
+_CAVITY_MIN_PRECISION = 1e-30
+
+ServerModel = collections.namedtuple("ServerModel", ["weights", "precision", "prior_mean", "round_num"])
+FolaServerState = collections.namedtuple("FolaServerState", ["model", "aggregator_state"])
+CurvModel = collections.namedtuple("CurvModel", ["weights", "curvature", "round_num"])
+FedCurvServerState = collections.namedtuple(
+    "FedCurvServerState", ["model", "mean_state", "curvature_state"])
+ClientState = collections.namedtuple("ClientState", ["weights", "fisher"])
+ClientOutput = collections.namedtuple(
+    "ClientOutput", ["upload", "client_state", "metrics", "num_examples", "non_finite"])
+
+
+@dataclasses.dataclass(frozen=True)
+class LaplaceConfig:
+  """Hyperparameters of FOLA, its offline variant and FedCurv (flag names in
+  the error messages)."""
+  input_shape: Sequence[int]
+  num_classes: int
+  model: str = "mlp"
+  hidden_units: Sequence[int] = (500, 300)
+  epochs: int = 5
+  batch_size: int = 32
+  client_lr: float = 0.05
+  fisher: str = "online"
+  fola_lambda: float = 10.0
+  fola_gamma: float = float("inf")
+  eps: float = 1e-8
+  clip_norm: float = 0.0
+  compress_p: float = 1.0
+  fedcurv_lambda: float = 1.0
+  seed: int = 0
+
+  def __post_init__(self):
+    def check(flag, ok, want, value):
+      if not ok:
+        raise ValueError(f"--{flag} must be {want}, got {value!r}.")
+    for flag, name in (("epochs_per_round", "epochs"), ("batch_size", "batch_size")):
+      v = getattr(self, name)
+      check(flag, isinstance(v, (int, np.integer)) and v >= 1, "an int >= 1", v)
+    check("client_lr", self.client_lr > 0 and math.isfinite(self.client_lr), "> 0", self.client_lr)
+    check("fola_lambda", self.fola_lambda >= 0 and math.isfinite(self.fola_lambda), ">= 0",
+          self.fola_lambda)
+    check("fedcurv_lambda", self.fedcurv_lambda >= 0 and math.isfinite(self.fedcurv_lambda),
+          ">= 0", self.fedcurv_lambda)
+    check("fola_gamma", self.fola_gamma > 0, "> 0 (the prior variance; inf: flat)", self.fola_gamma)
+    check("fola_eps", self.eps > 0 and math.isfinite(self.eps), "> 0", self.eps)
+    check("fola_clip_norm", self.clip_norm >= 0, ">= 0 (0: no clipping)", self.clip_norm)
+    compression.check_fraction(self.compress_p, "compress_p")
+    check("architecture", self.model in MODELS, f"one of {MODELS}", self.model)
+    check("fisher", self.fisher in FISHER_MODES, f"one of {FISHER_MODES}", self.fisher)
+    check("hidden_units", all(int(h) > 0 for h in self.hidden_units), "positive ints",
+          tuple(self.hidden_units))
+    if self.model == "cnn":
+      self.image_shape  # pylint: disable=pointless-statement  (validates)
+
+  @property
+  def image_shape(self):
+    """CNN input `(H, W, C)`: the data's own image shape, or a flat square `n`
+    viewed as `(sqrt n, sqrt n, 1)`."""
+    shape = tuple(int(d) for d in self.input_shape)
+    if len(shape) == 3:
+      return shape
+    if len(shape) == 2:
+      return shape + (1,)
+    side = int(round(math.sqrt(shape[0]))) if len(shape) == 1 else 0
+    if len(shape) != 1 or side * side != shape[0]:
+      raise ValueError(f"--architecture=cnn needs image inputs (H, W[, C]) or a flat square, "
+                       f"got input shape {shape}.")
+    return (side, side, 1)
+
+  @property
+  def model_input_shape(self):
+    if self.model == "cnn":
+      return self.image_shape
+    return (int(np.prod(self.input_shape)),)
+
+
+def shuffle_order(seed, epochs, num_examples):
+  """`[epochs, num_examples]` int32: a stateless random permutation per epoch.
+
+  Row e lists the order in which epoch e visits the examples; minibatch i of
+  epoch e is `order[e, i*B:(i+1)*B]` (the last one may be smaller).
+  """
+  return tf.argsort(tf.random.stateless_uniform([epochs, num_examples], seed=seed), axis=1)
+
+
+def _cross_entropy(logits, y):
+  """(mean cross-entropy, number correct) of a batch."""
+  loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
+  correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=y.dtype), y), tf.float32))
+  return loss, correct
+
+
+def posterior_from_aggregate(aggregate, previous_mean, eps):
+  """Server step of eq. (9) from `sum_n a_n (Lambda_n mu_n, Lambda_n)`.
+
+  Returns `(mu_S, Lambda_S, weak)`: `mu_S = (eta1 + eps * previous_mean) /
+  (eta2 + eps)` (the product with the broad factor `N(previous_mean, 1/eps)`,
+  see the module docstring), `Lambda_S = eta2`, and the number of entries with
+  `Lambda_S <= eps`. A non-finite aggregate entry (only possible when every
+  client of the round diverged: the weighted mean is then 0/0) is treated as no
+  information, so the server keeps its previous weights there.
+  """
+  aggregate = gaussian.NaturalGaussian(*aggregate)
+  ok = [tf.math.logical_and(tf.math.is_finite(e1), tf.math.is_finite(e2))
+        for e1, e2 in zip(aggregate.eta1, aggregate.eta2)]
+  aggregate = gaussian.NaturalGaussian(
+      [tf.where(k, e, tf.zeros_like(e)) for k, e in zip(ok, aggregate.eta1)],
+      [tf.where(k, e, tf.zeros_like(e)) for k, e in zip(ok, aggregate.eta2)])
+  anchor = gaussian.NaturalGaussian(
+      tf.nest.map_structure(lambda m: eps * m, list(previous_mean)),
+      tf.nest.map_structure(lambda m: tf.fill(tf.shape(m), tf.constant(eps, m.dtype)),
+                            list(previous_mean)))
+  mean = gaussian.mean(gaussian.product(list_natural(aggregate), anchor))
+  precision = list(aggregate.eta2)
+  weak = tf.add_n([tf.reduce_sum(tf.cast(p <= eps, tf.int32)) for p in precision])
+  return mean, precision, weak
+
+
+def drop_if_non_finite(upload, num_examples):
+  """A client whose upload has a non-finite entry (diverged SGD) sends zeros with
+  weight 0, as `tff.learning`'s client work does; returns `(upload, weight,
+  non_finite)` with `non_finite` 1.0 for such a client, else 0.0."""
+  leaves = tf.nest.flatten(upload)
+  finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in leaves])
+  upload = tf.nest.map_structure(lambda t: tf.where(finite, t, tf.zeros_like(t)), upload)
+  return upload, tf.where(finite, num_examples, 0.0), 1.0 - tf.cast(finite, tf.float32)
+
+
+def list_natural(g):
+  """`NaturalGaussian` with list leaves (TFF hands structures back as Structs)."""
+  return gaussian.NaturalGaussian(list(g.eta1), list(g.eta2))
+
+
+def build_gaussian_product(weights_type, eps, factory: Optional[GaussianProductFactory] = None):
+  """The server's Gaussian product as a TFF aggregation + server step.
+
+  Args:
+    weights_type: `tff.Type` of the parameters (e.g. a list of `TensorType`s).
+    eps: the epsilon of `posterior_from_aggregate`.
+    factory: a weighted `GaussianProductFactory` (default
+      `GaussianProductFactory(weighted=True)`).
+
+  Returns:
+    `(process, product)`: the `tff.templates.AggregationProcess` and a federated
+    computation `product(agg_state@SERVER, natural@CLIENTS, num_examples@CLIENTS,
+    previous_mean@SERVER) -> (agg_state, mu_S, Lambda_S, weak)@SERVER` with
+    `natural = NaturalGaussian(Lambda_n mu_n, Lambda_n)`, weights
+    `a_n = num_examples_n / sum_m num_examples_m`.
+  """
+  factory = factory or GaussianProductFactory(weighted=True)
+  if not factory.weighted:
+    raise ValueError("the Gaussian product needs a weighted GaussianProductFactory.")
+  natural_type = tff.to_type(gaussian.NaturalGaussian(weights_type, weights_type))
+  process = factory.create(natural_type, tff.TensorType(np.float32))
+  state_type = process.initialize.type_signature.result.member
+
+  @tff.tensorflow.computation(natural_type, weights_type)
+  def server_step(aggregate, previous_mean):
+    return posterior_from_aggregate(aggregate, previous_mean, eps)
+
+  @tff.federated_computation(
+      tff.FederatedType(state_type, tff.SERVER), tff.FederatedType(natural_type, tff.CLIENTS),
+      tff.FederatedType(np.float32, tff.CLIENTS), tff.FederatedType(weights_type, tff.SERVER))
+  def product(state, natural, num_examples, previous_mean):
+    out = process.next(state, natural, num_examples)
+    mean, precision, weak = tff.federated_map(server_step, (out.result, previous_mean))
+    return out.state, mean, precision, weak
+
+  return process, product
+
+
+class _LaplaceBase:
+  """What FOLA, its offline variant and FedCurv share: the model, the local SGD
+  loop with a quadratic penalty and a diagonal Fisher, evaluation, types."""
+
+  name = "laplace"
+
+  def __init__(self, config: LaplaceConfig):
+    self.config = config
+    self._init_weights = None
+    self._build_types()
+    self._build_computations()
+
+  # ------------------------------------------------------------- model
+  def _model(self):
+    c = self.config
+    if c.model == "cnn":
+      return models.build_mcmahan_cnn(c.image_shape, c.num_classes, seed=c.seed)
+    return models.build_deterministic_mlp(
+        int(np.prod(c.input_shape)), c.num_classes, tuple(c.hidden_units), seed=c.seed)
+
+  def _reshape(self, x):
+    return tf.reshape(x, [tf.shape(x)[0], *self.config.model_input_shape])
+
+  def _build_types(self):
+    @tff.tensorflow.computation
+    def initial_weights():
+      return [tf.identity(v) for v in self._model().trainable_variables]
+
+    self._init_weights = [np.asarray(w, np.float32) for w in initial_weights()]
+    self.weights_type = tff.to_type([tff.TensorType(np.float32, w.shape) for w in self._init_weights])
+    self.client_state_type = tff.to_type(ClientState(self.weights_type, self.weights_type))
+    self.seed_type = tff.TensorType(np.int64, [2])
+    self.data_type = tff.to_type((tff.TensorType(np.float32, [None, *self.config.input_shape]),
+                                  tff.TensorType(np.int32, [None])))
+
+  @property
+  def initial_weights(self) -> List[np.ndarray]:
+    return [w.copy() for w in self._init_weights]
+
+  def initial_client_state(self, client_index: int) -> ClientState:
+    del client_index
+    return ClientState(self.initial_weights, [np.zeros_like(w) for w in self._init_weights])
+
+  def _model_bytes(self) -> int:
+    return communication.dense_bytes(self._init_weights)
+
+  # ------------------------------------------------------- local training
+  def _local_training(self, model, start, prior, penalty_scale, seed, x, y, fisher_mode):
+    """Local SGD from `start` on `CE + penalty`, penalty gradient
+    `penalty_scale * (prior.eta2 * theta - prior.eta1)`; returns
+    `(weights, fisher, metrics)` with the Fisher of `fisher_mode` (module
+    docstring)."""
+    c = self.config
+    variables = model.trainable_variables
+    x = self._reshape(x)
+    use_penalty = prior is not None and penalty_scale > 0
+
+    def task_gradient(xb, yb):
+      with tf.GradientTape() as tape:
+        loss, correct = _cross_entropy(model(xb, training=True), yb)
+      return tape.gradient(loss, variables), loss, correct
+
+    @tf.function
+    def run():
+      for v, w in zip(variables, start):
+        v.assign(w)
+      n = tf.shape(y)[0]
+      steps_per_epoch = (n + c.batch_size - 1) // c.batch_size
+      num_steps = c.epochs * steps_per_epoch
+      order = shuffle_order(seed, c.epochs, n)
+      fisher = [tf.zeros_like(v) for v in variables]
+      loss_sum, correct_sum = tf.constant(0.0), tf.constant(0.0)
+      for step in tf.range(num_steps):
+        epoch, i = step // steps_per_epoch, step % steps_per_epoch
+        idx = order[epoch, i * c.batch_size:(i + 1) * c.batch_size]
+        xb, yb = tf.gather(x, idx), tf.gather(y, idx)
+        grads, loss, correct = task_gradient(xb, yb)
+        size = tf.cast(tf.shape(yb)[0], tf.float32)
+        if fisher_mode == "online":
+          fisher = [f + size * tf.square(g) for f, g in zip(fisher, grads)]
+        if use_penalty:
+          grads = [g + penalty_scale * (p2 * v - p1)
+                   for g, v, p1, p2 in zip(grads, variables, prior.eta1, prior.eta2)]
+        if c.clip_norm > 0:
+          grads, _ = tf.clip_by_global_norm(grads, c.clip_norm)
+        for v, g in zip(variables, grads):
+          v.assign_sub(c.client_lr * g)
+        loss_sum += loss * size
+        correct_sum += correct
+      if fisher_mode == "online":
+        steps = tf.cast(tf.maximum(num_steps, 1), tf.float32)
+        fisher = [f / steps for f in fisher]
+      elif fisher_mode == "offline":
+        fisher = [tf.zeros_like(v) for v in variables]
+        for i in tf.range(steps_per_epoch):
+          idx = tf.range(i * c.batch_size, tf.minimum((i + 1) * c.batch_size, n))
+          grads, _, _ = task_gradient(tf.gather(x, idx), tf.gather(y, idx))
+          size = tf.cast(tf.shape(idx)[0], tf.float32)
+          fisher = [f + size * tf.square(g) for f, g in zip(fisher, grads)]
+        fisher = [f / tf.cast(tf.maximum(steps_per_epoch, 1), tf.float32) for f in fisher]
+      else:
+        fisher = [tf.ones_like(v) for v in variables]
+      seen = tf.maximum(tf.cast(n * c.epochs, tf.float32), 1.0)
+      weights = [tf.identity(v.read_value()) for v in variables]
+      metrics = collections.OrderedDict(train_loss=loss_sum / seen, train_accuracy=correct_sum / seen)
+      return weights, fisher, metrics
+
+    return run()
+
+  # ------------------------------------------------------------ evaluation
+  def _build_evaluation(self):
+    @tff.tensorflow.computation(self.weights_type, self.client_state_type, self.data_type)
+    def client_eval(server_weights, state, data):
+      model = self._model()
+      x, y = data
+      x = self._reshape(x)
+
+      @tf.function
+      def run():
+        def score(weights):
+          for v, w in zip(model.trainable_variables, weights):
+            v.assign(w)
+          logits = model(x, training=False)
+          nll = tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
+          return nll, _cross_entropy(logits, y)[1]
+
+        s_loss, s_correct = score(list(server_weights))
+        m_loss, m_correct = score(list(state.weights))
+        return collections.OrderedDict(
+            server_loss=s_loss, server_correct=s_correct, mt_loss=m_loss, mt_correct=m_correct,
+            num_examples=tf.cast(tf.shape(y)[0], tf.float32))
+
+      return run()
+
+    @tff.federated_computation(
+        tff.FederatedType(self.server_state_type, tff.SERVER),
+        tff.FederatedType(self.client_state_type, tff.CLIENTS),
+        tff.FederatedType(self.seed_type, tff.CLIENTS),
+        tff.FederatedType(self.data_type, tff.CLIENTS))
+    def evaluate_fn(server_state, client_states, seeds, data):
+      del seeds  # deterministic models
+      weights = tff.federated_broadcast(server_state.model.weights)
+      return tff.federated_map(client_eval, (weights, client_states, data))
+
+    return evaluate_fn
+
+  def _build_computations(self):
+    raise NotImplementedError
+
+
+class FolaAlgorithm(_LaplaceBase):
+  """Gaussian product server + FOLA clients (module docstring).
+
+  `next(server_state@SERVER, client_states@CLIENTS, seeds@CLIENTS, data@CLIENTS)`
+  returns `(server_state, client_states, metrics)`; `evaluate` the per-client S
+  and MT sums (see `tfbfl.experiment`). `product` is the server's Gaussian
+  product alone (`build_gaussian_product`), for tests and other drivers.
+
+  Args:
+    config: `LaplaceConfig`; `config.fisher` picks FOLA ("online"), the offline
+      Laplace variant ("offline") or unit precisions ("identity").
+    aggregator: weighted `GaussianProductFactory` (default: plain weighted mean).
+    name: the algorithm's name in outputs.
+  """
+
+  def __init__(self, config: LaplaceConfig, aggregator: Optional[GaussianProductFactory] = None,
+               name: Optional[str] = None):
+    self._aggregator = aggregator or GaussianProductFactory(weighted=True)
+    self.name = name or {"online": "fola", "offline": "laplace_offline"}.get(config.fisher, "product")
+    super().__init__(config)
+
+  def initial_server_state(self) -> FolaServerState:
+    c = self.config
+    prior_precision = 0.0 if math.isinf(c.fola_gamma) else 1.0 / c.fola_gamma
+    model = ServerModel(
+        self.initial_weights, [np.full_like(w, prior_precision) for w in self._init_weights],
+        [np.zeros_like(w) for w in self._init_weights], np.int32(0))
+    return FolaServerState(model, self._process.initialize())
+
+  def round_bytes(self, num_selected: int, metrics) -> tuple:
+    """Up: mu_n dense + Lambda_n (CSR if compress_p < 1); down: mu_S, Lambda_S dense."""
+    del metrics
+    dense = self._model_bytes()
+    up = dense + compression.structure_bytes(self._init_weights, self.config.compress_p)
+    return num_selected * up, num_selected * 2 * dense
+
+  def _client_update(self, server_model, state, seed, x, y):
+    c = self.config
+    model = self._model()
+    precision = list(server_model.precision)
+    prior = gaussian.NaturalGaussian(
+        [p * m for p, m in zip(precision, server_model.prior_mean)], precision)
+    weights, fisher, metrics = self._local_training(
+        model, list(server_model.weights), prior, c.fola_lambda, seed, x, y, c.fisher)
+    r = tf.cast(server_model.round_num + 1, tf.float32)
+    upload = [f / r + (r - 1.0) / r * p for f, p in zip(fisher, precision)]     # eq. (17)
+    upload = compression.top_p_mean_structure(upload, c.compress_p)             # Sec. 3.5
+    natural = gaussian.NaturalGaussian([p * w for p, w in zip(upload, weights)], upload)
+    natural, num_examples, non_finite = drop_if_non_finite(
+        natural, tf.cast(tf.shape(y)[0], tf.float32))
+    return ClientOutput(natural, ClientState(weights, fisher), metrics, num_examples, non_finite)
+
+  def _build_computations(self):
+    c = self.config
+    self._process, self.product = build_gaussian_product(self.weights_type, c.eps, self._aggregator)
+    process, product = self._process, self.product
+    model_type = tff.to_type(ServerModel(self.weights_type, self.weights_type, self.weights_type,
+                                         tff.TensorType(np.int32)))
+    self.server_state_type = tff.to_type(FolaServerState(
+        model_type, process.initialize.type_signature.result.member))
+
+    @tff.tensorflow.computation(model_type, self.client_state_type, self.seed_type, self.data_type)
+    def client_update(server_model, state, seed, data):
+      return self._client_update(server_model, state, seed, *data)
+
+    @tff.tensorflow.computation(self.weights_type, self.weights_type, tff.TensorType(np.int32))
+    def new_model(mean, precision, round_num):
+      return ServerModel(list(mean), list(precision), list(mean), round_num + 1)
+
+    @tff.federated_computation(
+        tff.FederatedType(self.server_state_type, tff.SERVER),
+        tff.FederatedType(self.client_state_type, tff.CLIENTS),
+        tff.FederatedType(self.seed_type, tff.CLIENTS),
+        tff.FederatedType(self.data_type, tff.CLIENTS))
+    def next_fn(server_state, client_states, seeds, data):
+      model = server_state.model
+      out = tff.federated_map(client_update, (tff.federated_broadcast(model), client_states, seeds, data))
+      agg_state, mean, precision, weak = product(
+          server_state.aggregator_state, out.upload, out.num_examples, model.weights)
+      updated = tff.federated_map(new_model, (mean, precision, model.round_num))
+      new_state = tff.federated_zip(FolaServerState(updated, agg_state))
+      metrics = tff.federated_zip(collections.OrderedDict(
+          train=tff.federated_mean(out.metrics, weight=out.num_examples),
+          weak_precision=weak, non_finite_clients=tff.federated_sum(out.non_finite),
+          num_examples=tff.federated_sum(out.num_examples)))
+      return new_state, out.client_state, metrics
+
+    self.client_update = client_update
+    self.next = next_fn
+    self.evaluate = self._build_evaluation()
+
+
+class FedCurvAlgorithm(_LaplaceBase):
+  """FedCurv (Shoham et al. 2019) on the same local loop (module docstring).
+
+  Server state: the FedAvg weights and `curvature = (v, u) = (sum_j I_j theta_j,
+  sum_j I_j)` as a `NaturalGaussian`; client state: its last `(theta_j, I_j)`.
+  """
+
+  name = "fedcurv"
+
+  def initial_server_state(self) -> FedCurvServerState:
+    zeros = [np.zeros_like(w) for w in self._init_weights]
+    model = CurvModel(self.initial_weights, gaussian.NaturalGaussian(zeros, list(zeros)), np.int32(0))
+    return FedCurvServerState(model, self._mean_process.initialize(), self._curv_process.initialize())
+
+  def round_bytes(self, num_selected: int, metrics) -> tuple:
+    """Dense: up theta_j and the factor delta (2 tensors), down theta, u, v."""
+    del metrics
+    three = 3 * self._model_bytes()
+    return num_selected * three, num_selected * three
+
+  def _client_update(self, server_model, state, seed, x, y):
+    c = self.config
+    model = self._model()
+    own = gaussian.NaturalGaussian([f * w for f, w in zip(state.fisher, state.weights)],
+                                   list(state.fisher))
+    cavity, _ = gaussian.ratio_with_count(
+        list_natural(server_model.curvature), own, on_nonpositive="floor",
+        min_precision=_CAVITY_MIN_PRECISION)
+    weights, fisher, metrics = self._local_training(
+        model, list(server_model.weights), list_natural(cavity), 2.0 * c.fedcurv_lambda,
+        seed, x, y, "offline")
+    new = gaussian.NaturalGaussian([f * w for f, w in zip(fisher, weights)], fisher)
+    delta = list_natural(gaussian.product(new, gaussian.power(own, -1.0)))   # new / old
+    upload, num_examples, non_finite = drop_if_non_finite(
+        (weights, delta), tf.cast(tf.shape(y)[0], tf.float32))
+    # A diverged client keeps its old state: the server never received its new factor.
+    keep = lambda new_values, old: [tf.where(non_finite > 0, o, n) for n, o in zip(new_values, old)]
+    state = ClientState(keep(weights, state.weights), keep(fisher, state.fisher))
+    return ClientOutput(upload, state, metrics, num_examples, non_finite)
+
+  def _build_computations(self):
+    natural_type = tff.to_type(gaussian.NaturalGaussian(self.weights_type, self.weights_type))
+    self._mean_process = tff.aggregators.MeanFactory().create(
+        self.weights_type, tff.TensorType(np.float32))
+    self._curv_process = GaussianProductFactory().create(natural_type)
+    mean_process, curv_process = self._mean_process, self._curv_process
+    model_type = tff.to_type(CurvModel(self.weights_type, natural_type, tff.TensorType(np.int32)))
+    self.server_state_type = tff.to_type(FedCurvServerState(
+        model_type, mean_process.initialize.type_signature.result.member,
+        curv_process.initialize.type_signature.result.member))
+
+    @tff.tensorflow.computation(model_type, self.client_state_type, self.seed_type, self.data_type)
+    def client_update(server_model, state, seed, data):
+      return self._client_update(server_model, state, seed, *data)
+
+    @tff.tensorflow.computation(self.weights_type, natural_type, natural_type, tff.TensorType(np.int32))
+    def new_model(weights, curvature, delta_sum, round_num):
+      curvature = gaussian.product(list_natural(curvature), list_natural(delta_sum))
+      return CurvModel(list(weights), list_natural(curvature), round_num + 1)
+
+    @tff.federated_computation(
+        tff.FederatedType(self.server_state_type, tff.SERVER),
+        tff.FederatedType(self.client_state_type, tff.CLIENTS),
+        tff.FederatedType(self.seed_type, tff.CLIENTS),
+        tff.FederatedType(self.data_type, tff.CLIENTS))
+    def next_fn(server_state, client_states, seeds, data):
+      model = server_state.model
+      out = tff.federated_map(client_update, (tff.federated_broadcast(model), client_states, seeds, data))
+      weights, delta = out.upload[0], out.upload[1]
+      mean = mean_process.next(server_state.mean_state, weights, out.num_examples)
+      curv = curv_process.next(server_state.curvature_state, delta)
+      updated = tff.federated_map(new_model, (mean.result, model.curvature, curv.result, model.round_num))
+      new_state = tff.federated_zip(FedCurvServerState(updated, mean.state, curv.state))
+      metrics = tff.federated_zip(collections.OrderedDict(
+          train=tff.federated_mean(out.metrics, weight=out.num_examples),
+          non_finite_clients=tff.federated_sum(out.non_finite),
+          num_examples=tff.federated_sum(out.num_examples)))
+      return new_state, out.client_state, metrics
+
+    self.client_update = client_update
+    self.next = next_fn
+    self.evaluate = self._build_evaluation()
+
+
+# ---------------------------------------------------------------- registry
+def config_from_params(data, p, **overrides) -> LaplaceConfig:
+  """`LaplaceConfig` from `tfbfl.training` flags and the data's shapes."""
+  get = lambda name: p.get(name, training.DEFAULTS[name])
+  architecture = get("architecture")
+  if architecture not in MODELS:
+    raise ValueError(f"--architecture must be one of {MODELS} for FOLA/FedCurv, got {architecture!r}.")
+  values = dict(
+      input_shape=tuple(data.input_shape), num_classes=data.num_classes, model=architecture,
+      hidden_units=tuple(p["hidden_units"]), epochs=int(p["epochs_per_round"]),
+      batch_size=int(p["batch_size"]), client_lr=float(p["client_lr"]),
+      fola_lambda=float(get("fola_lambda")), fola_gamma=float(get("fola_gamma")),
+      eps=float(get("fola_eps")), clip_norm=float(get("fola_clip_norm")),
+      compress_p=float(get("compress_p")), fedcurv_lambda=float(get("fedcurv_lambda")),
+      seed=int(p["seed"]))
+  values.update(overrides)
+  return LaplaceConfig(**values)
+
+
+training.register_algorithm("fola", lambda data, p: FolaAlgorithm(config_from_params(data, p)))
+training.register_algorithm(
+    "laplace_offline", lambda data, p: FolaAlgorithm(config_from_params(data, p, fisher="offline")))
+training.register_algorithm("fedcurv", lambda data, p: FedCurvAlgorithm(config_from_params(data, p)))
+
+# Methods of the experiment drivers below that are not registry names:
+# the Gaussian product with unit precisions and no penalty, i.e. FedAvg.
+EXTRA_METHODS = {
+    "product_identity": lambda data, p: FolaAlgorithm(
+        config_from_params(data, p, fisher="identity", fola_lambda=0.0), name="product_identity"),
+}
+
+
+def method_for_model(method: str, model: str, log=print) -> str:
+  """The method to run for `method` on `model`.
+
+  The registry's `fedavg` trains the MLP only; on the CNN it is replaced by
+  `product_identity` (the Gaussian product with unit precisions and no penalty,
+  tested to be FedAvg's round), with a message.
+  """
+  if method == "fedavg" and model == "cnn":
+    log("[fola] --architecture=cnn: running FedAvg as 'product_identity' (the registry's fedavg "
+        "trains the MLP only).")
+    return "product_identity"
+  return method
+
+
+def build_method(data, params):
+  """An algorithm for `params["algorithm"]`: a registry name or `EXTRA_METHODS`."""
+  name = params["algorithm"]
+  if name in EXTRA_METHODS:
+    return EXTRA_METHODS[name](data, params)
+  return training.build_algorithm(data, params)
+
+
+# ------------------------------------------------------- experiment drivers
+CIFAR10_FILES = ("data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4", "data_batch_5",
+                 "test_batch", "batches.meta")
+
+
+def check_dataset_available(dataset: str) -> None:
+  """Raises ValueError naming what is missing when `dataset` has no loader yet."""
+  from tfbfl import data as data_lib  # pylint: disable=g-import-not-at-top
+
+  if dataset in data_lib.DATASETS:
+    return
+  if dataset == "cifar10":
+    raise ValueError(
+        "--dataset=cifar10 needs the CIFAR-10 loader (dataset 'cifar10' in tfbfl.data, not in "
+        "this version yet) and the CIFAR-10 python batches in --data_dir: "
+        f"{', '.join(CIFAR10_FILES)} (cifar-10-python.tar.gz from "
+        "https://www.cs.toronto.edu/~kriz/cifar.html).")
+  raise ValueError(f"--dataset must be one of {sorted(data_lib.DATASETS)}, got {dataset!r}.")
+
+
+def _resolve(params: Dict[str, Any]) -> Dict[str, Any]:
+  """`training.resolve_params` for every method name, `EXTRA_METHODS` included."""
+  p = dict(params)
+  extra = p.get("algorithm") in EXTRA_METHODS
+  if extra:
+    name, p["algorithm"] = p["algorithm"], "fola"
+  p = training.resolve_params(p)
+  if extra:
+    p["algorithm"] = name
+  return p
+
+
+SWEEP_AXES = ("alpha", "num_clients", "batch_size", "epochs_per_round", "client_lr")
+
+
+def first_round_accuracy(base_params: Dict[str, Any], methods: Sequence[str],
+                         sweeps: Dict[str, Sequence[Any]], repeats: int = 3,
+                         log=print) -> List[Dict[str, Any]]:
+  """Global accuracy (S) after the first round, one axis at a time (Fig. 2).
+
+  For each axis in `sweeps` (names in `SWEEP_AXES`) and each of its values,
+  every method runs `repeats` times with seeds `seed, seed+1, ...` (each repeat
+  redraws the partition, the initialisation and the minibatches), all other
+  settings at `base_params`; partition `label_dirichlet` (q_n ~ Dir(alpha p)) and
+  full participation, as in the paper. A method that is not available (e.g.
+  `fedavg` before `tfbfl.algorithms.fedavg` exists) is skipped with a message.
+
+  Returns:
+    One row per run: method, axis, value, repeat, seed, the five settings and
+    `global_accuracy`, `global_loss`.
+  """
+  for axis in sweeps:
+    if axis not in SWEEP_AXES:
+      raise ValueError(f"sweep axis must be one of {SWEEP_AXES}, got {axis!r}.")
+  if int(repeats) < 1:
+    raise ValueError(f"--repeats must be >= 1, got {repeats}.")
+  check_dataset_available(base_params.get("dataset", training.DEFAULTS["dataset"]))
+  model = base_params.get("architecture", "mlp")
+  methods = [method_for_model(m, model, log) for m in methods]
+  rows, cache, unavailable = [], {}, set()
+  from tfbfl import runtime  # pylint: disable=g-import-not-at-top
+  runtime.set_local_runtime()
+  for axis, values in sweeps.items():
+    for value in values:
+      for method in methods:
+        if method in unavailable:
+          continue
+        for rep in range(int(repeats)):
+          p = dict(base_params, algorithm=method, partition="label_dirichlet", rounds=1,
+                   eval_every=1, output_dir=None, verbose=False, resume=False)
+          p[axis] = value
+          p["seed"] = int(base_params.get("seed", 0)) + rep
+          p["clients_per_round"] = p["num_clients"]
+          p = _resolve(p)
+          fd = training.load_data(p)
+          # The algorithm depends on the data only through shapes: reuse it
+          # across alphas (the expensive part is building the computations).
+          key = (method, tuple(sorted((k, str(v)) for k, v in p.items() if k != "alpha")))
+          if key not in cache:
+            try:
+              cache[key] = build_method(fd, p)
+            except ValueError as e:
+              if method in training.algorithm_names() and "not available" in str(e):
+                log(f"[first_round] skipping {method}: {e}")
+                unavailable.add(method)
+                break
+              raise
+          run_config = experiment.RunConfig(rounds=1, clients_per_round=p["num_clients"],
+                                            seed=p["seed"], verbose=False)
+          runner = experiment.ExperimentRunner(cache[key], fd, run_config, flags=p)
+          summary = runner.run()
+          row = dict(method=method, axis=axis, value=value, repeat=rep, seed=p["seed"],
+                     **{k: p[k] for k in SWEEP_AXES},
+                     global_accuracy=summary["final_server_accuracy"],
+                     global_loss=summary["final_server_loss"])
+          rows.append(row)
+          log(f"[first_round] {method:>16s} {axis}={value} repeat {rep}: "
+              f"GA {row['global_accuracy']:.4f}")
+  return rows
+
+
+def summarise(rows: Iterable[Dict[str, Any]], keys=("method", "axis", "value"),
+              value="global_accuracy") -> List[Dict[str, Any]]:
+  """Mean, sample std (ddof = 1; 0 for one run) and count of `value` per `keys`."""
+  groups: Dict[tuple, List[float]] = collections.OrderedDict()
+  for r in rows:
+    groups.setdefault(tuple(r[k] for k in keys), []).append(float(r[value]))
+  return [dict(zip(keys, k), mean=float(np.mean(v)),
+               std=float(np.std(v, ddof=1)) if len(v) > 1 else 0.0, count=len(v))
+          for k, v in groups.items()]
+
+
+def format_first_round_table(rows: Sequence[Dict[str, Any]]) -> str:
+  """Markdown: per swept axis, methods x values, GA mean +- std (n runs)."""
+  stats = summarise(rows)
+  out = []
+  for axis in collections.OrderedDict.fromkeys(s["axis"] for s in stats):
+    values = list(collections.OrderedDict.fromkeys(s["value"] for s in stats if s["axis"] == axis))
+    out.append(f"| method \\ {axis} | " + " | ".join(f"{v:g}" for v in values) + " |")
+    out.append("|---" * (len(values) + 1) + "|")
+    for method in collections.OrderedDict.fromkeys(s["method"] for s in stats if s["axis"] == axis):
+      cells = {s["value"]: s for s in stats if s["axis"] == axis and s["method"] == method}
+      out.append(f"| {method} | " + " | ".join(
+          f"{cells[v]['mean']:.3f} ± {cells[v]['std']:.3f} (n={cells[v]['count']})"
+          if v in cells else "" for v in values) + " |")
+    out.append("")
+  return "\n".join(out)
+
+
+def write_rows_csv(path: str, rows: Sequence[Dict[str, Any]]) -> None:
+  columns = list(rows[0]) if rows else []
+  experiment.write_csv(path, rows, columns)
+
+
+def plot_first_round(path: str, rows: Sequence[Dict[str, Any]], title: str = "") -> None:
+  """GA after the first round vs each swept axis, one line per method (Fig. 2)."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  stats = summarise(rows)
+  axes_names = list(collections.OrderedDict.fromkeys(s["axis"] for s in stats))
+  fig, axes = plt.subplots(1, max(1, len(axes_names)), figsize=(4 * max(1, len(axes_names)), 3.5),
+                           squeeze=False)
+  methods = list(collections.OrderedDict.fromkeys(s["method"] for s in stats))
+  styles = [("o", "-"), ("s", "--"), ("^", ":"), ("v", "-."), ("D", "-")]
+  for ax, axis in zip(axes[0], axes_names):
+    for k, method in enumerate(methods):
+      pts = [s for s in stats if s["axis"] == axis and s["method"] == method]
+      if not pts:
+        continue
+      marker, line = styles[k % len(styles)]   # methods that coincide stay visible
+      ax.errorbar([float(s["value"]) for s in pts], [s["mean"] for s in pts],
+                  yerr=[s["std"] for s in pts], marker=marker, linestyle=line, capsize=3,
+                  label=method, alpha=0.85)
+    if axis in ("alpha", "client_lr"):
+      ax.set_xscale("log")
+    ax.set_xlabel(axis)
+    ax.set_ylabel("global accuracy after round 1")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+  fig.suptitle(title)
+  fig.tight_layout()
+  buf = io.BytesIO()
+  fig.savefig(buf, format="png", dpi=100)
+  plt.close(fig)
+  experiment.atomic_write_bytes(path, buf.getvalue())
+
+
+def add_best_global_accuracy(output_dir: str) -> Dict[str, Any]:
+  """Adds `best_global_accuracy` (= best S accuracy) to `output_dir/summary.json`."""
+  path = os.path.join(output_dir, "summary.json")
+  with open(path) as f:
+    summary = json.load(f)
+  summary["best_global_accuracy"] = summary["best_server_accuracy"]
+  experiment.atomic_write_text(path, json.dumps(summary, indent=2, sort_keys=True))
+  return summary
+
+
+def read_metrics(output_dir: str) -> List[Dict[str, float]]:
+  with open(os.path.join(output_dir, "metrics.csv")) as f:
+    return [{k: float(v) for k, v in row.items() if v != ""} for row in csv.DictReader(f)]
+
+
+def learning_curves(base_params: Dict[str, Any], methods: Sequence[str], alphas: Sequence[float],
+                    output_dir: str, log=print) -> List[Dict[str, Any]]:
+  """Learning curves per alpha and method (Fig. 3) through `training.run_training`.
+
+  Each run writes `metrics.csv`, `summary.json` (with `best_global_accuracy`) and
+  `curves.png` to `output_dir/<method>/alpha_<alpha>`. Partition
+  `label_dirichlet`, full participation. Returns one row per run (method, alpha,
+  best/final global accuracy, bytes, run directory); unavailable methods are
+  skipped with a message.
+  """
+  check_dataset_available(base_params.get("dataset", training.DEFAULTS["dataset"]))
+  model = base_params.get("architecture", "mlp")
+  methods = [method_for_model(m, model, log) for m in methods]
+  rows = []
+  for alpha in alphas:
+    for method in methods:
+      run_dir = os.path.join(output_dir, method, f"alpha_{alpha:g}")
+      p = dict(base_params, algorithm=method, alpha=float(alpha), partition="label_dirichlet",
+               output_dir=run_dir)
+      p["clients_per_round"] = p.get("num_clients", training.DEFAULTS["num_clients"])
+      try:
+        if method in EXTRA_METHODS:
+          summary = _run_extra(p)
+        else:
+          summary = training.run_training(p)
+      except ValueError as e:
+        if "not available" in str(e):
+          log(f"[curves] skipping {method}: {e}")
+          continue
+        raise
+      summary = add_best_global_accuracy(run_dir)
+      rows.append(dict(method=method, alpha=float(alpha),
+                       best_global_accuracy=summary["best_global_accuracy"],
+                       final_global_accuracy=summary["final_server_accuracy"],
+                       bytes_up_total=summary.get("bytes_up_total"),
+                       bytes_down_total=summary.get("bytes_down_total"),
+                       wall_time_s=summary["wall_time_s"], run_dir=run_dir))
+      log(f"[curves] {method} alpha={alpha:g}: best GA {summary['best_global_accuracy']:.4f}")
+  return rows
+
+
+def _run_extra(params):
+  """`training.run_training` for an `EXTRA_METHODS` name."""
+  from tfbfl import runtime  # pylint: disable=g-import-not-at-top
+
+  p = _resolve(params)
+  fd = training.load_data(p)
+  runtime.set_local_runtime()
+  algorithm = build_method(fd, p)
+  run_config = experiment.RunConfig(
+      rounds=p["rounds"], clients_per_round=p["clients_per_round"], eval_every=p["eval_every"],
+      seed=p["seed"], output_dir=p["output_dir"], verbose=p["verbose"])
+  flags = {k: (list(v) if isinstance(v, tuple) else v) for k, v in p.items()}
+  return experiment.ExperimentRunner(algorithm, fd, run_config, flags=flags).run()
+
+
+def plot_learning_curves(path: str, rows: Sequence[Dict[str, Any]]) -> None:
+  """Global (S) accuracy per round, one panel per alpha, one line per method (Fig. 3)."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  alphas = list(collections.OrderedDict.fromkeys(r["alpha"] for r in rows))
+  fig, axes = plt.subplots(1, max(1, len(alphas)), figsize=(4 * max(1, len(alphas)), 3.5),
+                           squeeze=False)
+  for ax, alpha in zip(axes[0], alphas):
+    for r in rows:
+      if r["alpha"] != alpha:
+        continue
+      m = read_metrics(r["run_dir"])
+      ax.plot([x["round"] for x in m], [x["server_accuracy"] for x in m], marker=".",
+              label=r["method"])
+    ax.set_title(f"alpha = {alpha:g}")
+    ax.set_xlabel("round")
+    ax.set_ylabel("global accuracy")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+  fig.tight_layout()
+  buf = io.BytesIO()
+  fig.savefig(buf, format="png", dpi=100)
+  plt.close(fig)
+  experiment.atomic_write_bytes(path, buf.getvalue())

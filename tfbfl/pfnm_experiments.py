@@ -1,0 +1,942 @@
+"""The PFNM paper's experiments as a library; the launchers are thin absl shells.
+
+* ``run_batches``: accuracy and global model size against the number of batches
+  ``J`` (paper Figs. 2 and 3);
+* ``run_depth``: against the number of hidden layers ``C`` at ``J = 10`` (Fig. 4,
+  supplement Fig. 2b);
+* ``run_streaming``: ``J`` groups revealing their data in ``S`` steps
+  (supplement 4.2, Fig. 3b);
+* ``run_sensitivity``: grids over ``sigma0^2``, ``gamma0`` and ``sigma^2``
+  (supplement 4.3, Figs. 4 and 5).
+
+Each writes, atomically, ``results.csv`` and ``results.md`` (one row per method
+and setting: mean and std over trials), ``trials.csv`` (one row per trial),
+``settings.json`` and PNG figures into an output directory, and prints one
+progress line per trial.
+
+Local networks are trained by ``tfbfl.algorithms.pfnm.LocalTrainer`` (TFF), the
+global networks come from ``tfbfl.matching``, and the baselines from
+``tfbfl.algorithms.oneshot_baselines``.
+
+Flags are shared by the launchers through the ``define_*_flags`` functions and
+turned into an ``ExperimentSettings`` by ``settings_from_flags``.  Defaults are
+the paper's (Table 1 and section 4) except where digits (64 inputs instead of
+MNIST's 784) needs otherwise; each such choice is stated in the flag's help.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import itertools
+import json
+import math
+import os
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from tfbfl import data as data_lib
+from tfbfl import experiment
+from tfbfl.algorithms import oneshot_baselines as baselines
+from tfbfl.algorithms import pfnm
+from tfbfl.matching import MatchingHyperparams, StreamingPFNM
+
+__all__ = [
+    "ExperimentSettings", "ONESHOT_METHODS", "CONSTRAINED_METHODS", "EXTRA_METHODS",
+    "STREAMING_METHODS", "DEPTH_METHODS", "PFNM_DATASETS", "define_data_flags",
+    "define_training_flags", "define_matching_flags", "define_baseline_flags",
+    "settings_from_flags", "matching_hparams_from_flags", "parse_int_list", "parse_float_list",
+    "check_dataset", "get_trainer", "run_oneshot_trial", "run_batches", "run_depth",
+    "run_streaming", "run_sensitivity", "summarize",
+]
+
+# Methods satisfying PFNM's constraints (Fig. 2), then those with extra resources (Fig. 3).
+CONSTRAINED_METHODS = ("pfnm", "pfnm_small_gamma", "fedavg_shared", "fedavg_independent",
+                       "dpmeans", "local")
+EXTRA_METHODS = ("uniform_ensemble", "weighted_ensemble", "distillation", "downpour_sgd")
+ONESHOT_METHODS = CONSTRAINED_METHODS + EXTRA_METHODS
+STREAMING_METHODS = ("pfnm_streaming", "downpour_sgd", "uniform_ensemble", "weighted_ensemble",
+                     "local")
+DEPTH_METHODS = ("pfnm", "uniform_ensemble", "weighted_ensemble", "distillation",
+                 "downpour_sgd", "local", "fedavg_independent")
+PARTITION_CHOICES = ("homogeneous", "class_dirichlet")
+
+LABELS = {
+    "pfnm": "PFNM",
+    "pfnm_small_gamma": "PFNM, small gamma0",
+    "pfnm_streaming": "PFNM-Streaming",
+    "fedavg_shared": "FedAvg one-shot (shared init)",
+    "fedavg_independent": "FedAvg one-shot (independent init)",
+    "dpmeans": "DP-means",
+    "local": "Local models (average)",
+    "uniform_ensemble": "U-Ens",
+    "weighted_ensemble": "W-Ens",
+    "distillation": "KD (pools data)",
+    "downpour_sgd": "D-SGD",
+}
+
+_CONSTRAINT = {
+    "uniform_ensemble": baselines.CONSTRAINT["uniform_ensemble"],
+    "weighted_ensemble": baselines.CONSTRAINT["weighted_ensemble"],
+    "distillation": baselines.CONSTRAINT["distillation"],
+    "downpour_sgd": baselines.CONSTRAINT["downpour_sgd"],
+}
+
+# Matching flags -> MatchingHyperparams fields.
+_HP_FLAGS = {
+    "sigma0_sq": "sigma0_sq", "sigma_sq": "sigma_sq", "gamma0": "gamma0",
+    "max_sweeps": "max_sweeps", "max_global_neurons": "max_global_neurons",
+    "truncation": "truncation", "popularity_cap": "popularity_cap",
+    "softmax_precision": "softmax_precision", "bias_prior_mean": "bias_prior_mean",
+}
+
+
+# ------------------------------------------------------------------ settings
+@dataclasses.dataclass
+class ExperimentSettings:
+  """Everything an experiment needs besides its own grid (J, C, steps, ...).
+
+  Attributes:
+    dataset, data_dir, partition, alpha, min_size, test_fraction: data
+      (``tfbfl.data.load_federated``); pooled per-client test parts are the
+      test set.
+    seed: master seed; trial ``t`` of setting ``J`` uses seeds derived from
+      ``(seed, J, t)``.
+    hidden_units: hidden widths of the clients' networks.
+    training: remaining ``LocalTrainingConfig`` fields (epochs, batch_size,
+      learning_rate, l2, init_std, bias_init, shared_init).
+    hp: matching hyperparameters.
+    small_gamma0: gamma0 of the "pfnm_small_gamma" variant (paper: 1e-5).
+    fedavg_hidden_units: hidden widths of the FedAvg clients (None: same as
+      ``hidden_units``; the paper used 300 for more capacity).
+    dpmeans_lambda, dpmeans_max_iter: DP-means penalty and sweeps.
+    kd_hidden: width of every hidden layer of the distilled network (500).
+    kd_epochs: distillation epochs (None: ``training["epochs"]``).
+    comm_rounds, dsgd_epochs_per_round, dsgd_server_lr: downpour SGD.
+    methods: methods to run (subset of the experiment's list).
+  """
+
+  dataset: str = "digits"
+  data_dir: Optional[str] = None
+  partition: str = "class_dirichlet"
+  alpha: float = 0.2
+  min_size: int = 10
+  test_fraction: float = 0.25
+  seed: int = 0
+  hidden_units: tuple = (100,)
+  training: Dict[str, Any] = dataclasses.field(default_factory=dict)
+  hp: MatchingHyperparams = dataclasses.field(default_factory=MatchingHyperparams)
+  small_gamma0: float = 1e-5
+  fedavg_hidden_units: Optional[tuple] = None
+  dpmeans_lambda: float = 1.5
+  dpmeans_max_iter: int = 30
+  kd_hidden: int = 500
+  kd_epochs: Optional[int] = None
+  comm_rounds: int = 10
+  dsgd_epochs_per_round: int = 1
+  dsgd_server_lr: float = 1.0
+  methods: Optional[tuple] = None
+
+  def training_config(self, fd, hidden_units=None, **overrides) -> pfnm.LocalTrainingConfig:
+    """``LocalTrainingConfig`` for the data ``fd`` (input size, classes)."""
+    kwargs = dict(self.training)
+    kwargs.update(overrides)
+    return pfnm.LocalTrainingConfig(
+        input_dim=int(np.prod(fd.input_shape)), num_classes=fd.num_classes,
+        hidden_units=tuple(self.hidden_units if hidden_units is None else hidden_units),
+        **kwargs)
+
+  def load(self, num_clients: int, seed: int, min_size: Optional[int] = None):
+    """The federated data of one trial."""
+    check_dataset(self.dataset)
+    return data_lib.load_federated(
+        self.dataset, data_dir=self.data_dir, partition=self.partition,
+        num_clients=num_clients, alpha=self.alpha,
+        min_size=self.min_size if min_size is None else min_size,
+        test_fraction=self.test_fraction, seed=seed)
+
+  def to_json(self) -> dict:
+    d = dataclasses.asdict(self)
+    d["hp"] = dataclasses.asdict(self.hp)
+    return d
+
+
+PFNM_DATASETS = ("digits", "mnist", "cifar10")
+
+
+def check_dataset(name: str) -> None:
+  """Raises ValueError naming ``--dataset`` unless ``name`` is a dataset the
+  PFNM experiments partition (digits, mnist, cifar10) and the data registry has
+  a loader for it."""
+  if name not in PFNM_DATASETS:
+    raise ValueError(f"--dataset must be one of {PFNM_DATASETS} (pooled datasets split into J "
+                     f"batches by --partition), got {name!r}")
+  if name not in data_lib.DATASETS:
+    raise ValueError(
+        f"--dataset={name!r} is not in the data registry (tfbfl.data.DATASETS has "
+        f"{sorted(data_lib.DATASETS)}); register its loader with "
+        "tfbfl.data.register_dataset, or use --dataset=digits (no files needed).")
+
+
+def parse_int_list(flag: str, value, minimum: int = 1) -> List[int]:
+  """``"2,5,10"`` (or a list of such strings) -> ``[2, 5, 10]``; ValueError names
+  ``--flag``."""
+  items = value if isinstance(value, (list, tuple)) else str(value).split(",")
+  try:
+    out = [int(str(v).strip()) for v in items if str(v).strip()]
+  except ValueError:
+    raise ValueError(f"--{flag} must be a comma-separated list of ints, got {value!r}") from None
+  if not out or min(out) < minimum:
+    raise ValueError(f"--{flag} must list ints >= {minimum}, got {value!r}")
+  return out
+
+
+def parse_float_list(flag: str, value, positive: bool = True) -> List[float]:
+  """``"0.1,1"`` -> ``[0.1, 1.0]``; ValueError names ``--flag``."""
+  items = value if isinstance(value, (list, tuple)) else str(value).split(",")
+  try:
+    out = [float(str(v).strip()) for v in items if str(v).strip()]
+  except ValueError:
+    raise ValueError(f"--{flag} must be a comma-separated list of numbers, got {value!r}") from None
+  if not out or not all(np.isfinite(out)) or (positive and min(out) <= 0):
+    raise ValueError(f"--{flag} must list finite{' positive' if positive else ''} numbers, "
+                     f"got {value!r}")
+  return out
+
+
+def _check_methods(flag_value, allowed: Sequence[str]) -> tuple:
+  if flag_value in (None, "", "all"):
+    return tuple(allowed)
+  items = flag_value if isinstance(flag_value, (list, tuple)) else str(flag_value).split(",")
+  methods = tuple(m.strip() for m in items if m.strip())
+  unknown = [m for m in methods if m not in allowed]
+  if unknown or not methods:
+    raise ValueError(f"--methods must be a comma list of {list(allowed)} (or 'all'), "
+                     f"got unknown {unknown or flag_value!r}")
+  return methods
+
+
+# --------------------------------------------------------------------- flags
+class _Definer:
+  """``absl.flags.DEFINE_*`` bound to one ``FlagValues`` (tests use their own)."""
+
+  def __init__(self, flag_values=None):
+    from absl import flags as absl_flags  # pylint: disable=g-import-not-at-top
+    self._flags = absl_flags
+    self._fv = absl_flags.FLAGS if flag_values is None else flag_values
+
+  def __getattr__(self, name):
+    fn = getattr(self._flags, name)
+    return lambda *args, **kwargs: fn(*args, flag_values=self._fv, **kwargs)
+
+
+def define_data_flags(flag_values=None, partition: str = "class_dirichlet") -> None:
+  """--dataset, --data_dir, --partition, --alpha, --min_size, --seed, --output_dir
+  (on ``flag_values``, default ``absl.flags.FLAGS``)."""
+  flags = _Definer(flag_values)
+  flags.DEFINE_string("dataset", "digits", "digits (bundled, no download), mnist or cifar10 "
+                      "(files under --data_dir; see tfbfl.data).")
+  flags.DEFINE_string("data_dir", None, "Files of the dataset (see tfbfl.data).")
+  flags.DEFINE_enum("partition", partition, list(PARTITION_CHOICES),
+                    "homogeneous (IID) or class_dirichlet (per class p_k ~ Dir_J(alpha); paper's "
+                    "heterogeneous partition).")
+  flags.DEFINE_float("alpha", 0.2, "Dirichlet concentration of class_dirichlet (paper: 0.2).")
+  flags.DEFINE_integer("min_size", 10, "Minimum client size of class_dirichlet.")
+  flags.DEFINE_integer("seed", 0, "Master seed (data partitions, initialisations, shuffles).")
+  flags.DEFINE_string("output_dir", None, "Directory for results.csv, results.md and figures.")
+
+
+def define_training_flags(flag_values=None, hidden_units: bool = True) -> None:
+  """Local training flags (paper Table 1, MNIST column)."""
+  flags = _Definer(flag_values)
+  if hidden_units:
+    flags.DEFINE_list("hidden_units", ["100"], "Hidden widths of every client network "
+                      "(paper main text: one layer of 100).")
+  flags.DEFINE_integer("epochs", 10, "Local epochs (Table 1: 10).")
+  flags.DEFINE_integer("batch_size", 32, "Minibatch size (Table 1: 32).")
+  flags.DEFINE_float("lr", 0.01, "Adam learning rate (Table 1: 0.01; 0.001 is used for "
+                     "--dataset=cifar10 unless given).")
+  flags.DEFINE_float("l2", 1e-6, "L2 coefficient as PyTorch weight_decay (Table 1: 1e-6; 1e-5 "
+                     "is used for --dataset=cifar10 unless given).")
+  flags.DEFINE_float("init_std", 0.1, "Std of the kernel initialisation: Table 1's N(0, 0.01) "
+                     "read as a variance (the paper's N(mean, variance) notation); 0.01 for the "
+                     "std reading.")
+  flags.DEFINE_float("bias_init", 0.1, "Initial biases (Table 1: 0.1).")
+  flags.DEFINE_bool("shared_init", False, "All clients start from the same weights "
+                    "(PFNM does not need it; default: independent initialisations).")
+
+
+def define_matching_flags(flag_values=None) -> None:
+  """PFNM matching hyperparameters and the --reference_settings preset."""
+  flags = _Definer(flag_values)
+  flags.DEFINE_float("sigma0_sq", 10.0, "Prior variance sigma0^2 of global neurons (paper: 10).")
+  flags.DEFINE_float("sigma_sq", 0.1, "Client noise variance sigma^2. Paper: 1 on MNIST, 'set "
+                     "using training data'; on digits' 64-input networks sigma^2 = 1 merges every "
+                     "neuron into L_j global ones, 0.1 is near the best training accuracy at a "
+                     "compact size (see launchers.pfnm_sensitivity).")
+  flags.DEFINE_float("gamma0", 1.0, "Beta-process mass gamma0 (paper: 1).")
+  flags.DEFINE_integer("max_sweeps", 10, "Random-order matching sweeps after the first pass.")
+  flags.DEFINE_integer("max_global_neurons", 700, "Truncation level of the global layer "
+                       "(paper: 700).")
+  flags.DEFINE_enum("truncation", "paper", ["paper", "reference"], "Truncation rule "
+                    "(supplement 4.2, or the public reference code's).")
+  flags.DEFINE_integer("popularity_cap", 0, "Cap on popularity counts m in log(m/(J-m)) "
+                       "(reference code: 10; 0 = no cap, the paper).")
+  flags.DEFINE_enum("softmax_precision", "class_frequency", ["uniform", "class_frequency"],
+                    "Precision of client softmax weights: uniform 1/sigma^2 (paper text) or "
+                    "scaled by the client's class frequency (reference code; a client that never "
+                    "saw class k carries no information about it). Default class_frequency: it "
+                    "matters on heterogeneous partitions and equals uniform on balanced data.")
+  flags.DEFINE_float("bias_prior_mean", 0.0, "Prior mean of biases (paper 0; reference code 0.1).")
+  flags.DEFINE_bool("reference_settings", False, "Start from the public reference code's choices "
+                    "(sigma0^2 = sigma^2 = gamma0 = 1, popularity cap 10, reference truncation, "
+                    "class-frequency softmax precision, bias prior 0.1); matching flags given "
+                    "explicitly still override.")
+
+
+def define_baseline_flags(methods: Sequence[str], flag_values=None) -> None:
+  """Baseline flags and --methods."""
+  flags = _Definer(flag_values)
+  flags.DEFINE_string("methods", "all", f"Comma list of methods, or 'all': {list(methods)}.")
+  flags.DEFINE_float("small_gamma0", 1e-5, "gamma0 of pfnm_small_gamma (paper: 1e-5).")
+  flags.DEFINE_list("fedavg_hidden_units", [], "Hidden widths of the FedAvg clients (default: "
+                    "--hidden_units; the paper used 300 for capacity).")
+  flags.DEFINE_float("dpmeans_lambda", 1.5, "DP-means penalty lambda (squared distance between "
+                     "neuron atoms; ~ that of two unrelated digits neurons).")
+  flags.DEFINE_integer("kd_hidden", 500, "Width of each hidden layer of the distilled network "
+                       "(paper: 500).")
+  flags.DEFINE_integer("kd_epochs", None, "Distillation epochs (default: --epochs).")
+  flags.DEFINE_integer("comm_rounds", 10, "Downpour SGD communication rounds (paper: one per "
+                       "epoch, 10).")
+  flags.DEFINE_integer("dsgd_epochs_per_round", 1, "Local epochs between two D-SGD "
+                       "communications.")
+  flags.DEFINE_float("dsgd_server_lr", 1.0, "D-SGD server step on the mean client weights.")
+
+
+def _flag(FLAGS, name, default=None):
+  return FLAGS[name].value if name in FLAGS else default
+
+
+def settings_from_flags(FLAGS, methods: Sequence[str]) -> ExperimentSettings:
+  """Validated ``ExperimentSettings`` from the flags defined above.
+
+  Raises:
+    ValueError: naming the offending flag.
+  """
+  check_dataset(FLAGS.dataset)
+  if not FLAGS.output_dir:
+    raise ValueError("--output_dir is required")
+  if not (np.isfinite(FLAGS.alpha) and FLAGS.alpha > 0):
+    raise ValueError(f"--alpha must be > 0, got {FLAGS.alpha}")
+  if FLAGS.seed < 0:
+    raise ValueError(f"--seed must be >= 0, got {FLAGS.seed}")
+  lr, l2 = FLAGS.lr, FLAGS.l2
+  if FLAGS.dataset == "cifar10":  # Table 1's CIFAR-10 column unless given explicitly
+    lr = lr if FLAGS["lr"].present else 0.001
+    l2 = l2 if FLAGS["l2"].present else 1e-5
+  training = dict(epochs=FLAGS.epochs, batch_size=FLAGS.batch_size, learning_rate=lr,
+                  l2=l2, init_std=FLAGS.init_std, bias_init=FLAGS.bias_init,
+                  shared_init=FLAGS.shared_init)
+  flag_of = dict(epochs="epochs", batch_size="batch_size", learning_rate="lr", l2="l2",
+                 init_std="init_std", bias_init="bias_init", shared_init="shared_init")
+  try:
+    pfnm.LocalTrainingConfig(input_dim=1, num_classes=2, **training)
+  except ValueError as e:
+    field = str(e).split(" ")[0]
+    raise ValueError(f"--{flag_of.get(field, field)}: {e}") from None
+  hidden = (tuple(parse_int_list("hidden_units", FLAGS.hidden_units))
+            if "hidden_units" in FLAGS else (100,))
+  fedavg_hidden = (tuple(parse_int_list("fedavg_hidden_units", FLAGS.fedavg_hidden_units))
+                   if _flag(FLAGS, "fedavg_hidden_units") else None)
+  for name in ("comm_rounds", "dsgd_epochs_per_round", "kd_hidden"):
+    if name in FLAGS and FLAGS[name].value < 1:
+      raise ValueError(f"--{name} must be >= 1, got {FLAGS[name].value}")
+  if _flag(FLAGS, "kd_epochs") is not None and FLAGS.kd_epochs < 1:
+    raise ValueError(f"--kd_epochs must be >= 1, got {FLAGS.kd_epochs}")
+  for name in ("dpmeans_lambda", "dsgd_server_lr", "small_gamma0"):
+    if name in FLAGS and not (np.isfinite(FLAGS[name].value) and FLAGS[name].value > 0):
+      raise ValueError(f"--{name} must be a finite number > 0, got {FLAGS[name].value}")
+  return ExperimentSettings(
+      dataset=FLAGS.dataset, data_dir=FLAGS.data_dir, partition=FLAGS.partition,
+      alpha=FLAGS.alpha, min_size=FLAGS.min_size, seed=FLAGS.seed, hidden_units=hidden,
+      training=training, hp=matching_hparams_from_flags(FLAGS),
+      small_gamma0=_flag(FLAGS, "small_gamma0", 1e-5), fedavg_hidden_units=fedavg_hidden,
+      dpmeans_lambda=_flag(FLAGS, "dpmeans_lambda", 1.5),
+      kd_hidden=_flag(FLAGS, "kd_hidden", 500), kd_epochs=_flag(FLAGS, "kd_epochs"),
+      comm_rounds=_flag(FLAGS, "comm_rounds", 10),
+      dsgd_epochs_per_round=_flag(FLAGS, "dsgd_epochs_per_round", 1),
+      dsgd_server_lr=_flag(FLAGS, "dsgd_server_lr", 1.0),
+      methods=_check_methods(_flag(FLAGS, "methods", "all"), methods))
+
+
+def matching_hparams_from_flags(FLAGS) -> MatchingHyperparams:
+  """Matching flags -> ``MatchingHyperparams`` (``--reference_settings``: the
+  reference code's values, overridden by explicitly given matching flags)."""
+  values = {field: FLAGS[flag].value for flag, field in _HP_FLAGS.items()}
+  values["popularity_cap"] = values["popularity_cap"] or None
+  if FLAGS.reference_settings:
+    explicit = {field: values[field] for flag, field in _HP_FLAGS.items() if FLAGS[flag].present}
+    base = dataclasses.asdict(MatchingHyperparams.reference_code())
+    base.update(explicit)
+    values = base
+  values["seed"] = FLAGS.seed
+  try:
+    return MatchingHyperparams(**values)
+  except ValueError as e:
+    field = str(e).split(" ")[0]
+    raise ValueError(f"--{field}: {e}") from None
+
+
+# ------------------------------------------------------------------ trainers
+_TRAINERS: Dict[pfnm.LocalTrainingConfig, pfnm.LocalTrainer] = {}
+
+
+def get_trainer(cfg: pfnm.LocalTrainingConfig) -> pfnm.LocalTrainer:
+  """One ``LocalTrainer`` (its TFF computations) per config, cached."""
+  if cfg not in _TRAINERS:
+    _TRAINERS[cfg] = pfnm.LocalTrainer(cfg)
+  return _TRAINERS[cfg]
+
+
+def _as_single(net):
+  return (net[0][0], net[0][1], net[1][0], net[1][1])
+
+
+def _row(method, net_or_size, acc, **extra):
+  size = net_or_size if isinstance(net_or_size, dict) else pfnm.model_size(net_or_size)
+  row = dict(method=method, accuracy=float(acc), neurons=size["neurons"],
+             layers="-".join(str(l) for l in size["layers"]), params=size["params"])
+  row.update(extra)
+  return row
+
+
+# ------------------------------------------------------------ one-shot trial
+def run_oneshot_trial(fd, settings: ExperimentSettings, methods: Sequence[str], seed: int,
+                      hidden_units=None) -> List[dict]:
+  """Trains the local networks of one trial and evaluates every method.
+
+  Args:
+    fd: ``FederatedData`` of the trial (its clients are the ``J`` batches).
+    settings: ``ExperimentSettings``.
+    methods: names from ``ONESHOT_METHODS``.
+    seed: trial seed (initialisations, shuffles, matching sweeps).
+    hidden_units: hidden widths (default ``settings.hidden_units``).
+
+  Returns:
+    One row per method: ``method, accuracy, neurons, layers, params``.
+  """
+  client_data = [fd.train[c] for c in fd.client_ids]
+  x_test, y_test = fd.pooled("test")
+  hidden = tuple(settings.hidden_units if hidden_units is None else hidden_units)
+  cfg = settings.training_config(fd, hidden)
+  nets_cache: Dict[tuple, list] = {}
+
+  def trained(hidden_, shared):
+    key = (tuple(hidden_), bool(shared))
+    if key not in nets_cache:
+      c = dataclasses.replace(cfg, hidden_units=tuple(hidden_), shared_init=bool(shared))
+      nets_cache[key] = get_trainer(c).train(client_data, seed)
+    return nets_cache[key]
+
+  main = trained(hidden, cfg.shared_init)
+  nets = [c.weights for c in main]
+  counts = [c.class_counts for c in main]
+  n_examples = [c.num_examples for c in main]
+  hp = dataclasses.replace(settings.hp, seed=seed)
+  fedavg_hidden = settings.fedavg_hidden_units or hidden
+  if len(fedavg_hidden) != len(hidden):
+    fedavg_hidden = (fedavg_hidden[0],) * len(hidden)
+  rows = []
+  for method in methods:
+    if method == "pfnm":
+      glob = pfnm.match_networks(nets, counts, hp)
+      rows.append(_row(method, glob, pfnm.accuracy(glob, x_test, y_test)))
+    elif method == "pfnm_small_gamma":
+      small = dataclasses.replace(hp, gamma0=settings.small_gamma0)
+      glob = pfnm.match_networks(nets, counts, small)
+      rows.append(_row(method, glob, pfnm.accuracy(glob, x_test, y_test)))
+    elif method in ("fedavg_shared", "fedavg_independent"):
+      res = trained(fedavg_hidden, method == "fedavg_shared")
+      glob = baselines.average_networks([c.weights for c in res], [c.num_examples for c in res])
+      rows.append(_row(method, glob, pfnm.accuracy(glob, x_test, y_test)))
+    elif method == "dpmeans":
+      if len(hidden) != 1:
+        continue  # DP-means of neurons is defined for one hidden layer only.
+      glob = baselines.dpmeans_network(nets, counts, lam=settings.dpmeans_lambda,
+                                       max_iter=settings.dpmeans_max_iter, seed=seed)
+      rows.append(_row(method, glob, pfnm.accuracy(glob, x_test, y_test)))
+    elif method == "local":
+      accs = baselines.local_accuracies(nets, x_test, y_test)
+      rows.append(_row(method, nets[0], accs.mean()))
+    elif method in ("uniform_ensemble", "weighted_ensemble"):
+      acc = baselines.ensemble_accuracy(
+          nets, x_test, y_test, counts if method == "weighted_ensemble" else None)
+      rows.append(_row(method, baselines.ensemble_size(nets), acc))
+    elif method == "distillation":
+      x_pool, _ = fd.pooled("train")
+      glob = baselines.distill(nets, x_pool, cfg, seed=seed,
+                               hidden_units=(settings.kd_hidden,) * len(hidden),
+                               epochs=settings.kd_epochs)
+      rows.append(_row(method, glob, pfnm.accuracy(glob, x_test, y_test)))
+    elif method == "downpour_sgd":
+      trainer = get_trainer(dataclasses.replace(cfg, epochs=settings.dsgd_epochs_per_round))
+      glob = baselines.downpour_sgd(trainer, client_data, settings.comm_rounds, seed=seed,
+                                    server_lr=settings.dsgd_server_lr)
+      rows.append(_row(method, glob, pfnm.accuracy(glob, x_test, y_test)))
+    else:
+      raise ValueError(f"--methods: unknown method {method!r}")
+  return rows
+
+
+# -------------------------------------------------------------------- outputs
+def summarize(rows: Sequence[dict], keys: Sequence[str],
+              values: Sequence[str] = ("accuracy", "neurons", "params")) -> List[dict]:
+  """Mean and std (population, over trials) of ``values`` per group of ``keys``,
+  in first-appearance order."""
+  groups: Dict[tuple, List[dict]] = {}
+  for r in rows:
+    groups.setdefault(tuple(r[k] for k in keys), []).append(r)
+  out = []
+  for key, rs in groups.items():
+    s = dict(zip(keys, key))
+    for v in values:
+      arr = np.array([float(r[v]) for r in rs])
+      s[f"{v}_mean"], s[f"{v}_std"] = float(arr.mean()), float(arr.std())
+    s["trials"] = len(rs)
+    if "method" in keys:
+      s["label"] = LABELS.get(s["method"], s["method"])
+      s["constraint"] = _CONSTRAINT.get(s["method"], "")
+    out.append(s)
+  return out
+
+
+def _markdown(summary: Sequence[dict], columns: Sequence[tuple], title: str, notes=()) -> str:
+  lines = [f"# {title}", ""]
+  lines += [f"{n}" for n in notes]
+  if notes:
+    lines.append("")
+  lines.append("| " + " | ".join(h for h, _ in columns) + " |")
+  lines.append("|" + "|".join("---" for _ in columns) + "|")
+  for s in summary:
+    lines.append("| " + " | ".join(fmt(s) for _, fmt in columns) + " |")
+  return "\n".join(lines) + "\n"
+
+
+def _pm(key, digits=3):
+  return lambda s: f"{s[key + '_mean']:.{digits}f} ± {s[key + '_std']:.{digits}f}"
+
+
+def _method_cell(s):
+  dagger = " †" if s.get("constraint") else ""
+  return f"{s['label']}{dagger}"
+
+
+def _save_figure(fig, path):
+  buf = io.BytesIO()
+  fig.savefig(buf, format="png", dpi=100)
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  plt.close(fig)
+  experiment.atomic_write_bytes(path, buf.getvalue())
+
+
+def _plt():
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  return plt
+
+
+def _plot_lines(ax, summary, x_key, methods, value="accuracy"):
+  for m in methods:
+    pts = [s for s in summary if s["method"] == m]
+    if not pts:
+      continue
+    ax.errorbar([s[x_key] for s in pts], [s[f"{value}_mean"] for s in pts],
+                yerr=[s[f"{value}_std"] for s in pts], marker="o", capsize=3,
+                label=LABELS.get(m, m))
+  ax.grid(alpha=0.3)
+
+
+def _write_common(output_dir, settings, trial_rows, trial_columns, extra=None):
+  os.makedirs(output_dir, exist_ok=True)
+  experiment.write_csv(os.path.join(output_dir, "trials.csv"), trial_rows, trial_columns)
+  payload = {"settings": settings.to_json()}
+  payload.update(extra or {})
+  experiment.atomic_write_text(os.path.join(output_dir, "settings.json"),
+                               json.dumps(payload, indent=2, default=str) + "\n")
+
+
+def _log_trial(log, prefix, rows, start):
+  parts = [f"{r['method']}={r['accuracy']:.3f}" + (f" ({r['neurons']} n)" if r['method'].startswith(
+      ("pfnm", "dpmeans")) else "") for r in rows]
+  log(f"{prefix} {' '.join(parts)} [{time.time() - start:.1f} s]")
+
+
+# -------------------------------------------------------------- experiments
+def run_batches(settings: ExperimentSettings, J_values: Sequence[int], trials: int,
+                output_dir: str, log: Callable[[str], None] = print) -> List[dict]:
+  """Accuracy and size vs the number of batches ``J`` (Figs. 2 and 3).
+
+  Writes ``results.csv``/``results.md`` (per ``J`` and method),
+  ``trials.csv``, ``settings.json``, ``fig2_constrained.png`` (accuracy and
+  size of the methods that satisfy the constraints) and
+  ``fig3_extra_resources.png`` (PFNM against the extra-resource baselines).
+  Returns the summary rows.
+  """
+  if trials < 1:
+    raise ValueError(f"--trials must be >= 1, got {trials}")
+  methods = settings.methods or ONESHOT_METHODS
+  rows = []
+  for J in J_values:
+    for t in range(trials):
+      start = time.time()
+      fd = settings.load(J, baselines.derive_seed(settings.seed, J, t))
+      trial_rows = run_oneshot_trial(fd, settings, methods,
+                                     baselines.derive_seed(settings.seed, J, t, 1))
+      for r in trial_rows:
+        r.update(J=J, trial=t)
+      rows += trial_rows
+      _log_trial(log, f"[J={J} trial {t + 1}/{trials}]", trial_rows, start)
+  summary = summarize(rows, ("J", "method"))
+  columns = ["J", "method", "label", "accuracy_mean", "accuracy_std", "neurons_mean",
+             "neurons_std", "params_mean", "params_std", "trials", "constraint"]
+  experiment.write_csv(os.path.join(output_dir, "results.csv"), summary, columns)
+  _write_common(output_dir, settings, rows,
+                ["J", "trial", "method", "accuracy", "neurons", "layers", "params"],
+                {"J": list(J_values), "trials": trials})
+  md = _markdown(summary, [
+      ("J", lambda s: str(s["J"])), ("method", _method_cell),
+      ("test accuracy", _pm("accuracy")), ("hidden neurons", _pm("neurons", 1)),
+      ("parameters", lambda s: f"{s['params_mean']:.0f}"), ("trials", lambda s: str(s["trials"]))],
+      f"PFNM vs number of batches J ({settings.dataset}, {settings.partition}"
+      + (f", alpha={settings.alpha}" if settings.partition == "class_dirichlet" else "") + ")",
+      notes=["† violates a constraint of the federated setting: U-Ens/W-Ens stack all J "
+             "networks; KD pools the training inputs at the server; D-SGD communicates "
+             f"{settings.comm_rounds} times ({settings.dsgd_epochs_per_round} epoch(s) apart).",
+             "Mean ± std over trials; accuracy on the pooled test data."])
+  experiment.atomic_write_text(os.path.join(output_dir, "results.md"), md)
+  _figures_batches(output_dir, summary, settings, J_values)
+  return summary
+
+
+def _figures_batches(output_dir, summary, settings, J_values):
+  plt = _plt()
+  fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+  _plot_lines(axes[0], summary, "J", CONSTRAINED_METHODS)
+  axes[0].set_xlabel("number of batches J")
+  axes[0].set_ylabel("test accuracy")
+  axes[0].legend(fontsize=8)
+  size_methods = ("pfnm", "pfnm_small_gamma", "dpmeans")
+  _plot_lines(axes[1], summary, "J", size_methods, value="neurons")
+  width = sum(settings.hidden_units)
+  axes[1].plot(list(J_values), [width * J for J in J_values], "k:", label="J x local size")
+  axes[1].set_xlabel("number of batches J")
+  axes[1].set_ylabel("global hidden neurons")
+  axes[1].legend(fontsize=8)
+  fig.suptitle(f"Fig. 2: constrained methods ({settings.dataset}, {settings.partition})")
+  fig.tight_layout()
+  _save_figure(fig, os.path.join(output_dir, "fig2_constrained.png"))
+
+  fig, ax = plt.subplots(figsize=(6, 4))
+  _plot_lines(ax, summary, "J", ("pfnm",) + EXTRA_METHODS)
+  ax.set_xlabel("number of batches J")
+  ax.set_ylabel("test accuracy")
+  ax.legend(fontsize=8)
+  ax.set_title(f"Fig. 3: extra-resource baselines ({settings.dataset}, {settings.partition})")
+  fig.tight_layout()
+  _save_figure(fig, os.path.join(output_dir, "fig3_extra_resources.png"))
+
+
+def run_depth(settings: ExperimentSettings, C_values: Sequence[int], J: int, width: int,
+              trials: int, output_dir: str, log: Callable[[str], None] = print) -> List[dict]:
+  """Accuracy and size vs the number of hidden layers ``C`` (Fig. 4).
+
+  Trial ``t`` uses the same data partition for every ``C``.  Writes
+  ``results.csv``/``results.md``, ``trials.csv``, ``settings.json`` and
+  ``fig4_depth.png`` (accuracy; global neurons per layer).
+  """
+  if trials < 1:
+    raise ValueError(f"--trials must be >= 1, got {trials}")
+  methods = settings.methods or DEPTH_METHODS
+  rows = []
+  for C in C_values:
+    for t in range(trials):
+      start = time.time()
+      fd = settings.load(J, baselines.derive_seed(settings.seed, J, t))
+      trial_rows = run_oneshot_trial(fd, settings, methods,
+                                     baselines.derive_seed(settings.seed, J, t, 1),
+                                     hidden_units=(width,) * C)
+      for r in trial_rows:
+        r.update(C=C, J=J, trial=t, neurons_per_layer=r["neurons"] / C)
+      rows += trial_rows
+      _log_trial(log, f"[C={C} trial {t + 1}/{trials}]", trial_rows, start)
+  summary = summarize(rows, ("C", "method"), ("accuracy", "neurons", "neurons_per_layer",
+                                                "params"))
+  columns = ["C", "method", "label", "accuracy_mean", "accuracy_std", "neurons_mean",
+             "neurons_std", "neurons_per_layer_mean", "params_mean", "trials", "constraint"]
+  experiment.write_csv(os.path.join(output_dir, "results.csv"), summary, columns)
+  _write_common(output_dir, settings, rows,
+                ["C", "J", "trial", "method", "accuracy", "neurons", "layers", "params"],
+                {"C": list(C_values), "J": J, "width": width, "trials": trials})
+  md = _markdown(summary, [
+      ("C", lambda s: str(s["C"])), ("method", _method_cell),
+      ("test accuracy", _pm("accuracy")), ("hidden neurons", _pm("neurons", 1)),
+      ("per layer", lambda s: f"{s['neurons_per_layer_mean']:.1f}"),
+      ("parameters", lambda s: f"{s['params_mean']:.0f}")],
+      f"PFNM vs depth C (J={J}, width {width}, {settings.dataset}, {settings.partition})",
+      notes=["† violates a constraint of the federated setting (see pfnm_batches).",
+             "Mean ± std over trials; accuracy on the pooled test data."])
+  experiment.atomic_write_text(os.path.join(output_dir, "results.md"), md)
+  plt = _plt()
+  fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+  _plot_lines(axes[0], summary, "C", methods)
+  axes[0].set_xlabel("number of hidden layers C")
+  axes[0].set_ylabel("test accuracy")
+  axes[0].legend(fontsize=8)
+  _plot_lines(axes[1], summary, "C", ("pfnm",), value="neurons_per_layer")
+  axes[1].axhline(width * J, color="k", linestyle=":", label="J x width")
+  axes[1].set_xlabel("number of hidden layers C")
+  axes[1].set_ylabel("PFNM global neurons per layer")
+  axes[1].legend(fontsize=8)
+  fig.suptitle(f"Fig. 4: depth (J={J}, {settings.dataset}, {settings.partition})")
+  fig.tight_layout()
+  _save_figure(fig, os.path.join(output_dir, "fig4_depth.png"))
+  return summary
+
+
+def _split_steps(fd, steps: int, seed: int):
+  """Per client, ``steps`` disjoint random parts of its training data."""
+  rng = np.random.default_rng(seed)
+  out = []
+  for c in fd.client_ids:
+    x, y = fd.train[c]
+    parts = np.array_split(rng.permutation(len(y)), steps)
+    out.append([(x[p], y[p]) for p in parts])
+  return out
+
+
+def run_streaming(settings: ExperimentSettings, J: int, steps: int, trials: int,
+                  output_dir: str, fresh_neurons: int = 1, init_noise: float = 0.01,
+                  log: Callable[[str], None] = print) -> List[dict]:
+  """Streaming federated learning (supplement 4.2, Fig. 3b).
+
+  Each of the ``J`` groups' training data is split at random into ``steps``
+  parts; at step ``s`` every group reveals part ``s``.  Methods:
+
+  * ``pfnm_streaming``: at step ``s > 1`` group ``j``'s network starts from
+    ``StreamingPFNM.local_init`` (``L_j - fresh_neurons`` global neurons drawn by
+    popularity, ``fresh_neurons`` at the prior mean, noise ``init_noise``), is
+    trained on part ``s``, and the posterior is updated (eqs. 10-11);
+  * ``downpour_sgd``: the global network is broadcast, trained on part ``s`` and
+    averaged (one communication per step);
+  * ``uniform_ensemble`` / ``weighted_ensemble`` / ``local``: each group keeps
+    training its own network on the new part (weighted ensemble with the
+    class counts seen so far).
+
+  Writes ``results.csv``/``results.md`` (per step and method), ``trials.csv``,
+  ``settings.json`` and ``fig_streaming.png``.
+  """
+  if trials < 1:
+    raise ValueError(f"--trials must be >= 1, got {trials}")
+  if steps < 1:
+    raise ValueError(f"--steps must be >= 1, got {steps}")
+  if fresh_neurons < 0 or fresh_neurons > min(settings.hidden_units):
+    raise ValueError(f"--fresh_neurons must be in [0, {min(settings.hidden_units)}], "
+                     f"got {fresh_neurons}")
+  if len(settings.hidden_units) != 1:
+    raise ValueError("--hidden_units: streaming PFNM supports one hidden layer")
+  methods = settings.methods or STREAMING_METHODS
+  width = settings.hidden_units[0]
+  # Every group needs >= `steps` training examples.
+  min_size = max(settings.min_size, int(math.ceil(steps / (1 - settings.test_fraction))) + 2)
+  rows = []
+  for t in range(trials):
+    start = time.time()
+    fd = settings.load(J, baselines.derive_seed(settings.seed, J, t), min_size=min_size)
+    x_test, y_test = fd.pooled("test")
+    parts = _split_steps(fd, steps, baselines.derive_seed(settings.seed, J, t, 2))
+    cfg = settings.training_config(fd)
+    trainer = get_trainer(cfg)
+    trial_seed = baselines.derive_seed(settings.seed, J, t, 1)
+    stream = StreamingPFNM(dataclasses.replace(settings.hp, seed=trial_seed))
+    own_nets, own_counts, pfnm_nets = None, np.zeros((J, fd.num_classes), np.int64), None
+    dsgd = pfnm.initial_weights(cfg, pfnm.init_seeds(trial_seed, 1, True)[0])
+    for s in range(steps):
+      step_data = [parts[j][s] for j in range(J)]
+      seed_s = baselines.derive_seed(trial_seed, s)
+      step_rows = []
+      own = None
+      if any(m in methods for m in ("uniform_ensemble", "weighted_ensemble", "local")) or (
+          s == 0 and "pfnm_streaming" in methods):
+        own = trainer.train(step_data, seed_s, init_weights=own_nets, init_seed=trial_seed)
+        own_nets = [r.weights for r in own]
+        own_counts += np.stack([r.class_counts for r in own])
+      if "local" in methods:
+        accs = baselines.local_accuracies(own_nets, x_test, y_test)
+        step_rows.append(_row("local", own_nets[0], accs.mean()))
+      if "uniform_ensemble" in methods:
+        step_rows.append(_row("uniform_ensemble", baselines.ensemble_size(own_nets),
+                              baselines.ensemble_accuracy(own_nets, x_test, y_test)))
+      if "weighted_ensemble" in methods:
+        step_rows.append(_row("weighted_ensemble", baselines.ensemble_size(own_nets),
+                              baselines.ensemble_accuracy(own_nets, x_test, y_test,
+                                                          list(own_counts))))
+      if "pfnm_streaming" in methods:
+        if s == 0:
+          res = own  # fresh independent initialisations: the same training as the ensembles'
+        else:
+          inits = []
+          for j in range(J):
+            W1, b1, W2, b2 = stream.local_init(
+                j, width, n_fresh=fresh_neurons, noise_std=init_noise,
+                seed=baselines.derive_seed(trial_seed, s, j, 3))
+            inits.append([(W1, b1), (W2, b2)])
+          res = trainer.train(step_data, seed_s, init_weights=inits)
+        W1, b1, W2, b2 = stream.update([_as_single(r.weights) for r in res],
+                                       [r.class_counts for r in res])
+        glob = [(W1, b1), (W2, b2)]
+        step_rows.append(_row("pfnm_streaming", glob, pfnm.accuracy(glob, x_test, y_test)))
+      if "downpour_sgd" in methods:
+        mean = trainer.dsgd_round(dsgd, step_data, seed_s)
+        lr = settings.dsgd_server_lr
+        dsgd = [(W + lr * (Wm - W), b + lr * (bm - b)) for (W, b), (Wm, bm) in zip(dsgd, mean)]
+        step_rows.append(_row("downpour_sgd", dsgd, pfnm.accuracy(dsgd, x_test, y_test)))
+      for r in step_rows:
+        r.update(step=s + 1, trial=t, J=J)
+      rows += step_rows
+    last = [r for r in rows if r["trial"] == t and r["step"] == steps]
+    _log_trial(log, f"[streaming trial {t + 1}/{trials}, step {steps}]", last, start)
+  order = {m: i for i, m in enumerate(STREAMING_METHODS)}
+  summary = summarize(sorted(rows, key=lambda r: (r["step"], order[r["method"]])),
+                      ("step", "method"))
+  columns = ["step", "method", "label", "accuracy_mean", "accuracy_std", "neurons_mean",
+             "neurons_std", "params_mean", "trials", "constraint"]
+  experiment.write_csv(os.path.join(output_dir, "results.csv"), summary, columns)
+  _write_common(output_dir, settings, rows,
+                ["step", "trial", "J", "method", "accuracy", "neurons", "layers", "params"],
+                {"J": J, "steps": steps, "trials": trials, "fresh_neurons": fresh_neurons,
+                 "init_noise": init_noise})
+  md = _markdown(summary, [
+      ("step", lambda s: str(s["step"])), ("method", _method_cell),
+      ("test accuracy", _pm("accuracy")), ("hidden neurons", _pm("neurons", 1))],
+      f"Streaming PFNM (J={J}, S={steps}, {settings.dataset}, {settings.partition})",
+      notes=["† violates a constraint (ensembles stack all J networks; D-SGD communicates "
+             "every step).", "Mean ± std over trials; accuracy on the pooled test data."])
+  experiment.atomic_write_text(os.path.join(output_dir, "results.md"), md)
+  plt = _plt()
+  fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+  _plot_lines(axes[0], summary, "step", methods)
+  axes[0].set_xlabel("step s")
+  axes[0].set_ylabel("test accuracy")
+  axes[0].legend(fontsize=8)
+  _plot_lines(axes[1], summary, "step", ("pfnm_streaming",), value="neurons")
+  axes[1].set_xlabel("step s")
+  axes[1].set_ylabel("PFNM global neurons")
+  fig.suptitle(f"Streaming (supplement Fig. 3b): J={J}, S={steps}, {settings.dataset}")
+  fig.tight_layout()
+  _save_figure(fig, os.path.join(output_dir, "fig_streaming.png"))
+  return summary
+
+
+def run_sensitivity(settings: ExperimentSettings, J_values: Sequence[int], trials: int,
+                    sigma0_sq_grid: Sequence[float], gamma0_grid: Sequence[float],
+                    sigma_sq_grid: Sequence[float], output_dir: str,
+                    log: Callable[[str], None] = print) -> List[dict]:
+  """PFNM's accuracy over a grid of ``(sigma0^2, gamma0, sigma^2)`` (supplement 4.3).
+
+  The local networks of a trial are trained once; every grid point only
+  re-runs the matching.  Training accuracy (pooled training data, as the
+  paper's heatmaps) and test accuracy are reported.  Writes
+  ``results.csv``/``results.md``, ``trials.csv``, ``settings.json``,
+  ``fig4_sensitivity.png`` (heatmaps of training accuracy over
+  ``sigma0^2 x gamma0``, one per ``sigma^2``, first ``J``) and
+  ``fig5_sigma.png`` (accuracy vs ``sigma^2`` per ``J`` at the grid point
+  nearest ``sigma0^2 = 10``, ``gamma0 = 1``).
+  """
+  if trials < 1:
+    raise ValueError(f"--trials must be >= 1, got {trials}")
+  grid = list(itertools.product(sigma0_sq_grid, gamma0_grid, sigma_sq_grid))
+  rows = []
+  for J in J_values:
+    for t in range(trials):
+      start = time.time()
+      fd = settings.load(J, baselines.derive_seed(settings.seed, J, t))
+      seed = baselines.derive_seed(settings.seed, J, t, 1)
+      cfg = settings.training_config(fd)
+      res = get_trainer(cfg).train([fd.train[c] for c in fd.client_ids], seed)
+      nets, counts = [r.weights for r in res], [r.class_counts for r in res]
+      x_tr, y_tr = fd.pooled("train")
+      x_te, y_te = fd.pooled("test")
+      for s0, g0, s2 in grid:
+        hp = dataclasses.replace(settings.hp, sigma0_sq=s0, gamma0=g0, sigma_sq=s2, seed=seed)
+        glob = pfnm.match_networks(nets, counts, hp)
+        size = pfnm.model_size(glob)
+        rows.append(dict(J=J, trial=t, sigma0_sq=s0, gamma0=g0, sigma_sq=s2,
+                         train_accuracy=pfnm.accuracy(glob, x_tr, y_tr),
+                         test_accuracy=pfnm.accuracy(glob, x_te, y_te),
+                         neurons=size["neurons"], params=size["params"]))
+      best = max((r for r in rows if r["J"] == J and r["trial"] == t),
+                 key=lambda r: r["train_accuracy"])
+      log(f"[J={J} trial {t + 1}/{trials}] {len(grid)} grid points; best train accuracy "
+          f"{best['train_accuracy']:.3f} (test {best['test_accuracy']:.3f}, {best['neurons']} n) "
+          f"at sigma0_sq={best['sigma0_sq']:g} gamma0={best['gamma0']:g} "
+          f"sigma_sq={best['sigma_sq']:g} [{time.time() - start:.1f} s]")
+  summary = summarize(rows, ("J", "sigma0_sq", "gamma0", "sigma_sq"),
+                      ("train_accuracy", "test_accuracy", "neurons", "params"))
+  columns = ["J", "sigma0_sq", "gamma0", "sigma_sq", "train_accuracy_mean", "train_accuracy_std",
+             "test_accuracy_mean", "test_accuracy_std", "neurons_mean", "neurons_std", "trials"]
+  experiment.write_csv(os.path.join(output_dir, "results.csv"), summary, columns)
+  _write_common(output_dir, settings, rows,
+                ["J", "trial", "sigma0_sq", "gamma0", "sigma_sq", "train_accuracy",
+                 "test_accuracy", "neurons", "params"],
+                {"J": list(J_values), "trials": trials, "sigma0_sq_grid": list(sigma0_sq_grid),
+                 "gamma0_grid": list(gamma0_grid), "sigma_sq_grid": list(sigma_sq_grid)})
+  md = _markdown(summary, [
+      ("J", lambda s: str(s["J"])), ("sigma0^2", lambda s: f"{s['sigma0_sq']:g}"),
+      ("gamma0", lambda s: f"{s['gamma0']:g}"), ("sigma^2", lambda s: f"{s['sigma_sq']:g}"),
+      ("train accuracy", _pm("train_accuracy")), ("test accuracy", _pm("test_accuracy")),
+      ("hidden neurons", _pm("neurons", 1))],
+      f"PFNM parameter sensitivity ({settings.dataset}, {settings.partition})",
+      notes=["Mean ± std over trials."])
+  experiment.atomic_write_text(os.path.join(output_dir, "results.md"), md)
+
+  plt = _plt()
+  J0 = J_values[0]
+  fig, axes = plt.subplots(1, len(sigma_sq_grid), figsize=(4 * len(sigma_sq_grid), 3.6),
+                           squeeze=False)
+  for ax, s2 in zip(axes[0], sigma_sq_grid):
+    mat = np.array([[next(s["train_accuracy_mean"] for s in summary
+                          if s["J"] == J0 and s["sigma0_sq"] == s0 and s["gamma0"] == g0
+                          and s["sigma_sq"] == s2) for g0 in gamma0_grid] for s0 in sigma0_sq_grid])
+    im = ax.imshow(mat, origin="lower", cmap="viridis", aspect="auto")
+    for (i, k), v in np.ndenumerate(mat):
+      ax.text(k, i, f"{v:.2f}", ha="center", va="center", color="w", fontsize=8)
+    ax.set_xticks(range(len(gamma0_grid)), [f"{g:g}" for g in gamma0_grid])
+    ax.set_yticks(range(len(sigma0_sq_grid)), [f"{s:g}" for s in sigma0_sq_grid])
+    ax.set_xlabel("gamma0")
+    ax.set_ylabel("sigma0^2")
+    ax.set_title(f"sigma^2 = {s2:g}")
+    fig.colorbar(im, ax=ax)
+  fig.suptitle(f"Fig. 4 (supplement): training accuracy, J={J0}, {settings.dataset}, "
+               f"{settings.partition}")
+  fig.tight_layout()
+  _save_figure(fig, os.path.join(output_dir, "fig4_sensitivity.png"))
+
+  s0_ref = min(sigma0_sq_grid, key=lambda v: abs(math.log(v / 10.0)))
+  g0_ref = min(gamma0_grid, key=lambda v: abs(math.log(v)))
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for J in J_values:
+    pts = [s for s in summary if s["J"] == J and s["sigma0_sq"] == s0_ref and s["gamma0"] == g0_ref]
+    ax.errorbar([s["sigma_sq"] for s in pts], [s["train_accuracy_mean"] for s in pts],
+                yerr=[s["train_accuracy_std"] for s in pts], marker="o", capsize=3, label=f"J={J}")
+  ax.set_xscale("log")
+  ax.set_xlabel("sigma^2")
+  ax.set_ylabel("training accuracy")
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=8)
+  ax.set_title(f"Fig. 5 (supplement): sigma0^2={s0_ref:g}, gamma0={g0_ref:g}")
+  fig.tight_layout()
+  _save_figure(fig, os.path.join(output_dir, "fig5_sigma.png"))
+  return summary

@@ -243,6 +243,23 @@ class ExperimentRunner:
       raise ValueError(f"--resume: checkpoint {path} was written with other flags: {diff}.")
     return state
 
+  @staticmethod
+  def _rekey(selected, new_states):
+    """Client states in `selected` order. States that carry `client_index` are
+    matched by it (remote/mergeable contexts may return them in completion
+    order); others are taken in the order returned, which the local context keeps."""
+    new_states = list(new_states)
+    if len(new_states) != len(selected):
+      raise RuntimeError(f"{len(selected)} clients were selected but {len(new_states)} "
+                         "client states came back.")
+    if not all(hasattr(s, "client_index") for s in new_states):
+      return new_states
+    by_index = {int(np.asarray(s.client_index)): s for s in new_states}
+    missing = sorted(set(selected) - set(by_index))
+    if missing:
+      raise RuntimeError(f"client states of clients {missing} did not come back.")
+    return [by_index[i] for i in selected]
+
   # ------------------------------------------------------------- evaluate
   def evaluate(self, state) -> Dict[str, Any]:
     k = len(self.client_ids)
@@ -268,7 +285,7 @@ class ExperimentRunner:
       data = [self._train[i] for i in selected]
       server_state, new_states, metrics = self.algorithm.next(state["server_state"], states, seeds, data)
       state["server_state"] = server_state
-      for i, s in zip(selected, new_states):
+      for i, s in zip(selected, self._rekey(selected, new_states)):
         state["clients"][i] = s
       state["round"] = r
       session_rounds += 1

@@ -69,8 +69,10 @@ from tfbfl import training
 from tfbfl.aggregators import GaussianProductFactory
 
 ServerState = collections.namedtuple("ServerState", ["posterior", "aggregator_state", "round_num"])
+# `client_index` travels with the state so the driver can re-key client outputs
+# (TFF's mergeable/remote contexts may return them in completion order).
 ClientState = collections.namedtuple(
-    "ClientState", ["shared_factor", "shared_posterior", "private", "trained"])
+    "ClientState", ["shared_factor", "shared_posterior", "private", "trained", "client_index"])
 ClientOutput = collections.namedtuple(
     "ClientOutput", ["delta", "client_state", "metrics", "num_examples", "delta_nonzeros"])
 
@@ -271,7 +273,7 @@ def initial_client_state(cfg: VirtualConfig, client_index: int,
   return ClientState(
       gaussian.NaturalGaussian(*as_np(factor)),
       gaussian.NaturalGaussian(*as_np(init_posterior)),
-      [np.asarray(w, np.float32) for w in private], np.bool_(False))
+      [np.asarray(w, np.float32) for w in private], np.bool_(False), np.int32(client_index))
 
 
 def build_networks(cfg: VirtualConfig):
@@ -369,7 +371,8 @@ def client_update(cfg: VirtualConfig, server_posterior, state: ClientState, seed
       delta = sparsity.apply_mask(delta, sparsity.keep_mask(
           sparsity.snr(q_new), cfg.prune_percentile, cfg.prune_per_layer))
     stored = _add_scaled(old_factor, delta, cfg.client_damping)
-    new_state = ClientState(stored, q_new, net.get_private_weights(), tf.constant(True))
+    new_state = ClientState(stored, q_new, net.get_private_weights(), tf.constant(True),
+                            state.client_index)
     metrics = collections.OrderedDict(
         train_loss=loss_sum / seen, train_accuracy=correct_sum / seen)
     return ClientOutput(delta, new_state, metrics, tf.cast(n, tf.float32),
@@ -474,7 +477,7 @@ class VirtualAlgorithm:
     client_state_type = tff.to_type(ClientState(
         posterior_type, posterior_type,
         [tff.TensorType(np.float32, w.shape) for w in init_state.private],
-        tff.TensorType(np.bool_)))
+        tff.TensorType(np.bool_), tff.TensorType(np.int32)))
     seed_type = tff.TensorType(np.int64, [2])
     y_dtype = np.int32 if cfg.likelihood == "categorical" else np.float32
     x_dtype = np.int32 if cfg.architecture == "lstm" else np.float32
@@ -489,7 +492,7 @@ class VirtualAlgorithm:
     def client_update_comp(server_posterior, state, seed, data):
       state = ClientState(gaussian.NaturalGaussian(*state.shared_factor),
                           gaussian.NaturalGaussian(*state.shared_posterior),
-                          list(state.private), state.trained)
+                          list(state.private), state.trained, state.client_index)
       return client_update(cfg, gaussian.NaturalGaussian(*server_posterior), state, seed, *data)
 
     @tff.tensorflow.computation(server_state_type.posterior, posterior_type, tff.TensorType(np.int32))
@@ -521,7 +524,7 @@ class VirtualAlgorithm:
     def client_eval_comp(server_posterior, state, seed, data):
       state = ClientState(gaussian.NaturalGaussian(*state.shared_factor),
                           gaussian.NaturalGaussian(*state.shared_posterior),
-                          list(state.private), state.trained)
+                          list(state.private), state.trained, state.client_index)
       return evaluate_client(cfg, gaussian.NaturalGaussian(*server_posterior), state, seed, *data)
 
     @tff.federated_computation(

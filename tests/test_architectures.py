@@ -292,6 +292,38 @@ def test_docstring_examples_run(name):
   exec(textwrap.dedent(code), {})  # pylint: disable=exec-used
 
 
+def test_virtual_lstm_client_update_is_stable_under_a_sharp_shared_prior():
+  """Regression: VIRTUAL's LSTM client round gave a NaN loss at client_lr=0.2.
+
+  The shared prior `p^(1/K) * cavity` of round 0 has precision
+  `1/K + (K-1)/(K init_scale^2)` (200.5 here), so in every shared mean the KL term
+  `kl_weight/N * KL` has curvature 200.5/16 = 12.5: an explicit SGD step multiplies
+  the distance to the prior mean by `|1 - lr * 12.5|` (5.3 at lr=0.5), and the
+  server weights, then the laterals and the client, blow up within a few steps.
+  The client step must take that quadratic implicitly (stable for any lr).
+  """
+  from tfbfl.algorithms import virtual  # pylint: disable=g-import-not-at-top
+
+  rng = np.random.default_rng(0)
+  x = rng.integers(1, 12, size=(16, 6)).astype(np.int32)
+  y = ((x[:, -1] + 1) % 12).astype(np.int32)
+  cfg = virtual.VirtualConfig(
+      input_dim=6, input_shape=(6,), num_classes=12, num_clients=2, architecture="lstm",
+      vocab_size=12, embedding_dim=4, lstm_units=(8,), epochs=5, batch_size=8,
+      client_lr=0.5, server_lr=0.5, init_scale=0.05, kl_weight=1.0, jit_compile=False)
+  posterior = virtual.initial_posterior(cfg)
+  out = virtual.client_update(
+      cfg, posterior, virtual.initial_client_state(cfg, 0, posterior),
+      tf.constant([0, 0], tf.int64), x, y, net=virtual.build_networks(cfg))
+  assert np.isfinite(float(out.metrics["train_loss"]))
+  q = out.client_state.shared_posterior
+  for t in list(q.eta1) + list(q.eta2) + list(out.client_state.private):
+    assert np.all(np.isfinite(np.asarray(t)))
+  # The shared posterior stays near s^(0) (10.5 nats over 572 weights; NaN before).
+  assert float(gaussian.kl_divergence(q, posterior)) < 0.1 * sum(
+      int(np.size(e)) for e in q.eta1)
+
+
 # Last in the file: once TFF has traced Keras layers in its graphs, Keras models
 # built earlier outside TFF are not to be called again (SPEC pitfall).
 @pytest.mark.parametrize("a", _ARCHS, ids=_IDS)

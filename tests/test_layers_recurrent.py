@@ -153,6 +153,19 @@ def test_lstm_gradients_finite_in_tf_function():
              for g in result)
 
 
+def test_lstm_sample_gradient_finite_when_the_scale_underflows():
+  # min_scale=0 is allowed; softplus(-200) is 0 in float32 and d sqrt(v)/dv is
+  # infinite at 0, which made the draw's gradient NaN.
+  layer = _lstm(min_scale=0.0)
+  u = layer.kernel_untransformed_scale
+  u.assign(tf.fill(u.shape, -200.0))
+  with tf.GradientTape() as tape:
+    out = tf.reduce_sum(layer(_x(), seed=tf.constant([1, 2])))
+  grads = tape.gradient(out, layer.trainable_variables)
+  assert np.isfinite(float(out))
+  assert all(np.all(np.isfinite(g.numpy())) for g in grads)
+
+
 def test_lstm_config_round_trip_and_validation():
   layer = _lstm(return_sequences=True, forget_bias=0.5, prior_scale=2.0)
   config = layer.get_config()

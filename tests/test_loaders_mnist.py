@@ -1,6 +1,5 @@
 """MNIST loader on tiny IDX files written by the test (plain and gzipped)."""
 
-import gzip
 import os
 import shutil
 
@@ -10,34 +9,13 @@ import pytest
 from tfbfl import data
 from tfbfl.data import mnist
 
+from datafiles import make_mnist_arrays, write_idx, write_mnist
+
 N_TRAIN, N_TEST = 200, 50
 
 
-def write_idx(path, array, gz=False):
-  array = np.ascontiguousarray(array, dtype=np.uint8)
-  header = bytes([0, 0, 0x08, array.ndim]) + b"".join(
-      int(d).to_bytes(4, "big") for d in array.shape)
-  opener = gzip.open if gz else open
-  with opener(path, "wb") as f:
-    f.write(header + array.tobytes())
-
-
 def make_arrays(seed=0):
-  rng = np.random.default_rng(seed)
-  out = {}
-  for split, n in (("train", N_TRAIN), ("t10k", N_TEST)):
-    out[split] = (rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8),
-                  np.arange(n, dtype=np.uint8) % 10)
-  return out
-
-
-def write_mnist(directory, arrays, gz=False):
-  os.makedirs(directory, exist_ok=True)
-  for split, (x, y) in arrays.items():
-    suffix = ".gz" if gz else ""
-    write_idx(os.path.join(directory, f"{split}-images-idx3-ubyte{suffix}"), x, gz)
-    write_idx(os.path.join(directory, f"{split}-labels-idx1-ubyte{suffix}"), y, gz)
-  return str(directory)
+  return make_mnist_arrays(N_TRAIN, N_TEST, seed)
 
 
 @pytest.fixture(scope="module")

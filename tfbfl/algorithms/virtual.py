@@ -93,7 +93,7 @@ class VirtualConfig:
   server_lr: float = 1.0
   damping: float = 1.0
   tie_damping: bool = False
-  kl_weight: float = 1.0
+  kl_weight: float = 1e-4          # beta; the paper finds 1e-6..1e-3 harmless (Fig. 2)
   prior_scale: float = 1.0
   init_scale: float = 0.05
   fedavg_init: bool = False
@@ -320,9 +320,21 @@ def client_update(cfg: VirtualConfig, server_posterior, state: ClientState, seed
   def sgd_step(xb, yb, mask, step_seed, kl_scale):
     with tf.GradientTape() as tape:
       data_loss, correct, loss = loss_terms(xb, yb, mask, step_seed, kl_scale)
-    for v, g in zip(train_vars, tape.gradient(loss, train_vars)):
-      if g is not None:  # convert: embedding lookups give IndexedSlices
-        v.assign_sub(cfg.client_lr * tf.convert_to_tensor(g))
+    # convert: embedding lookups give IndexedSlices
+    grads = [None if g is None else tf.convert_to_tensor(g)
+             for g in tape.gradient(loss, train_vars)]
+    # In a shared mean the KL term has curvature kl_scale * (prior precision), and
+    # the prior p^(1/K) * cavity is as sharp as s^(t) (1/init_scale^2 at round 0,
+    # growing over rounds), so an explicit step diverges once
+    # client_lr * kl_scale * precision > 2. Take that quadratic implicitly (a
+    # proximal step): divide the mean's gradient by 1 + lr * kl_scale * precision.
+    # Plain SGD where the prior is weak; same fixed points; stable for any lr.
+    for j, precision in enumerate(net.shared_prior().eta2):
+      if grads[2 * j] is not None:  # shared_trainable_variables: [loc, u] per param
+        grads[2 * j] = grads[2 * j] / (1.0 + cfg.client_lr * kl_scale * precision)
+    for v, g in zip(train_vars, grads):
+      if g is not None:
+        v.assign_sub(cfg.client_lr * g)
     return data_loss * tf.reduce_sum(mask), correct
 
   def sgd_epochs(n):

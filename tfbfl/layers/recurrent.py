@@ -158,7 +158,12 @@ class BayesianLSTM(MeanFieldGaussianLayer):
     for i, name in enumerate(self._param_names):
       loc = tf.convert_to_tensor(locs[name])
       noise = tf.random.stateless_normal(tf.shape(loc), seed=seeds[i], dtype=loc.dtype)
-      draws[name] = loc + tf.sqrt(variances[name]) * noise
+      # sqrt has an infinite derivative at 0, reached when `min_scale=0` and
+      # softplus(u) underflows: clamp at `tiny` (no change for any larger
+      # variance) so the gradient stays finite (it is 0 there).
+      variance = tf.convert_to_tensor(variances[name])
+      tiny = np.finfo(variance.dtype.as_numpy_dtype).tiny
+      draws[name] = loc + tf.sqrt(tf.maximum(variance, tiny)) * noise
     return draws
 
   def sample_parameters(self, seed=None):

@@ -90,6 +90,9 @@ def atomic_write_bytes(path: str, data: bytes) -> None:
       f.write(data)
       f.flush()
       os.fsync(f.fileno())
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; outputs get the usual mode
     os.replace(tmp, path)
   except BaseException:
     if os.path.exists(tmp):
@@ -353,7 +356,7 @@ class ExperimentRunner:
     self._write_tensorboard(rows[-1])
     if final:
       atomic_write_text(os.path.join(out, "summary.json"),
-                        json.dumps(summary, indent=2, sort_keys=True, default=_json_default))
+                        json.dumps(summary, indent=2, sort_keys=True, default=json_default))
       plot_curves(os.path.join(out, "curves.png"), rows, title=self.algorithm.name)
 
   def _write_tensorboard(self, row):
@@ -368,7 +371,7 @@ class ExperimentRunner:
     self._tb_writer.flush()
 
 
-def _json_default(o):
+def json_default(o):
   if isinstance(o, (np.integer,)):
     return int(o)
   if isinstance(o, (np.floating,)):

@@ -32,7 +32,8 @@ _ALGORITHM_MODULES = {
     "laplace_offline": "tfbfl.algorithms.fola",
 }
 _BUILDERS: Dict[str, Callable[..., Any]] = {}
-# mlp: every algorithm; conv (FEMNIST net) and lstm (Shakespeare): VIRTUAL;
+# mlp: every algorithm; conv (FEMNIST net): VIRTUAL and the FedAvg-family baselines;
+# lstm (Shakespeare): VIRTUAL;
 # cnn (McMahan et al. CIFAR-10 CNN): FOLA / FedCurv.
 ARCHITECTURES = ("mlp", "conv", "lstm", "cnn")
 

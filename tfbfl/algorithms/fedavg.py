@@ -1,0 +1,447 @@
+"""FedAvg and FedProx on the deterministic MLP (or conv net), as TFF computations.
+
+Federated averaging (McMahan et al., 2017) with a server optimizer (Reddi et al.,
+2021) and its proximal variant FedProx (Li et al., 2020). In round t the server
+holds weights `w^(t)`; each selected client i (n_i training examples):
+
+1. starts from `w_i = w^(t)` and runs E epochs of plain minibatch SGD
+   (`client_lr`, batch size B) on
+
+       L_i(w) = CE_i(w) + mu / 2 * ||w - w^(t)||^2,
+
+   i.e. `w_i <- w_i - client_lr * (grad CE_batch(w_i) + mu * (w_i - w^(t)))`
+   (`mu = 0` is FedAvg);
+2. sends `Delta_i = w^(t) - w_i` (TFF's sign convention: a pseudo-gradient) with
+   weight n_i; a client whose `Delta_i` has a non-finite entry sends zeros with
+   weight 0 (as `tff.learning`'s client work does);
+
+and the server applies one step of SGD with learning rate `server_lr` to the
+weighted mean `Delta = sum_i n_i Delta_i / sum_i n_i`:
+
+    w^(t+1) = w^(t) - server_lr * Delta
+
+(`server_lr = 1` is plain model averaging), rejecting a non-finite `Delta`.
+
+Pieces and why:
+
+* Distribution, aggregation and the server update are TFF's learning building
+  blocks: `tff.learning.templates.build_broadcast_process`,
+  `tff.aggregators.MeanFactory` and
+  `tff.learning.templates.build_apply_optimizer_finalizer` with
+  `tff.learning.optimizers.build_sgdm(server_lr)`, composed into a
+  `tff.templates.IterativeProcess`-shaped pair of federated computations.
+* The client work is our own `tff.tensorflow.computation` instead of
+  `tff.learning.templates.build_model_delta_client_work`, because (a) metric MT
+  needs every client's post-training weights as a client-placed output, which
+  `ClientResult(update, update_weight)` does not carry; (b) client data enter as
+  in-memory tensors `(x, y)` and minibatches are drawn by a stateless shuffle of
+  the per-client seed given by the driver (TFF forbids graph-level seeds, so a
+  `tf.data` shuffle could not be made reproducible), and (c) a gather-based loop
+  over in-memory tensors is the tight client loop SPEC "Performance" asks for.
+  `tests/test_fedavg.py` checks that it reproduces
+  `tff.learning.algorithms.build_weighted_fed_avg` given the same minibatches.
+* Shuffling: epoch e visits the client's examples in the order
+  `argsort(U[e])`, `U = stateless_uniform([E, n], seed)` (`epoch_permutations`),
+  in ceil(n / B) minibatches (the last one may be smaller).
+* Keras models are built only inside TFF computations (SPEC "Keras pitfall"),
+  including the one that computes the initial weights.
+
+Metrics: S = the server model `w^(t)` on every client's test data; MT = the model
+each client last deployed, i.e. its own weights after its last local training
+(the driver keeps them in the client-state store; a client whose training
+diverged deploys its diverged weights); a client never selected is evaluated
+with its initial state, the initial server model.
+
+Reference check: `tff.learning.algorithms.build_weighted_fed_prox` in TFF 0.87
+adds `mu * (w^(t) - w)` to the client gradient, the opposite sign of FedProx's
+`mu * (w - w^(t))` (with `mu = 3`, `client_lr = 0.1` it diverges on digits in one
+round), so FedProx is checked against a hand-written SGD instead.
+
+`ModelComputations` holds the computations shared with `tfbfl.algorithms.local`
+(Local and Global baselines): initial weights, client training, evaluation.
+
+#### References
+
+[1]: H. Brendan McMahan et al. Communication-Efficient Learning of Deep Networks
+     from Decentralized Data. AISTATS 2017. https://arxiv.org/abs/1602.05629
+[2]: Tian Li et al. Federated Optimization in Heterogeneous Networks. MLSys 2020.
+     https://arxiv.org/abs/1812.06127
+[3]: Sashank Reddi et al. Adaptive Federated Optimization. ICLR 2021.
+     https://arxiv.org/abs/2003.00295
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tfbfl import architectures
+from tfbfl import communication
+from tfbfl import models
+from tfbfl import training
+
+ServerState = collections.namedtuple(
+    "ServerState", ["model_weights", "finalizer_state", "aggregator_state", "round_num"])
+ClientOutput = collections.namedtuple(
+    "ClientOutput", ["update", "model_weights", "metrics", "num_examples"])
+
+
+ARCHITECTURES = ("mlp", "conv")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Hyperparameters of the deterministic-model algorithms (flags of `launchers/train.py`).
+
+  `architecture` is "mlp" (`models.build_deterministic_mlp`, inputs flattened) or
+  "conv" (`architectures.build_deterministic_conv`, VIRTUAL's FEMNIST conv net, on
+  `image_shape` images; `filters` per conv stage). `mu` is FedProx's proximal
+  strength (0 = FedAvg); `server_lr` is unused by Local and Global.
+  """
+  input_dim: int
+  num_classes: int
+  hidden_units: Sequence[int] = (100, 100)
+  activation: str = "relu"
+  epochs: int = 20
+  batch_size: int = 20
+  client_lr: float = 0.05
+  server_lr: float = 1.0
+  mu: float = 0.0
+  seed: int = 0
+  input_shape: Optional[Sequence[int]] = None   # None: (input_dim,)
+  architecture: str = "mlp"
+  image_shape: Optional[Sequence[int]] = None   # conv: (H, W[, C]); None: input_shape
+  filters: Sequence[int] = (32, 64)
+
+  @property
+  def example_shape(self):
+    return tuple(self.input_shape) if self.input_shape else (self.input_dim,)
+
+  def __post_init__(self):
+    rules = (("input_dim", self.input_dim, self.input_dim >= 1, ">= 1"),
+             ("num_classes", self.num_classes, self.num_classes >= 1, ">= 1"),
+             ("epochs_per_round", self.epochs, self.epochs >= 1, ">= 1"),
+             ("batch_size", self.batch_size, self.batch_size >= 1, ">= 1"),
+             ("client_lr", self.client_lr, self.client_lr > 0, "> 0"),
+             ("server_lr", self.server_lr, self.server_lr > 0, "> 0"),
+             ("mu", self.mu, self.mu >= 0, ">= 0"),
+             ("hidden_units", tuple(self.hidden_units),
+              all(int(h) >= 1 for h in self.hidden_units), "positive"),
+             ("architecture", self.architecture, self.architecture in ARCHITECTURES,
+              f"one of {ARCHITECTURES} for the deterministic baselines"))
+    for flag, value, ok, rule in rules:
+      if not ok:
+        raise ValueError(f"--{flag} must be {rule}, got {value!r}.")
+
+
+def config_from_params(data, p, mu: float = 0.0) -> ModelConfig:
+  """`ModelConfig` from `tfbfl.training` flags and the data's shapes."""
+  return ModelConfig(
+      input_dim=int(np.prod(data.input_shape)), input_shape=tuple(data.input_shape),
+      num_classes=data.num_classes, hidden_units=tuple(p["hidden_units"]),
+      epochs=p["epochs_per_round"], batch_size=p["batch_size"], client_lr=p["client_lr"],
+      server_lr=p["server_lr"], mu=mu, seed=p["seed"], architecture=p["architecture"],
+      image_shape=tuple(p["image_shape"]) if p["image_shape"] else None,
+      filters=tuple(p["filters"]))
+
+
+def epoch_permutations(seed, epochs: int, n):
+  """The visiting order of each epoch: `argsort(U[e])`, `U ~ stateless_uniform([E, n], seed)`.
+
+  Args:
+    seed: int64/int32 tensor of shape [2] (the driver's per-client seed).
+    epochs: number of epochs E.
+    n: number of examples (scalar int32 tensor or int).
+
+  Returns:
+    int32 tensor [E, n]; row e is a permutation of range(n).
+  """
+  return tf.argsort(tf.random.stateless_uniform([epochs, n], seed=seed), axis=1)
+
+
+def _as_model_weights(weights) -> tff.learning.models.ModelWeights:
+  return tff.learning.models.ModelWeights(list(weights.trainable), list(weights.non_trainable))
+
+
+def _all_finite(tensors):
+  return tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in tf.nest.flatten(tensors)])
+
+
+def increment_round():
+  """`tff.tensorflow.computation(int32) -> int32`: the round counter's `r + 1`."""
+  return tff.tensorflow.computation(lambda r: r + 1, tff.TensorType(np.int32))
+
+
+def train_metrics(client_output):
+  """In a federated computation: {train: example-weighted mean of the clients'
+  train metrics, num_examples: their sum}, both at SERVER (a client whose update
+  was non-finite has weight 0)."""
+  return collections.OrderedDict(
+      train=tff.federated_mean(client_output.metrics, weight=client_output.num_examples),
+      num_examples=tff.federated_sum(client_output.num_examples))
+
+
+class ModelComputations:
+  """TF computations over the deterministic model shared by FedAvg, FedProx, Local, Global.
+
+  Attributes:
+    initial_weights: `tff.learning.models.ModelWeights` of numpy arrays, the
+      seeded initial model (`models.build_deterministic_mlp(seed=config.seed)`,
+      or the conv net).
+    weights_type, seed_type, data_type: TFF types of the arguments below.
+    client_update: `tff.tensorflow.computation(weights, seed, (x, y)) ->
+      ClientOutput(update, model_weights, metrics, num_examples)`: E epochs of
+      SGD from `weights` (the proximal anchor is `weights` too); `update` =
+      `weights.trainable - new.trainable` (zeros if non-finite), `num_examples`
+      = n (0 if non-finite), `metrics` = {train_loss, train_accuracy}, means over
+      the n * E examples visited (before each step's update).
+    score: `tff.tensorflow.computation(weights, (x, y)) -> (loss_sum, correct,
+      num_examples)`: summed cross-entropy and number of correct predictions.
+    predict_proba: `tff.tensorflow.computation(weights, x) -> p(y | x)` [n, classes].
+  """
+
+  def __init__(self, config: ModelConfig):
+    self.config = cfg = config
+
+    @tff.tensorflow.computation
+    def initial_weights_fn():
+      model = self._model()
+      return tff.learning.models.ModelWeights(
+          list(model.trainable_weights), list(model.non_trainable_weights))
+
+    self.initial_weights = _as_model_weights(initial_weights_fn())
+    self.weights_type = tff.to_type(tff.learning.models.ModelWeights(
+        [tff.TensorType(np.float32, w.shape) for w in self.initial_weights.trainable],
+        [tff.TensorType(w.dtype, w.shape) for w in self.initial_weights.non_trainable]))
+    self.seed_type = tff.TensorType(np.int64, [2])
+    x_type = tff.TensorType(np.float32, [None, *cfg.example_shape])
+    self.data_type = tff.to_type((x_type, tff.TensorType(np.int32, [None])))
+
+    @tff.tensorflow.computation(self.weights_type, self.seed_type, self.data_type)
+    def client_update(weights, seed, data):
+      return self._train(_as_model_weights(weights), seed, *data)
+
+    @tff.tensorflow.computation(self.weights_type, self.data_type)
+    def score(weights, data):
+      return self._score(_as_model_weights(weights), *data)
+
+    @tff.tensorflow.computation(self.weights_type, x_type)
+    def predict_proba(weights, x):
+      return tf.nn.softmax(self._logits(_as_model_weights(weights), x))
+
+    self.x_type = x_type
+    self.client_update, self.score, self.predict_proba = client_update, score, predict_proba
+
+  # --------------------------------------------------------------- helpers
+  def _model(self) -> tf.keras.Model:
+    c = self.config
+    if c.architecture == "conv":
+      return architectures.build_deterministic_conv(
+          input_shape=tuple(c.image_shape or c.example_shape), num_classes=c.num_classes,
+          hidden_units=tuple(c.hidden_units), seed=c.seed, filters=tuple(c.filters),
+          activation=c.activation, data_shape=c.example_shape)
+    return models.build_deterministic_mlp(
+        c.input_dim, c.num_classes, tuple(c.hidden_units), activation=c.activation, seed=c.seed)
+
+  def _flat(self, x):
+    """MLP inputs are flattened; the conv net reshapes `example_shape` itself."""
+    if self.config.architecture == "mlp":
+      return tf.reshape(x, [tf.shape(x)[0], self.config.input_dim])
+    return x
+
+  @staticmethod
+  def _assign(model, weights):
+    for v, w in zip(model.trainable_weights, weights.trainable):
+      v.assign(w)
+    for v, w in zip(model.non_trainable_weights, weights.non_trainable):
+      v.assign(w)
+
+  def _train(self, weights, seed, x, y):
+    cfg = self.config
+    model = self._model()
+    x = self._flat(x)
+
+    @tf.function
+    def train():
+      self._assign(model, weights)
+      variables = model.trainable_weights
+      n = tf.shape(y)[0]
+      steps_per_epoch = (n + cfg.batch_size - 1) // cfg.batch_size
+      order = epoch_permutations(seed, cfg.epochs, n)
+      loss_sum = tf.constant(0.0)
+      correct_sum = tf.constant(0.0)
+      for step in tf.range(cfg.epochs * steps_per_epoch):
+        epoch, i = step // steps_per_epoch, step % steps_per_epoch
+        idx = order[epoch, i * cfg.batch_size:(i + 1) * cfg.batch_size]
+        xb, yb = tf.gather(x, idx), tf.gather(y, idx)
+        with tf.GradientTape() as tape:
+          logits = model(xb, training=True)
+          loss = tf.reduce_mean(
+              tf.nn.sparse_softmax_cross_entropy_with_logits(labels=yb, logits=logits))
+        grads = tape.gradient(loss, variables)
+        if cfg.mu > 0:   # gradient of mu/2 ||w - w^(t)||^2
+          grads = [g + cfg.mu * (v - w0) for g, v, w0 in zip(grads, variables, weights.trainable)]
+        for v, g in zip(variables, grads):
+          v.assign_sub(cfg.client_lr * g)
+        loss_sum += loss * tf.cast(tf.shape(yb)[0], tf.float32)
+        correct_sum += tf.reduce_sum(tf.cast(
+            tf.equal(tf.argmax(logits, -1, output_type=yb.dtype), yb), tf.float32))
+      new_weights = tff.learning.models.ModelWeights(
+          [tf.identity(v) for v in model.trainable_weights],
+          [tf.identity(v) for v in model.non_trainable_weights])
+      update = [w0 - w for w0, w in zip(weights.trainable, new_weights.trainable)]
+      finite = _all_finite(update)
+      update = [tf.where(finite, u, tf.zeros_like(u)) for u in update]
+      seen = tf.maximum(tf.cast(n * cfg.epochs, tf.float32), 1.0)   # n = 0: metrics 0, not NaN
+      metrics = collections.OrderedDict(train_loss=loss_sum / seen, train_accuracy=correct_sum / seen)
+      num_examples = tf.where(finite, tf.cast(n, tf.float32), 0.0)
+      return ClientOutput(update, new_weights, metrics, num_examples)
+
+    return train()
+
+  def _logits(self, weights, x):
+    """The model with `weights` applied to `x` (a fresh Keras model; `tf.function`
+    orders the assignments before the call in TFF's graph)."""
+    model = self._model()
+    x = self._flat(x)
+
+    @tf.function
+    def run():
+      self._assign(model, weights)
+      return model(x, training=False)
+
+    return run()
+
+  def _score(self, weights, x, y):
+    logits = self._logits(weights, x)
+    loss = tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
+    correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=y.dtype), y), tf.float32))
+    return loss, correct, tf.cast(tf.shape(y)[0], tf.float32)
+
+  # -------------------------------------------------- federated evaluation
+  def build_evaluate(self):
+    """`federated_computation(server_weights@SERVER, client_weights@CLIENTS,
+    test_data@CLIENTS)` -> per-client sums {server_loss, server_correct, mt_loss,
+    mt_correct, num_examples}@CLIENTS (the evaluation protocol of
+    `tfbfl.experiment`)."""
+    @tff.tensorflow.computation(self.weights_type, self.weights_type, self.data_type)
+    def client_eval(server_weights, own_weights, data):
+      s_loss, s_correct, n = self._score(_as_model_weights(server_weights), *data)
+      m_loss, m_correct, _ = self._score(_as_model_weights(own_weights), *data)
+      return collections.OrderedDict(server_loss=s_loss, server_correct=s_correct,
+                                     mt_loss=m_loss, mt_correct=m_correct, num_examples=n)
+
+    @tff.federated_computation(
+        tff.FederatedType(self.weights_type, tff.SERVER),
+        tff.FederatedType(self.weights_type, tff.CLIENTS),
+        tff.FederatedType(self.data_type, tff.CLIENTS))
+    def evaluate_fn(server_weights, client_weights, data):
+      return tff.federated_map(
+          client_eval, (tff.federated_broadcast(server_weights), client_weights, data))
+
+    return evaluate_fn
+
+  def dense_bytes(self) -> int:
+    """Bytes of one dense copy of the model's weights."""
+    return communication.dense_bytes(self.initial_weights)
+
+
+class FedAvgAlgorithm:
+  """FedAvg (`mu = 0`) and FedProx (`mu > 0`) in the protocol of `tfbfl.experiment`.
+
+  `next(server_state@SERVER, client_states@CLIENTS, seeds@CLIENTS, data@CLIENTS)`
+  is a federated computation returning `(server_state@SERVER,
+  client_states@CLIENTS, metrics@SERVER)`; the incoming client states are not
+  read (every selected client starts from the server model) and the outgoing ones
+  are the clients' post-training weights (their deployed models, metric MT).
+  Client data come last (TFF's mergeable-context splitter reads the client count
+  from the last argument). `evaluate(server_state, client_states, seeds,
+  test_data)` returns per-client sums at CLIENTS.
+
+  Args:
+    config: `ModelConfig`.
+    name: "fedavg" or "fedprox" (metric rows and logs only).
+
+  #### Examples
+
+  ```python
+  from tfbfl import experiment, runtime, training
+  runtime.set_local_runtime()
+  p = training.resolve_params(dict(algorithm="fedprox", mu=0.01, rounds=5))
+  data = training.load_data(p)
+  algo = training.build_algorithm(data, p)      # FedAvgAlgorithm(name="fedprox")
+  summary = experiment.ExperimentRunner(algo, data, experiment.RunConfig(rounds=5)).run()
+  ```
+  """
+
+  def __init__(self, config: ModelConfig, name: str = "fedavg"):
+    self.config = config
+    self.name = name
+    self.computations = comps = ModelComputations(config)
+    weights_type = comps.weights_type
+    distributor = tff.learning.templates.build_broadcast_process(weights_type)
+    aggregation = tff.aggregators.MeanFactory().create(
+        weights_type.trainable, tff.TensorType(np.float32))
+    finalizer = tff.learning.templates.build_apply_optimizer_finalizer(
+        tff.learning.optimizers.build_sgdm(learning_rate=config.server_lr), weights_type)
+    self._distributor, self._aggregation, self._finalizer = distributor, aggregation, finalizer
+    server_state_type = tff.to_type(ServerState(
+        weights_type, finalizer.initialize.type_signature.result.member,
+        aggregation.initialize.type_signature.result.member, tff.TensorType(np.int32)))
+    client_update = comps.client_update
+
+    @tff.federated_computation(
+        tff.FederatedType(server_state_type, tff.SERVER),
+        tff.FederatedType(weights_type, tff.CLIENTS),
+        tff.FederatedType(comps.seed_type, tff.CLIENTS),
+        tff.FederatedType(comps.data_type, tff.CLIENTS))
+    def next_fn(server_state, client_states, seeds, data):
+      del client_states  # every selected client starts from the server model
+      dist = distributor.next(distributor.initialize(), server_state.model_weights)
+      out = tff.federated_map(client_update, (dist.result, seeds, data))
+      agg = aggregation.next(server_state.aggregator_state, out.update, out.num_examples)
+      fin = finalizer.next(server_state.finalizer_state, server_state.model_weights, agg.result)
+      new_state = tff.federated_zip(ServerState(
+          fin.result, fin.state, agg.state, tff.federated_map(increment_round(), server_state.round_num)))
+      metrics = tff.federated_zip(collections.OrderedDict(
+          **train_metrics(out), update_non_finite=fin.measurements.update_non_finite))
+      return new_state, out.model_weights, metrics
+
+    self.next = next_fn
+    self._evaluate = comps.build_evaluate()
+
+  def initial_server_state(self) -> ServerState:
+    return ServerState(self.computations.initial_weights, self._finalizer.initialize(),
+                       self._aggregation.initialize(), np.int32(0))
+
+  def initial_client_state(self, client_index: int):
+    """A client never selected deploys the initial server model."""
+    del client_index
+    return self.computations.initial_weights
+
+  def evaluate(self, server_state, client_states, seeds, test_data):
+    del seeds  # deterministic models
+    return self._evaluate(server_state.model_weights, list(client_states), list(test_data))
+
+  def round_bytes(self, num_selected: int, metrics) -> tuple:
+    """Dense accounting: each selected client downloads w^(t) and uploads Delta_i."""
+    del metrics
+    size = self.computations.dense_bytes()
+    return num_selected * size, num_selected * size
+
+
+def _build_fedavg(data, p):
+  return FedAvgAlgorithm(config_from_params(data, p, mu=0.0), name="fedavg")
+
+
+def _build_fedprox(data, p):
+  return FedAvgAlgorithm(config_from_params(data, p, mu=p["mu"]), name="fedprox")
+
+
+training.register_algorithm("fedavg", _build_fedavg)
+training.register_algorithm("fedprox", _build_fedprox)

@@ -1,0 +1,197 @@
+"""Local and Global baselines on the deterministic model (VIRTUAL v1, Table 2).
+
+Both use the model and the client training of `tfbfl.algorithms.fedavg`
+(`ModelComputations`: `models.build_deterministic_mlp`, or the conv net with
+`--architecture=conv`; E epochs of plain SGD with the stateless per-epoch shuffle
+`fedavg.epoch_permutations`), so the four deterministic baselines differ only in
+who trains which model on what data.
+
+**Local**: client i owns a model `w_i`, starting from the initial model `w^(0)`
+(the same seeded initial weights as FedAvg's server). Each round every selected
+client trains its own model for E epochs on its own training data only,
+
+    w_i <- SGD_E(w_i; D_i, seed_i^(t)),
+
+and nothing is exchanged. Metrics:
+
+* MT = client i's own model `w_i` on its own test data;
+* S  = the uniform ensemble of all K local models' predictive distributions,
+
+      p_S(y | x) = (1/K) sum_k softmax(f(x; w_k))_y,
+
+  on every client's test data (loss `-log p_S(y | x)`, floored at 1e-30). The
+  ensemble is the only "server model" Local can offer without training one:
+  averaging the weights of independently trained networks has no meaning.
+  Clients never selected contribute their initial model.
+
+**Global** (non-federated reference): one model `w` trained on the pooled
+training data `D = D_1 u ... u D_K` of *all* clients (taken from the
+`FederatedData` at construction; the `data` argument of `next` is not used).
+Round t runs E epochs of SGD on `D` with the stateless seed
+`experiment.client_seed(seed, t, 0)` (so with one client, Global and Local see
+identical minibatches). S = MT = `w` on each client's test data.
+
+Neither baseline transmits models: `round_bytes` is (0, 0).
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Sequence, Tuple
+
+import numpy as np
+import tensorflow_federated as tff
+
+from tfbfl import experiment
+from tfbfl import training
+from tfbfl.algorithms import fedavg
+
+GlobalState = collections.namedtuple("GlobalState", ["model_weights", "round_num"])
+
+_MIN_PROB = 1e-30
+
+
+class LocalAlgorithm:
+  """One model per client, trained only on its own data (protocol of `tfbfl.experiment`).
+
+  `next(round_num@SERVER, client_states@CLIENTS, seeds@CLIENTS, data@CLIENTS)` is
+  a federated computation: each selected client trains its own weights
+  (`client_states`) and returns them; the server state is only the round counter.
+  `evaluate` returns per-client sums: MT from each client's own model, S from the
+  uniform ensemble of all clients' models (module docstring); the clients'
+  predictive distributions on the pooled test inputs come back at CLIENTS and are
+  averaged by the caller (a federated sum needs fully defined shapes).
+
+  Args:
+    config: `fedavg.ModelConfig` (`server_lr` and `mu` are not used; `mu` must be 0).
+
+  #### Examples
+
+  ```python
+  from tfbfl import experiment, runtime, training
+  runtime.set_local_runtime()
+  p = training.resolve_params(dict(algorithm="local", partition="permuted"))
+  data = training.load_data(p)
+  algo = training.build_algorithm(data, p)      # LocalAlgorithm
+  summary = experiment.ExperimentRunner(algo, data, experiment.RunConfig(rounds=5)).run()
+  ```
+  """
+
+  name = "local"
+
+  def __init__(self, config: fedavg.ModelConfig):
+    if config.mu != 0:
+      raise ValueError(f"--mu must be 0 for the Local baseline, got {config.mu}.")
+    self.config = config
+    self.computations = comps = fedavg.ModelComputations(config)
+    client_update, score, predict_proba = comps.client_update, comps.score, comps.predict_proba
+
+    @tff.federated_computation(
+        tff.FederatedType(np.int32, tff.SERVER),
+        tff.FederatedType(comps.weights_type, tff.CLIENTS),
+        tff.FederatedType(comps.seed_type, tff.CLIENTS),
+        tff.FederatedType(comps.data_type, tff.CLIENTS))
+    def next_fn(round_num, client_states, seeds, data):
+      out = tff.federated_map(client_update, (client_states, seeds, data))
+      metrics = tff.federated_zip(fedavg.train_metrics(out))
+      return tff.federated_map(fedavg.increment_round(), round_num), out.model_weights, metrics
+
+    @tff.federated_computation(
+        tff.FederatedType(comps.weights_type, tff.CLIENTS),
+        tff.FederatedType(comps.x_type, tff.SERVER),
+        tff.FederatedType(comps.data_type, tff.CLIENTS))
+    def evaluate_fn(client_weights, pooled_x, data):
+      probs = tff.federated_map(predict_proba, (client_weights, tff.federated_broadcast(pooled_x)))
+      return probs, tff.federated_map(score, (client_weights, data))
+
+    self.next = next_fn
+    self._evaluate = evaluate_fn
+
+  def initial_server_state(self):
+    return np.int32(0)
+
+  def initial_client_state(self, client_index: int):
+    """Every client starts from the seeded initial model `w^(0)`."""
+    del client_index
+    return self.computations.initial_weights
+
+  def evaluate(self, server_state, client_states, seeds, test_data):
+    del server_state, seeds  # deterministic models, no server model
+    test_data = list(test_data)
+    pooled_x = np.concatenate([x for x, _ in test_data], axis=0)
+    probs, mt = self._evaluate(list(client_states), pooled_x, test_data)
+    ensemble = np.mean([np.asarray(p) for p in probs], axis=0)
+    out, start = [], 0
+    for (x, y), (mt_loss, mt_correct, n) in zip(test_data, mt):
+      p = ensemble[start:start + len(y)]
+      start += len(y)
+      p_true = p[np.arange(len(y)), y]
+      out.append(dict(server_loss=float(-np.sum(np.log(np.maximum(p_true, _MIN_PROB)))),
+                      server_correct=float(np.sum(np.argmax(p, axis=-1) == y)),
+                      mt_loss=float(mt_loss), mt_correct=float(mt_correct), num_examples=float(n)))
+    return out
+
+  def round_bytes(self, num_selected: int, metrics) -> Tuple[int, int]:
+    """Local training exchanges nothing."""
+    del num_selected, metrics
+    return 0, 0
+
+
+class GlobalAlgorithm:
+  """One model trained on the pooled training data of all clients (reference).
+
+  Args:
+    config: `fedavg.ModelConfig` (`server_lr` and `mu` are not used; `mu` must be 0).
+    pooled_train: `(x, y)` numpy arrays, the training data of all clients.
+  """
+
+  name = "global"
+
+  def __init__(self, config: fedavg.ModelConfig, pooled_train: Tuple[np.ndarray, np.ndarray]):
+    if config.mu != 0:
+      raise ValueError(f"--mu must be 0 for the Global baseline, got {config.mu}.")
+    x, y = pooled_train
+    if len(y) == 0:
+      raise ValueError("the Global baseline needs at least one training example.")
+    self.config = config
+    self.computations = fedavg.ModelComputations(config)
+    self._pooled = (np.asarray(x, np.float32), np.asarray(y, np.int32))
+    self._evaluate = self.computations.build_evaluate()
+
+  def initial_server_state(self) -> GlobalState:
+    return GlobalState(self.computations.initial_weights, np.int32(0))
+
+  def initial_client_state(self, client_index: int):
+    del client_index
+    return ()   # clients hold no model of their own
+
+  def next(self, server_state: GlobalState, client_states: Sequence, seeds, data):
+    """E epochs of SGD on the pooled data with seed `client_seed(seed, t, 0)`."""
+    del seeds, data  # the pooled data and the global seed stream are the algorithm's own
+    round_num = int(server_state.round_num) + 1
+    seed = experiment.client_seed(self.config.seed, round_num, 0)
+    out = self.computations.client_update(server_state.model_weights, seed, self._pooled)
+    metrics = collections.OrderedDict(train=out.metrics, num_examples=out.num_examples)
+    return GlobalState(out.model_weights, np.int32(round_num)), list(client_states), metrics
+
+  def evaluate(self, server_state: GlobalState, client_states, seeds, test_data):
+    del seeds
+    weights = server_state.model_weights
+    return self._evaluate(weights, [weights] * len(client_states), list(test_data))
+
+  def round_bytes(self, num_selected: int, metrics) -> Tuple[int, int]:
+    """No model is exchanged (the data are assumed centralised)."""
+    del num_selected, metrics
+    return 0, 0
+
+
+def _build_local(data, p):
+  return LocalAlgorithm(fedavg.config_from_params(data, p, mu=0.0))
+
+
+def _build_global(data, p):
+  return GlobalAlgorithm(fedavg.config_from_params(data, p, mu=0.0), data.pooled("train"))
+
+
+training.register_algorithm("local", _build_local)
+training.register_algorithm("global", _build_global)

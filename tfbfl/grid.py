@@ -1,0 +1,566 @@
+"""The hyperparameter grid of VIRTUAL's Table II / Figs. 2-3, resumable, and its report.
+
+Grid (VIRTUAL, Sec. IV-B, IV-D and App. D): for every dataset spec and algorithm,
+the product of
+
+* 5 log-spaced client learning rates (all algorithms);
+* VIRTUAL: 5 log-spaced KL multipliers beta (`kl_weight`) x its server learning
+  rates (`virtual_server_lrs`, a separate list: VIRTUAL's server step is a
+  natural-parameter step, not an SGD step);
+* FedAvg, FedProx: server learning rates {0.2, 0.4, ..., 1.0};
+* FedProx: 5 log-spaced proximal strengths mu > 0 (mu = 0 is FedAvg);
+* Local, Global: client learning rate only;
+
+each repeated for every seed in `seeds` (the seed also draws the partition and
+the train/test split, as the 5 splits of VIRTUAL v1 Table 2).
+
+A *cell* is one run: (dataset spec, algorithm, hyperparameters, seed). It runs via
+`tfbfl.training.run_training` in its own output directory
+`<output_dir>/<dataset>/<algorithm>/<cell key>/` and its result (the run's flags,
+summary and per-round S/MT loss and accuracy curves) is written atomically to
+`result.json` there. A cell whose `result.json` exists with the same flags is
+not run again, so an interrupted grid resumes where it stopped (a cell cut off
+mid-run starts over).
+
+Selection (Table II reports "max accuracy at convergence"): a cell's score is the
+run's best-round accuracy (`best_server_accuracy` for S, `best_mt_accuracy` for
+MT); a *configuration* (a cell without its seed) scores the mean over its seeds;
+per (dataset, algorithm) the configuration with the largest mean S and, separately,
+the one with the largest mean MT win (ties: first in grid order). A configuration
+whose last-round S (MT) loss is not finite on some seed diverged: it has no
+accuracy "at convergence" and wins S (MT) only if all configurations diverged
+(then marked † in the table). Std is the sample standard deviation over seeds
+(ddof = 1; 0 with a single seed).
+
+Report files in `output_dir`: `table2.md`, `table2.csv` (rows dataset x
+algorithm; S and MT mean +- std and the winning hyperparameters), `fig3.png`
+(S and MT test cross-entropy per round, log scale, one column per dataset, the
+winning configurations, mean over seeds) and `fig2.png` (VIRTUAL's beta sweep:
+S and MT cross-entropy per round, one line per beta, the other hyperparameters
+fixed at the best-MT configuration).
+
+`--quick` (`QUICK_GRID`, `QUICK_PARAMS`): client lr {0.03, 0.1}, beta {1e-5, 1e-3},
+VIRTUAL server lr {0.1, 0.5}, mu {0.01}, FedAvg/FedProx server lr {1.0}, 8 rounds
+(E, B, C unchanged): 16 cells per dataset with all five algorithms.
+
+Dataset specs: `name[:partition][:key=value...]` with `name` a preset of
+`tfbfl.presets` (`digits_dirichlet`, `femnist_mlp`, ...) or a dataset of
+`tfbfl.data.DATASETS`, e.g. `digits:class_dirichlet`, `digits:class_dirichlet:alpha=0.1`,
+`npz:data_dir=/data/clients.npz`; keys are `tfbfl.training` flags. A cell's flags:
+the preset, overridden by the launcher's shared flags (`--rounds`, `--fixed`, ...),
+overridden by the spec's own partition and `key=value` parts.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import os
+import re
+import sys
+import time
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from tfbfl import experiment
+from tfbfl import training
+
+RESULT_FILE = "result.json"
+DEFAULT_DATASETS = ("digits:homogeneous", "digits:class_dirichlet", "digits:permuted")
+ALGORITHMS = ("virtual", "fedavg", "fedprox", "local", "global")
+# Hyperparameters each algorithm is tuned over (cell-key order).
+TUNED = {
+    "virtual": ("client_lr", "kl_weight", "server_lr"),
+    "fedavg": ("client_lr", "server_lr"),
+    "fedprox": ("client_lr", "mu", "server_lr"),
+    "local": ("client_lr",),
+    "global": ("client_lr",),
+}
+# Flags the grid sets per cell: neither --fixed nor a dataset spec may set them.
+GRID_SET = ("algorithm", "seed", "output_dir", "client_lr", "kl_weight", "mu", "server_lr")
+CURVE_KEYS = ("server_loss", "mt_loss", "server_accuracy", "mt_accuracy")
+
+
+def log_spaced(low: float, high: float, num: int) -> Tuple[float, ...]:
+  """`num` log-spaced values from `low` to `high` (rounded to 3 significant digits)."""
+  if not 0 < low <= high:
+    raise ValueError(f"log-spaced grid needs 0 < low <= high, got {low}, {high}.")
+  return tuple(float(f"{v:.3g}") for v in np.geomspace(low, high, num))
+
+
+@dataclasses.dataclass(frozen=True)
+class GridSpec:
+  """The hyperparameter values of the grid (see the module docstring)."""
+  client_lrs: Tuple[float, ...] = log_spaced(3e-3, 3e-1, 5)
+  kl_weights: Tuple[float, ...] = log_spaced(1e-6, 1e-2, 5)
+  mus: Tuple[float, ...] = log_spaced(1e-3, 1.0, 5)
+  server_lrs: Tuple[float, ...] = (0.2, 0.4, 0.6, 0.8, 1.0)
+  # VIRTUAL multiplies C deltas: 1/C (0.1 at C = 10) matches one averaged step.
+  virtual_server_lrs: Tuple[float, ...] = (0.02, 0.05, 0.1, 0.2, 0.5)
+  seeds: Tuple[int, ...] = (0,)
+
+  def __post_init__(self):
+    for name in ("client_lrs", "kl_weights", "mus", "server_lrs", "virtual_server_lrs", "seeds"):
+      if not getattr(self, name):
+        raise ValueError(f"--{name} must not be empty.")
+    for name in ("client_lrs", "server_lrs", "virtual_server_lrs", "mus"):
+      bad = [v for v in getattr(self, name) if not v > 0]
+      if bad:
+        raise ValueError(f"--{name} must all be > 0, got {bad}.")
+    if any(v < 0 for v in self.kl_weights):
+      raise ValueError(f"--kl_weights must all be >= 0, got {self.kl_weights}.")
+
+  def values(self, algorithm: str) -> Dict[str, Tuple[Any, ...]]:
+    """Hyperparameter name -> values tried for `algorithm`."""
+    table = dict(client_lr=self.client_lrs, kl_weight=self.kl_weights, mu=self.mus,
+                 server_lr=self.virtual_server_lrs if algorithm == "virtual" else self.server_lrs)
+    return {name: table[name] for name in TUNED[algorithm]}
+
+
+# Reduced grid of `--quick` (fewer values; rounds come from QUICK_PARAMS).
+QUICK_GRID = GridSpec(client_lrs=(0.03, 0.1), kl_weights=(1e-5, 1e-3), mus=(0.01,),
+                      server_lrs=(1.0,), virtual_server_lrs=(0.1, 0.5))
+QUICK_PARAMS = dict(rounds=8)
+
+
+def make_grid(quick: bool = False, **overrides) -> GridSpec:
+  """The full (or `--quick`) grid with the non-None `overrides` (GridSpec fields)."""
+  base = QUICK_GRID if quick else GridSpec()
+  given = {k: tuple(v) for k, v in overrides.items() if v is not None}
+  unknown = set(given) - {f.name for f in dataclasses.fields(GridSpec)}
+  if unknown:
+    raise ValueError(f"unknown grid fields {sorted(unknown)}.")
+  return dataclasses.replace(base, **given)
+
+
+def make_fixed(quick: bool = False, **params) -> Dict[str, Any]:
+  """Flags shared by all cells: `QUICK_PARAMS` under `--quick`, then the non-None `params`."""
+  fixed = dict(QUICK_PARAMS) if quick else {}
+  fixed.update({k: v for k, v in params.items() if v is not None})
+  unknown = set(fixed) - set(training.DEFAULTS)
+  if unknown:
+    raise ValueError(f"unknown training flags {sorted(unknown)}.")
+  tuned = set(fixed) & (set(GRID_SET) | {"dataset", "partition"})
+  if tuned:
+    raise ValueError(f"--fixed must not set {sorted(tuned)}: the grid (or --datasets) sets them.")
+  return fixed
+
+
+# ------------------------------------------------------------ dataset specs
+def _convert(name: str, text: str):
+  """Parses `text` as the type of `training.DEFAULTS[name]`."""
+  default = training.DEFAULTS[name]
+  if isinstance(default, bool):
+    if text.lower() not in ("true", "false", "1", "0"):
+      raise ValueError(f"--{name} must be true or false, got {text!r}.")
+    return text.lower() in ("true", "1")
+  if isinstance(default, tuple):
+    return tuple(int(h) for h in text.split(",") if h.strip())
+  if isinstance(default, int):
+    return int(text)
+  if isinstance(default, float):
+    return float(text)
+  return text
+
+
+def parse_assignments(items: Iterable[str], flag: str = "fixed") -> Dict[str, Any]:
+  """`["name=value", ...]` -> {name: typed value} for `training.DEFAULTS` names."""
+  out = {}
+  for item in items:
+    name, sep, text = item.partition("=")
+    name = name.strip()
+    if not sep or name not in training.DEFAULTS:
+      raise ValueError(f"--{flag}: expected name=value with name one of {sorted(training.DEFAULTS)}, "
+                       f"got {item!r}.")
+    try:
+      out[name] = _convert(name, text.strip())
+    except ValueError as e:
+      raise ValueError(f"--{flag}: bad value in {item!r} ({e}).") from e
+  return out
+
+
+def parse_dataset_spec(spec: str) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+  """`name[:partition][:key=value...]` -> (base, overrides), both training params.
+
+  `base` is the preset `name` of `tfbfl.presets` (e.g. `digits_dirichlet`,
+  `femnist_mlp`) or `{dataset: name}` for a dataset of `tfbfl.data.DATASETS`;
+  `overrides` holds the partition and the `key=value` parts. A cell's flags are
+  `base`, then the shared `--fixed` flags, then `overrides` (module docstring).
+  """
+  from tfbfl import data as data_lib  # pylint: disable=g-import-not-at-top
+  from tfbfl import presets  # pylint: disable=g-import-not-at-top
+  parts = [s.strip() for s in spec.split(":")]
+  name, rest = parts[0], parts[1:]
+  if name in presets.PRESETS:
+    base = presets.preset(name)
+  elif name in data_lib.DATASETS:
+    base = dict(dataset=name)
+  else:
+    raise ValueError(f"--datasets: unknown dataset or preset {name!r} in {spec!r}; known: "
+                     f"{sorted(set(data_lib.DATASETS) | set(presets.PRESETS))}.")
+  overrides: Dict[str, Any] = {}
+  for part in rest:
+    if "=" in part:
+      assigned = parse_assignments([part], flag="datasets")
+      if set(assigned) & set(GRID_SET):
+        raise ValueError(f"--datasets: {part!r} in {spec!r} sets a flag the grid sets per cell "
+                         f"{GRID_SET}.")
+      overrides.update(assigned)
+    elif part:
+      if part not in data_lib.PARTITIONS:
+        raise ValueError(f"--datasets: unknown partition {part!r} in {spec!r}; "
+                         f"known: {list(data_lib.PARTITIONS)}.")
+      overrides["partition"] = part
+  return base, overrides
+
+
+def _slug(text: str) -> str:
+  return re.sub(r"[^A-Za-z0-9_.=,+-]+", "-", text).strip("-")
+
+
+def _fmt_value(v) -> str:
+  return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+# -------------------------------------------------------------------- cells
+@dataclasses.dataclass(frozen=True)
+class Cell:
+  """One run of the grid."""
+  dataset: str                           # dataset spec
+  algorithm: str
+  hparams: Tuple[Tuple[str, Any], ...]   # (name, value) in TUNED order
+  seed: int
+
+  @property
+  def config_key(self) -> str:
+    """The hyperparameters, e.g. `client_lr=0.03,server_lr=1` (seeds pooled over)."""
+    return ",".join(f"{k}={_fmt_value(v)}" for k, v in self.hparams)
+
+  @property
+  def key(self) -> str:
+    return f"{self.config_key},seed={self.seed}"
+
+  def directory(self, output_dir: str) -> str:
+    return os.path.join(output_dir, _slug(self.dataset), self.algorithm, _slug(self.key))
+
+  def params(self, output_dir: str, fixed: Dict[str, Any]) -> Dict[str, Any]:
+    """The `training.run_training` flags of this cell: the dataset spec's base
+    (preset), the shared `fixed` flags, the spec's overrides, then the cell's own."""
+    base, overrides = parse_dataset_spec(self.dataset)
+    p = dict(base)
+    p.update(fixed)
+    p.update(overrides)
+    p.update(dict(self.hparams))
+    p.update(algorithm=self.algorithm, seed=self.seed, output_dir=self.directory(output_dir),
+             verbose=False)
+    return p
+
+
+def enumerate_cells(datasets: Sequence[str], algorithms: Sequence[str], grid: GridSpec) -> List[Cell]:
+  """Every cell, in order dataset, algorithm, hyperparameters (row-major), seed."""
+  for a in algorithms:
+    if a not in TUNED:
+      raise ValueError(f"--algorithms must be among {tuple(TUNED)}, got {a!r}.")
+  for d in datasets:
+    parse_dataset_spec(d)
+  cells = []
+  for d in datasets:
+    for a in algorithms:
+      values = grid.values(a)
+      names = list(values)
+      for combo in np.ndindex(*[len(values[n]) for n in names]):
+        hparams = tuple((n, values[n][i]) for n, i in zip(names, combo))
+        cells.extend(Cell(d, a, hparams, int(s)) for s in grid.seeds)
+  return cells
+
+
+def _jsonable(obj):
+  return json.loads(json.dumps(obj, default=experiment.json_default))
+
+
+def read_curves(run_dir: str) -> Dict[str, List[float]]:
+  """Per-round S/MT loss and accuracy from a run's `metrics.csv`."""
+  with open(os.path.join(run_dir, "metrics.csv"), newline="") as f:
+    rows = list(csv.DictReader(f))
+  curves = {"round": [int(r["round"]) for r in rows]}
+  for k in CURVE_KEYS:
+    curves[k] = [float(r[k]) for r in rows]
+  return curves
+
+
+def run_cell(params: Dict[str, Any]) -> Dict[str, Any]:
+  """Runs one cell with `training.run_training`; returns {summary, curves}."""
+  summary = training.run_training(params)
+  return dict(summary=summary, curves=read_curves(params["output_dir"]))
+
+
+def load_result(cell: Cell, output_dir: str, params: Optional[Dict[str, Any]] = None):
+  """The cell's stored result, or None if absent (or, given `params`, run with other flags)."""
+  path = os.path.join(cell.directory(output_dir), RESULT_FILE)
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    result = json.load(f)
+  if params is not None and _comparable(result.get("params", {})) != _comparable(_jsonable(params)):
+    return None
+  return result
+
+
+def _comparable(params: Dict[str, Any]) -> Dict[str, Any]:
+  """The flags that decide a cell's result (not where it is written)."""
+  return {k: v for k, v in params.items() if k != "output_dir"}
+
+
+def run_grid(cells: Sequence[Cell], output_dir: str, fixed: Optional[Dict[str, Any]] = None, *,
+             cell_runner: Callable[[Dict[str, Any]], Dict[str, Any]] = run_cell,
+             log: Optional[Callable[[str], None]] = None) -> List[Dict[str, Any]]:
+  """Runs every cell not finished yet; returns the results of all cells (in order).
+
+  Args:
+    cells: from `enumerate_cells`.
+    output_dir: root of the cell directories.
+    fixed: flags shared by every cell (rounds, epochs_per_round, ...).
+    cell_runner: `fn(params) -> {summary, curves}` (default `run_cell`).
+    log: progress printer (default: print to stdout); one line per cell.
+  """
+  fixed = dict(fixed or {})
+  log = log or (lambda line: print(line, file=sys.stdout, flush=True))
+  results, todo = [], []
+  for cell in cells:
+    params = cell.params(output_dir, fixed)
+    result = load_result(cell, output_dir, params)
+    results.append(result)
+    if result is None:
+      todo.append(len(results) - 1)
+  log(f"grid: {len(cells)} cells, {len(cells) - len(todo)} already done, {len(todo)} to run")
+  start = time.time()
+  for done, i in enumerate(todo, 1):
+    cell = cells[i]
+    params = cell.params(output_dir, fixed)
+    t0 = time.time()
+    out = cell_runner(params)
+    result = dict(dataset=cell.dataset, algorithm=cell.algorithm, hparams=dict(cell.hparams),
+                  config_key=cell.config_key, seed=cell.seed, params=_jsonable(params),
+                  summary=_jsonable(out["summary"]), curves=_jsonable(out["curves"]),
+                  cell_time_s=time.time() - t0)
+    experiment.atomic_write_text(os.path.join(cell.directory(output_dir), RESULT_FILE),
+                                 json.dumps(result, indent=1, sort_keys=True))
+    results[i] = result
+    elapsed = time.time() - start
+    eta = elapsed / done * (len(todo) - done)
+    log(f"[{done}/{len(todo)}] {cell.dataset} {cell.algorithm} {cell.key}: "
+        f"best S {result['summary']['best_server_accuracy']:.4f} "
+        f"MT {result['summary']['best_mt_accuracy']:.4f} "
+        f"({result['cell_time_s']:.1f} s; elapsed {elapsed / 60:.1f} min, ETA {eta / 60:.1f} min)")
+  return results
+
+
+# ---------------------------------------------------------------- selection
+@dataclasses.dataclass
+class ConfigStats:
+  """One configuration (cell without seed) aggregated over its seeds."""
+  dataset: str
+  algorithm: str
+  config_key: str
+  hparams: Dict[str, Any]
+  results: List[Dict[str, Any]]
+
+  def scores(self, metric: str) -> np.ndarray:
+    key = {"S": "best_server_accuracy", "MT": "best_mt_accuracy"}[metric]
+    return np.array([r["summary"][key] for r in self.results], dtype=np.float64)
+
+  def mean(self, metric: str) -> float:
+    return float(np.mean(self.scores(metric)))
+
+  def std(self, metric: str) -> float:
+    s = self.scores(metric)
+    return float(np.std(s, ddof=1)) if len(s) > 1 else 0.0
+
+  def diverged(self, metric: str) -> bool:
+    """True if some seed's last-round test loss of `metric` is not finite."""
+    key = {"S": "server_loss", "MT": "mt_loss"}[metric]
+    return not all(np.isfinite(r["curves"][key][-1]) for r in self.results)
+
+  def mean_curve(self, key: str) -> Tuple[List[int], np.ndarray]:
+    """Rounds and the per-round mean over seeds of `key` (rounds common to all seeds)."""
+    rounds = sorted(set.intersection(*[set(r["curves"]["round"]) for r in self.results]))
+    stacked = [[dict(zip(r["curves"]["round"], r["curves"][key]))[t] for t in rounds]
+               for r in self.results]
+    return rounds, np.mean(np.array(stacked, dtype=np.float64), axis=0)
+
+
+def group_results(results: Iterable[Optional[Dict[str, Any]]]) -> Dict[Tuple[str, str], List[ConfigStats]]:
+  """(dataset, algorithm) -> configurations in first-seen order (missing results skipped)."""
+  groups: Dict[Tuple[str, str], Dict[str, ConfigStats]] = {}
+  for r in results:
+    if r is None:
+      continue
+    configs = groups.setdefault((r["dataset"], r["algorithm"]), {})
+    if r["config_key"] not in configs:
+      configs[r["config_key"]] = ConfigStats(r["dataset"], r["algorithm"], r["config_key"],
+                                             dict(r["hparams"]), [])
+    configs[r["config_key"]].results.append(r)
+  return {k: list(v.values()) for k, v in groups.items()}
+
+
+def select_best(configs: Sequence[ConfigStats], metric: str) -> ConfigStats:
+  """The configuration with the largest mean best-round accuracy (first on ties).
+
+  A configuration that diverged (non-finite last-round loss on some seed) has no
+  accuracy "at convergence": it wins only if every configuration diverged.
+  """
+  best, best_key = None, None
+  for c in configs:
+    key = (not c.diverged(metric), c.mean(metric))
+    if best is None or key > best_key:
+      best, best_key = c, key
+  return best
+
+
+TABLE_COLUMNS = ("dataset", "algorithm", "s_mean", "s_std", "s_hparams", "s_diverged", "mt_mean",
+                 "mt_std", "mt_hparams", "mt_diverged", "num_seeds", "num_configs")
+
+
+def table2_rows(results: Iterable[Optional[Dict[str, Any]]]) -> List[Dict[str, Any]]:
+  """One row per (dataset, algorithm): the best S and the best MT configuration."""
+  rows = []
+  for (dataset, algorithm), configs in group_results(results).items():
+    s, mt = select_best(configs, "S"), select_best(configs, "MT")
+    rows.append(dict(dataset=dataset, algorithm=algorithm,
+                     s_mean=s.mean("S"), s_std=s.std("S"), s_hparams=s.config_key,
+                     s_diverged=s.diverged("S"),
+                     mt_mean=mt.mean("MT"), mt_std=mt.std("MT"), mt_hparams=mt.config_key,
+                     mt_diverged=mt.diverged("MT"),
+                     num_seeds=min(len(c.results) for c in configs), num_configs=len(configs)))
+  return rows
+
+
+def format_table2_md(rows: Sequence[Dict[str, Any]]) -> str:
+  """Markdown table in percent, like VIRTUAL Table II (+ the winning hyperparameters)."""
+  lines = ["Server (S) and multi-task (MT) max accuracy at convergence, % "
+           "(mean ± std over seeds; best configuration per metric; "
+           "† = every configuration diverged).", "",
+           "| Dataset | Algorithm | S | MT | S hyperparameters | MT hyperparameters | seeds |",
+           "|---|---|---|---|---|---|---|"]
+  cell = lambda r, m: (f"{100 * r[m + '_mean']:.1f} ± {100 * r[m + '_std']:.1f}"
+                       + (" †" if r[m + "_diverged"] else ""))
+  for r in rows:
+    lines.append(f"| {r['dataset']} | {r['algorithm']} | {cell(r, 's')} | {cell(r, 'mt')} "
+                 f"| {r['s_hparams']} | {r['mt_hparams']} | {r['num_seeds']} |")
+  return "\n".join(lines) + "\n"
+
+
+def write_table2(output_dir: str, results) -> List[Dict[str, Any]]:
+  """Writes `table2.md` and `table2.csv`; returns the rows."""
+  rows = table2_rows(results)
+  experiment.atomic_write_text(os.path.join(output_dir, "table2.md"), format_table2_md(rows))
+  experiment.write_csv(os.path.join(output_dir, "table2.csv"), rows, TABLE_COLUMNS)
+  return rows
+
+
+# -------------------------------------------------------------------- plots
+def _figure(num_cols: int):
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, axes = plt.subplots(2, num_cols, figsize=(4.2 * num_cols, 7), squeeze=False)
+  return plt, fig, axes
+
+
+def _save(plt, fig, path, tight=True):
+  if tight:
+    fig.tight_layout()
+  buf = io.BytesIO()
+  fig.savefig(buf, format="png", dpi=100)
+  plt.close(fig)
+  experiment.atomic_write_bytes(path, buf.getvalue())
+
+
+def _datasets(groups) -> List[str]:
+  return list(dict.fromkeys(d for d, _ in groups))
+
+
+def _positive(values: np.ndarray) -> np.ndarray:
+  """Non-finite or non-positive losses are not drawn on a log axis."""
+  values = np.asarray(values, dtype=np.float64)
+  return np.where(np.isfinite(values) & (values > 0), values, np.nan)
+
+
+def plot_fig3(path: str, results) -> None:
+  """S (top) and MT (bottom) test cross-entropy per round of the winning configurations."""
+  groups = group_results(results)
+  datasets = _datasets(groups)
+  plt, fig, axes = _figure(max(len(datasets), 1))
+  for col, dataset in enumerate(datasets):
+    for (d, algorithm), configs in groups.items():
+      if d != dataset:
+        continue
+      for row, (metric, key) in enumerate((("S", "server_loss"), ("MT", "mt_loss"))):
+        best = select_best(configs, metric)
+        rounds, curve = best.mean_curve(key)
+        axes[row, col].plot(rounds, _positive(curve), marker=".",
+                            label=f"{algorithm} ({best.config_key})")
+    for row, label in enumerate(("S test cross-entropy", "MT test cross-entropy")):
+      ax = axes[row, col]
+      ax.set_yscale("log")
+      ax.set_xlabel("round")
+      ax.set_ylabel(label)
+      ax.grid(alpha=0.3, which="both")
+      ax.legend(fontsize=6)
+    axes[0, col].set_title(dataset)
+  _save(plt, fig, path)
+
+
+def plot_fig2(path: str, results, algorithm: str = "virtual") -> bool:
+  """VIRTUAL's beta sweep: S (top) and MT (bottom) cross-entropy per round, one line
+  per beta, client and server learning rates fixed at the best-MT configuration.
+  Returns False (and writes nothing) without VIRTUAL results."""
+  groups = {k: v for k, v in group_results(results).items() if k[1] == algorithm}
+  if not groups:
+    return False
+  import matplotlib.colors as mcolors  # pylint: disable=g-import-not-at-top
+  datasets = _datasets(groups)
+  plt, fig, axes = _figure(len(datasets))
+  betas = sorted({c.hparams["kl_weight"] for cs in groups.values() for c in cs})
+  positive = [b for b in betas if b > 0] or [1.0]
+  norm = mcolors.LogNorm(vmin=min(positive), vmax=max(max(positive), min(positive) * 10))
+  cmap = plt.get_cmap("viridis")
+  for col, dataset in enumerate(datasets):
+    configs = groups[(dataset, algorithm)]
+    best = select_best(configs, "MT")
+    others = {k: v for k, v in best.hparams.items() if k != "kl_weight"}
+    sweep = sorted((c for c in configs
+                    if all(c.hparams.get(k) == v for k, v in others.items())),
+                   key=lambda c: c.hparams["kl_weight"])
+    for c in sweep:
+      beta = c.hparams["kl_weight"]
+      color = cmap(norm(beta)) if beta > 0 else "black"
+      for row, key in enumerate(("server_loss", "mt_loss")):
+        rounds, curve = c.mean_curve(key)
+        axes[row, col].plot(rounds, _positive(curve), marker=".", color=color, label=f"beta={beta:g}")
+    fixed = ",".join(f"{k}={_fmt_value(v)}" for k, v in others.items())
+    axes[0, col].set_title(f"{dataset}\n{fixed}", fontsize=9)
+    for row, label in enumerate(("S cross-entropy", "MT cross-entropy")):
+      ax = axes[row, col]
+      ax.set_yscale("log")
+      ax.set_xlabel("round")
+      ax.set_ylabel(label)
+      ax.grid(alpha=0.3, which="both")
+      ax.legend(fontsize=6)
+  fig.tight_layout(rect=(0, 0, 0.9, 1))
+  fig.colorbar(plt.cm.ScalarMappable(norm=norm, cmap=cmap), cax=fig.add_axes([0.92, 0.15, 0.015, 0.7]),
+               label="beta (KL multiplier)")
+  _save(plt, fig, path, tight=False)
+  return True
+
+
+def write_report(output_dir: str, results) -> List[Dict[str, Any]]:
+  """`table2.md`, `table2.csv`, `fig3.png` and (with VIRTUAL results) `fig2.png`."""
+  rows = write_table2(output_dir, results)
+  if rows:
+    plot_fig3(os.path.join(output_dir, "fig3.png"), results)
+    plot_fig2(os.path.join(output_dir, "fig2.png"), results)
+  return rows

@@ -210,6 +210,7 @@ class ExperimentRunner:
     self._test = [data.test[c] for c in self.client_ids]
     self.rows: List[Dict[str, Any]] = []
     self.client_rows: List[Dict[str, Any]] = []
+    self.state: Optional[Dict[str, Any]] = None
     self._tb_writer = None
 
   # ---------------------------------------------------------------- state
@@ -315,6 +316,7 @@ class ExperimentRunner:
       if cfg.output_dir and cfg.checkpoint_every and r % cfg.checkpoint_every == 0:
         self._save_checkpoint(state)
     self.rows, self.client_rows = state["rows"], state["client_rows"]
+    self.state = state  # server state and every client's state, for analyses (Fig. 4)
     summary = self.summary(state)
     if cfg.output_dir:
       self._write_outputs(state, final=True, summary=summary)

@@ -23,7 +23,7 @@ test: install
 	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest -q tests
 
 demo: install
-	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m launchers.demo
+	TF_CPP_MIN_LOG_LEVEL=3 $(PY) -m launchers.demo
 
 bench: install
 	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m benchmarks.round_time

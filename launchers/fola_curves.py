@@ -22,11 +22,10 @@ from absl import flags
 
 from tfbfl.algorithms import fola
 
-_P = fola.PARAM_DEFAULTS
 F = flags.FLAGS
+fola.define_launcher_flags()
+flags.adopt_module_key_flags(fola)
 flags.DEFINE_string("output_dir", "runs/fola_curves", "Root of the run directories.")
-flags.DEFINE_list("methods", ["fola", "fedavg", "fedcurv"], "Methods to compare.")
-flags.DEFINE_list("alphas", ["0.01", "0.1", "1", "10", "100"], "Dirichlet concentrations.")
 flags.DEFINE_integer("rounds", 20, "Communication rounds (paper CIFAR-10: 100).")
 flags.DEFINE_integer("num_clients", 10, "Number of clients N (all take part every round).")
 flags.DEFINE_integer("batch_size", 32, "Client batch size B.")
@@ -35,27 +34,15 @@ flags.DEFINE_float("client_lr", 0.05, "Client learning rate.")
 flags.DEFINE_integer("seed", 0, "Seed (partition, initialisation, minibatches).")
 flags.DEFINE_integer("eval_every", 1, "Evaluate every this many rounds.")
 flags.DEFINE_string("dataset", "digits", "digits, mnist, cifar10, ...")
-flags.DEFINE_string("data_dir", None, "Dataset files (see data/README.md).")
-flags.DEFINE_list("hidden_units", ["500", "300"], "MLP hidden widths (paper: 500,300).")
 flags.DEFINE_enum("architecture", None, list(fola.MODELS), "mlp or cnn (default: cnn for cifar10).")
-flags.DEFINE_float("fola_lambda", _P["fola_lambda"], "FOLA prior strength lambda.")
-flags.DEFINE_float("fola_gamma", _P["fola_gamma"], "Variance of the round-1 prior N(0, gamma I).")
-flags.DEFINE_float("fola_eps", _P["fola_eps"], "Server epsilon for zero precisions.")
-flags.DEFINE_float("fola_clip_norm", _P["fola_clip_norm"], "Client gradient clip norm (0: none).")
-flags.DEFINE_float("compress_p", _P["compress_p"], "Fraction of precisions kept (1: none).")
-flags.DEFINE_float("fedcurv_lambda", _P["fedcurv_lambda"], "FedCurv penalty strength.")
-
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   model = F.architecture or ("cnn" if F.dataset == "cifar10" else "mlp")
-  base = dict(dataset=F.dataset, data_dir=F.data_dir, rounds=F.rounds, num_clients=F.num_clients,
+  base = dict(dataset=F.dataset, rounds=F.rounds, num_clients=F.num_clients,
               batch_size=F.batch_size, epochs_per_round=F.epochs_per_round, client_lr=F.client_lr,
-              seed=F.seed, eval_every=F.eval_every, hidden_units=tuple(int(h) for h in F.hidden_units),
-              architecture=model, fola_lambda=F.fola_lambda, fola_gamma=F.fola_gamma, fola_eps=F.fola_eps,
-              fola_clip_norm=F.fola_clip_norm, compress_p=F.compress_p,
-              fedcurv_lambda=F.fedcurv_lambda)
+              seed=F.seed, eval_every=F.eval_every, architecture=model, **fola.launcher_params(F))
   try:
     rows = fola.learning_curves(base, F.methods, [float(a) for a in F.alphas], F.output_dir)
   except (ValueError, FileNotFoundError) as e:

@@ -23,15 +23,13 @@ from absl import app
 from absl import flags
 
 from tfbfl import experiment
-from tfbfl import training
 from tfbfl.algorithms import fola
 
-_P = training.DEFAULTS
 F = flags.FLAGS
+fola.define_launcher_flags()
+flags.adopt_module_key_flags(fola)
 flags.DEFINE_string("output_dir", "runs/fola_first_round", "Where the CSVs and the figure go.")
-flags.DEFINE_list("methods", ["fola", "fedavg", "fedcurv"], "Methods to compare.")
 flags.DEFINE_list("sweep", list(fola.SWEEP_AXES), f"Axes to sweep, among {fola.SWEEP_AXES}.")
-flags.DEFINE_list("alphas", ["0.01", "0.1", "1", "10", "100"], "Dirichlet concentrations.")
 flags.DEFINE_list("num_clients_list", ["5", "10", "20", "50", "100"], "Client counts N.")
 flags.DEFINE_list("batch_sizes", ["8", "32", "64", "128", "254"], "Batch sizes B.")
 flags.DEFINE_list("epochs_list", ["1", "5", "10", "15", "20"], "Local epochs E.")
@@ -44,16 +42,7 @@ flags.DEFINE_float("client_lr", 0.05, "Base client learning rate.")
 flags.DEFINE_integer("repeats", 3, "Runs per point (the paper uses 30).")
 flags.DEFINE_integer("seed", 0, "First seed.")
 flags.DEFINE_string("dataset", "digits", "Dataset (mnist for the paper's 784-500-300-10).")
-flags.DEFINE_string("data_dir", None, "Dataset files (see data/README.md).")
-flags.DEFINE_list("hidden_units", ["500", "300"], "MLP hidden widths (paper: 500,300).")
 flags.DEFINE_enum("architecture", "mlp", list(fola.MODELS), "mlp or cnn (McMahan et al.).")
-flags.DEFINE_float("fola_lambda", _P["fola_lambda"], "FOLA prior strength lambda.")
-flags.DEFINE_float("fola_gamma", _P["fola_gamma"], "Variance of the round-1 prior N(0, gamma I).")
-flags.DEFINE_float("fola_eps", _P["fola_eps"], "Server epsilon for zero precisions.")
-flags.DEFINE_float("fola_clip_norm", _P["fola_clip_norm"], "Client gradient clip norm (0: none).")
-flags.DEFINE_float("compress_p", _P["compress_p"], "Fraction of precisions kept (1: none).")
-flags.DEFINE_float("fedcurv_lambda", _P["fedcurv_lambda"], "FedCurv penalty strength.")
-
 
 def main(argv):
   if len(argv) > 1:
@@ -61,11 +50,9 @@ def main(argv):
   lists = dict(alpha=[float(v) for v in F.alphas], num_clients=[int(v) for v in F.num_clients_list],
                batch_size=[int(v) for v in F.batch_sizes], epochs_per_round=[int(v) for v in F.epochs_list],
                client_lr=[float(v) for v in F.client_lrs])
-  base = dict(dataset=F.dataset, data_dir=F.data_dir, hidden_units=tuple(int(h) for h in F.hidden_units),
-              seed=F.seed, alpha=F.alpha, num_clients=F.num_clients, batch_size=F.batch_size,
-              epochs_per_round=F.epochs_per_round, client_lr=F.client_lr, architecture=F.architecture,
-              fola_lambda=F.fola_lambda, fola_gamma=F.fola_gamma, fola_eps=F.fola_eps,
-              fola_clip_norm=F.fola_clip_norm, compress_p=F.compress_p, fedcurv_lambda=F.fedcurv_lambda)
+  base = dict(dataset=F.dataset, seed=F.seed, alpha=F.alpha, num_clients=F.num_clients,
+              batch_size=F.batch_size, epochs_per_round=F.epochs_per_round, client_lr=F.client_lr,
+              architecture=F.architecture, **fola.launcher_params(F))
   try:
     sweeps = {axis: lists[axis] for axis in F.sweep} if set(F.sweep) <= set(lists) else None
     if sweeps is None:

@@ -12,7 +12,6 @@ from absl import app
 from absl import flags
 
 from tfbfl import pfnm_experiments as px
-from tfbfl import runtime
 
 FLAGS = flags.FLAGS
 px.define_data_flags()
@@ -24,23 +23,13 @@ flags.DEFINE_integer("trials", 10, "Trials (data partitions) per J (paper: 10)."
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  try:
+  def prepare():
     settings = px.settings_from_flags(FLAGS, px.ONESHOT_METHODS)
     J_values = px.parse_int_list("J", FLAGS.J, minimum=1)
-    if FLAGS.trials < 1:
-      raise ValueError(f"--trials must be >= 1, got {FLAGS.trials}")
-  except ValueError as e:
-    raise app.UsageError(str(e)) from e
-  runtime.set_local_runtime()
-  try:
-    px.run_batches(settings, J_values, FLAGS.trials, FLAGS.output_dir)
-  except (ValueError, FileNotFoundError) as e:  # bad data files or settings
-    raise app.UsageError(str(e)) from e
-  finally:
-    runtime.shutdown()
-  print(f"wrote {FLAGS.output_dir}/results.md")
+    px.check_at_least_one(trials=FLAGS.trials)
+    return lambda: px.run_batches(settings, J_values, FLAGS.trials, FLAGS.output_dir)
+
+  px.launcher_main(argv, prepare)
 
 
 if __name__ == "__main__":

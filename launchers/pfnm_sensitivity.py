@@ -12,7 +12,6 @@ from absl import app
 from absl import flags
 
 from tfbfl import pfnm_experiments as px
-from tfbfl import runtime
 
 FLAGS = flags.FLAGS
 px.define_data_flags()
@@ -26,25 +25,15 @@ flags.DEFINE_list("sigma_sq_grid", ["0.03", "0.1", "0.3", "1"], "Values of sigma
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  try:
+  def prepare():
     settings = px.settings_from_flags(FLAGS, ("pfnm",))
     J_values = px.parse_int_list("J", FLAGS.J)
     grids = [px.parse_float_list(name, FLAGS[name].value)
              for name in ("sigma0_sq_grid", "gamma0_grid", "sigma_sq_grid")]
-    if FLAGS.trials < 1:
-      raise ValueError(f"--trials must be >= 1, got {FLAGS.trials}")
-  except ValueError as e:
-    raise app.UsageError(str(e)) from e
-  runtime.set_local_runtime()
-  try:
-    px.run_sensitivity(settings, J_values, FLAGS.trials, *grids, FLAGS.output_dir)
-  except (ValueError, FileNotFoundError) as e:  # bad data files or settings
-    raise app.UsageError(str(e)) from e
-  finally:
-    runtime.shutdown()
-  print(f"wrote {FLAGS.output_dir}/results.md")
+    px.check_at_least_one(trials=FLAGS.trials)
+    return lambda: px.run_sensitivity(settings, J_values, FLAGS.trials, *grids, FLAGS.output_dir)
+
+  px.launcher_main(argv, prepare)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ from absl import app
 from absl import flags
 
 from tfbfl import pfnm_experiments as px
-from tfbfl import runtime
 
 FLAGS = flags.FLAGS
 px.define_data_flags()
@@ -26,26 +25,16 @@ flags.DEFINE_float("init_noise", 0.01, "Std of the noise added to those initial 
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  try:
+  def prepare():
     settings = px.settings_from_flags(FLAGS, px.STREAMING_METHODS)
-    for name in ("J", "steps", "trials"):
-      if FLAGS[name].value < 1:
-        raise ValueError(f"--{name} must be >= 1, got {FLAGS[name].value}")
+    px.check_at_least_one(J=FLAGS.J, steps=FLAGS.steps, trials=FLAGS.trials)
     if FLAGS.init_noise < 0:
       raise ValueError(f"--init_noise must be >= 0, got {FLAGS.init_noise}")
-  except ValueError as e:
-    raise app.UsageError(str(e)) from e
-  runtime.set_local_runtime()
-  try:
-    px.run_streaming(settings, FLAGS.J, FLAGS.steps, FLAGS.trials, FLAGS.output_dir,
-                     fresh_neurons=FLAGS.fresh_neurons, init_noise=FLAGS.init_noise)
-  except (ValueError, FileNotFoundError) as e:  # bad data files or settings
-    raise app.UsageError(str(e)) from e
-  finally:
-    runtime.shutdown()
-  print(f"wrote {FLAGS.output_dir}/results.md")
+    return lambda: px.run_streaming(settings, FLAGS.J, FLAGS.steps, FLAGS.trials,
+                                    FLAGS.output_dir, fresh_neurons=FLAGS.fresh_neurons,
+                                    init_noise=FLAGS.init_noise)
+
+  px.launcher_main(argv, prepare)
 
 
 if __name__ == "__main__":

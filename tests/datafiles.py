@@ -33,3 +33,11 @@ def write_mnist(directory, arrays, gz=False):
     write_idx(os.path.join(directory, f"{split}-images-idx3-ubyte{suffix}"), x, gz)
     write_idx(os.path.join(directory, f"{split}-labels-idx1-ubyte{suffix}"), y, gz)
   return str(directory)
+
+
+def truncate_file(path):
+  """Cuts the file at `path` to the first half of its bytes (an interrupted copy)."""
+  with open(path, "rb") as f:
+    content = f.read()
+  with open(path, "wb") as f:
+    f.write(content[:len(content) // 2])

@@ -17,6 +17,14 @@ def _arrays(seed=0):
   return out
 
 
+def _assert_rejected(tmp_path, arrays, match):
+  """Writes `arrays` to f.npz; `load_npz` must raise a ValueError matching `match`."""
+  path = tmp_path / "f.npz"
+  np.savez(path, **arrays)
+  with pytest.raises(ValueError, match=match):
+    load_npz(path)
+
+
 def test_round_trip_without_test_arrays(tmp_path):
   arrays = _arrays()
   path = tmp_path / "users.npz"
@@ -90,51 +98,34 @@ def test_no_client_arrays(tmp_path):
 def test_x_without_y(tmp_path):
   arrays = _arrays()
   del arrays["y_bob"]
-  path = tmp_path / "f.npz"
-  np.savez(path, **arrays)
-  with pytest.raises(ValueError, match=r"f\.npz.*has x_bob without its labels y_bob"):
-    load_npz(path)
+  _assert_rejected(tmp_path, arrays, r"f\.npz.*has x_bob without its labels y_bob")
 
 
 def test_y_without_x(tmp_path):
   arrays = _arrays()
   del arrays["x_carol"]
-  path = tmp_path / "f.npz"
-  np.savez(path, **arrays)
-  with pytest.raises(ValueError, match=r"has y_carol without its features x_carol"):
-    load_npz(path)
+  _assert_rejected(tmp_path, arrays, r"has y_carol without its features x_carol")
 
 
 def test_test_arrays_for_some_clients_only(tmp_path):
   arrays = _arrays()
   arrays["x_test_bob"] = np.ones((1, 2, 3))
   arrays["y_test_bob"] = np.zeros(1, int)
-  path = tmp_path / "f.npz"
-  np.savez(path, **arrays)
-  with pytest.raises(ValueError, match=r"every client or for none.*alice"):
-    load_npz(path)
+  _assert_rejected(tmp_path, arrays, r"every client or for none.*alice")
 
 
 def test_x_test_without_y_test(tmp_path):
   arrays = _arrays()
   arrays["x_test_bob"] = np.ones((1, 2, 3))
-  path = tmp_path / "f.npz"
-  np.savez(path, **arrays)
-  with pytest.raises(ValueError, match=r"has x_test_bob without its labels y_test_bob"):
-    load_npz(path)
+  _assert_rejected(tmp_path, arrays, r"has x_test_bob without its labels y_test_bob")
 
 
 def test_unknown_array(tmp_path):
-  path = tmp_path / "f.npz"
-  np.savez(path, features=np.ones(3), **_arrays())
-  with pytest.raises(ValueError, match=r"unknown array 'features'"):
-    load_npz(path)
+  _assert_rejected(tmp_path, dict(features=np.ones(3), **_arrays()),
+                   r"unknown array 'features'")
 
 
 def test_client_validation_passes_through(tmp_path):
   arrays = _arrays()
   arrays["y_bob"] = arrays["y_bob"][:-1]
-  path = tmp_path / "f.npz"
-  np.savez(path, **arrays)
-  with pytest.raises(ValueError, match=r"`x_by_client` and `y_by_client` of client 'bob'"):
-    load_npz(path)
+  _assert_rejected(tmp_path, arrays, r"`x_by_client` and `y_by_client` of client 'bob'")

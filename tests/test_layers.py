@@ -7,12 +7,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
-import tensorflow_probability as tfp  # noqa: E402
 
+from gaussian_helpers import random_posterior as _random_posterior  # noqa: E402
+from gaussian_helpers import tfp_kl as _tfp_kl  # noqa: E402
 from tfbfl import gaussian  # noqa: E402
 from tfbfl.layers import BayesianDense, LateralConnection  # noqa: E402
-
-tfd = tfp.distributions
 
 
 def _layer(n_in=4, units=3, **kwargs):
@@ -20,22 +19,6 @@ def _layer(n_in=4, units=3, **kwargs):
   layer = BayesianDense(units, **kwargs)
   layer.build((None, n_in))
   return layer
-
-
-def _random_posterior(layer, rng, scale_range=(0.05, 0.8)):
-  """Assigns random locs and scales; returns them as lists [kernel, bias]."""
-  locs = [rng.normal(size=v.shape).astype(np.float32)
-          for v in (layer.kernel_loc, layer.bias_loc)]
-  scales = [rng.uniform(*scale_range, size=v.shape).astype(np.float32)
-            for v in (layer.kernel_loc, layer.bias_loc)]
-  layer.set_posterior(gaussian.from_loc_scale(locs, scales))
-  return locs, scales
-
-
-def _tfp_kl(locs, scales, prior_locs, prior_scales):
-  return sum(
-      float(tf.reduce_sum(tfd.kl_divergence(tfd.Normal(m, s), tfd.Normal(pm, ps))))
-      for m, s, pm, ps in zip(locs, scales, prior_locs, prior_scales))
 
 
 # -- KL ------------------------------------------------------------------------------

@@ -10,12 +10,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
-import tensorflow_probability as tfp  # noqa: E402
 
+from gaussian_helpers import random_posterior as _random_posterior  # noqa: E402
+from gaussian_helpers import tfp_kl as _tfp_kl  # noqa: E402
 from tfbfl import gaussian  # noqa: E402
 from tfbfl.layers import BayesianConv2D, BayesianDense  # noqa: E402
-
-tfd = tfp.distributions
 
 
 def _conv(input_shape=(None, 6, 6, 2), filters=3, kernel_size=3, **kwargs):
@@ -23,21 +22,6 @@ def _conv(input_shape=(None, 6, 6, 2), filters=3, kernel_size=3, **kwargs):
   layer = BayesianConv2D(filters, kernel_size, **kwargs)
   layer.build(input_shape)
   return layer
-
-
-def _random_posterior(layer, rng, scale_range=(0.05, 0.8)):
-  locs = [rng.normal(size=v.shape).astype(np.float32)
-          for v in (layer.kernel_loc, layer.bias_loc)]
-  scales = [rng.uniform(*scale_range, size=v.shape).astype(np.float32)
-            for v in (layer.kernel_loc, layer.bias_loc)]
-  layer.set_posterior(gaussian.from_loc_scale(locs, scales))
-  return locs, scales
-
-
-def _tfp_kl(locs, scales, prior_locs, prior_scales):
-  return sum(
-      float(tf.reduce_sum(tfd.kl_divergence(tfd.Normal(m, s), tfd.Normal(pm, ps))))
-      for m, s, pm, ps in zip(locs, scales, prior_locs, prior_scales))
 
 
 def _valid_conv_numpy(x, w):

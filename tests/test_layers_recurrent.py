@@ -1,5 +1,6 @@
 """BayesianLSTM and GaussianEmbedding: KL, Keras equivalence, sampling semantics."""
 
+import functools
 import importlib
 import os
 import re
@@ -10,12 +11,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
-import tensorflow_probability as tfp  # noqa: E402
 
+import gaussian_helpers  # noqa: E402
+from gaussian_helpers import tfp_kl as _tfp_kl  # noqa: E402
 from tfbfl import gaussian  # noqa: E402
 from tfbfl.layers import BayesianLSTM, GaussianEmbedding  # noqa: E402
-
-tfd = tfp.distributions
 
 _N_IN, _UNITS, _T = 3, 4, 6
 
@@ -34,18 +34,8 @@ def _embedding(**kwargs):
   return layer
 
 
-def _random_posterior(layer, rng, loc_scale=0.5, scale_range=(0.05, 0.5)):
-  variables = [getattr(layer, f"{n}_loc") for n in layer.parameter_names]
-  locs = [rng.normal(size=v.shape).astype(np.float32) * loc_scale for v in variables]
-  scales = [rng.uniform(*scale_range, size=v.shape).astype(np.float32) for v in variables]
-  layer.set_posterior(gaussian.from_loc_scale(locs, scales))
-  return locs, scales
-
-
-def _tfp_kl(locs, scales, prior_locs, prior_scales):
-  return sum(
-      float(tf.reduce_sum(tfd.kl_divergence(tfd.Normal(m, s), tfd.Normal(pm, ps))))
-      for m, s, pm, ps in zip(locs, scales, prior_locs, prior_scales))
+_random_posterior = functools.partial(
+    gaussian_helpers.random_posterior, loc_scale=0.5, scale_range=(0.05, 0.5))
 
 
 def _keras_lstm(weights, return_sequences, forget_bias):

@@ -7,6 +7,7 @@ import pickle
 import numpy as np
 import pytest
 
+from datafiles import truncate_file
 from tfbfl import data
 from tfbfl.data import cifar10
 from tfbfl.data import safe_pickle
@@ -93,10 +94,7 @@ def test_missing_and_truncated(tmp_path):
     data.load_federated("cifar10", data_dir=directory)
   directory, _ = write_cifar(tmp_path / "b")
   path = os.path.join(directory, "cifar-10-batches-py", "test_batch")
-  with open(path, "rb") as f:
-    content = f.read()
-  with open(path, "wb") as f:
-    f.write(content[:len(content) // 2])
+  truncate_file(path)
   with pytest.raises(ValueError, match=r"test_batch.*not a complete pickle"):
     cifar10.load_cifar10_arrays(directory)
   # data_dir may be the unpacked folder itself

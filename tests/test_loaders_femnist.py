@@ -7,6 +7,7 @@ import h5py
 import numpy as np
 import pytest
 
+from datafiles import truncate_file
 from tfbfl import data
 from tfbfl.data import femnist
 
@@ -149,19 +150,13 @@ def test_missing_files(tmp_path, tff_dir):
 def test_truncated_files(tmp_path):
   leaf_copy = write_leaf(tmp_path / "leaf")
   path = os.path.join(leaf_copy, "test", "all_data_1_test.json")
-  with open(path) as f:
-    text = f.read()
-  with open(path, "w") as f:
-    f.write(text[:len(text) // 2])
+  truncate_file(path)
   with pytest.raises(ValueError, match=r"all_data_1_test\.json.*not a complete"):
     femnist.load_femnist(leaf_copy, num_clients=None)
 
   tff_copy = write_tff(tmp_path / "tff", full=False)
   path = os.path.join(tff_copy, "fed_emnist_digitsonly_train.h5")
-  with open(path, "rb") as f:
-    content = f.read()
-  with open(path, "wb") as f:
-    f.write(content[:len(content) // 2])
+  truncate_file(path)
   with pytest.raises(ValueError, match=r"fed_emnist_digitsonly_train\.h5.*truncated"):
     femnist.load_femnist(tff_copy, num_clients=None)
 

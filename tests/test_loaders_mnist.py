@@ -9,7 +9,7 @@ import pytest
 from tfbfl import data
 from tfbfl.data import mnist
 
-from datafiles import make_mnist_arrays, write_idx, write_mnist
+from datafiles import make_mnist_arrays, truncate_file, write_idx, write_mnist
 
 N_TRAIN, N_TEST = 200, 50
 
@@ -110,10 +110,7 @@ def test_truncated_file_is_a_clear_error(tmp_path, arrays, gz):
   directory = write_mnist(tmp_path / "t", arrays, gz=gz)
   name = "train-images-idx3-ubyte" + (".gz" if gz else "")
   path = os.path.join(directory, name)
-  with open(path, "rb") as f:
-    content = f.read()
-  with open(path, "wb") as f:
-    f.write(content[:len(content) // 2])
+  truncate_file(path)
   pattern = "not a complete gzip file" if gz else "is truncated"
   with pytest.raises(ValueError, match=pattern) as info:
     mnist.load_mnist_arrays(directory)

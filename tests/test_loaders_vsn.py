@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import scipy.io
 
+from datafiles import truncate_file
 from tfbfl import data
 from tfbfl.data import vsn
 
@@ -92,10 +93,7 @@ def test_missing_and_corrupted(tmp_path):
     data.load_federated("vsn", data_dir=str(tmp_path))
   directory = write_mat(tmp_path / "t")
   path = os.path.join(directory, "vehicle.mat")
-  with open(path, "rb") as f:
-    content = f.read()
-  with open(path, "wb") as f:
-    f.write(content[:len(content) // 2])
+  truncate_file(path)
   with pytest.raises(ValueError, match=r"vehicle\.mat.*truncated or corrupted"):
     vsn.load_vsn(directory)
   os.remove(path)

@@ -5,21 +5,11 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import tfbfl.matching.pfnm as pfnm_module
+from matching_helpers import permuted_copies, random_net
 from tfbfl.matching import (MatchingHyperparams, assignment_cost, coordinate_blocks, dp_means,
                             dpmeans_single_layer, existing_neuron_gain, match_layer,
                             new_neuron_gain, new_neuron_log_prior, num_new_columns,
                             pfnm_single_layer, popularity_log_odds)
-
-
-def random_net(rng, D=6, L=5, K=3, shift=0.0):
-    return (rng.normal(size=(D, L)) + shift, rng.normal(size=L) + shift,
-            rng.normal(size=(L, K)) + shift, rng.normal(size=K))
-
-
-def permuted_copies(rng, net, J):
-    W1, b1, W2, b2 = net
-    perms = [rng.permutation(W1.shape[1]) for _ in range(J)]
-    return [(W1[:, p], b1[p], W2[p], b2) for p in perms], perms
 
 
 def shrink(w, mu, J, hp):

@@ -3,18 +3,8 @@
 import numpy as np
 import pytest
 
+from matching_helpers import permuted_copies, random_net
 from tfbfl.matching import MatchingHyperparams, StreamingPFNM, match_layer, pfnm_single_layer
-
-
-def random_net(rng, D=6, L=5, K=3, shift=0.0):
-    return (rng.normal(size=(D, L)) + shift, rng.normal(size=L) + shift,
-            rng.normal(size=(L, K)) + shift, rng.normal(size=K))
-
-
-def permuted_copies(rng, net, J):
-    W1, b1, W2, b2 = net
-    perms = [rng.permutation(W1.shape[1]) for _ in range(J)]
-    return [(W1[:, p], b1[p], W2[p], b2) for p in perms], perms
 
 
 @pytest.mark.parametrize("mode", ["pooled", "group"])

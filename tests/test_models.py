@@ -11,6 +11,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from gaussian_helpers import random_shared  # noqa: E402
 from tfbfl import gaussian  # noqa: E402
 from tfbfl import models  # noqa: E402
 
@@ -26,11 +27,7 @@ def _x(batch=7):
 
 
 def _random_shared(net, seed):
-  rng = np.random.default_rng(seed)
-  shapes = [v.shape for v in net.shared_trainable_variables[::2]]
-  locs = [rng.normal(size=s).astype(np.float32) * 0.5 for s in shapes]
-  scales = [rng.uniform(0.05, 0.5, size=s).astype(np.float32) for s in shapes]
-  return gaussian.from_loc_scale(locs, scales)
+  return random_shared(net, seed, scale=0.5)
 
 
 def _assert_gaussians_close(a, b, rtol=1e-5):

@@ -24,21 +24,19 @@ of the three through a builder.
 import numpy as np
 import tensorflow as tf
 
-from tfbfl import gaussian
-from tfbfl.layers import (
-  BayesianConv2D,
-  BayesianDense,
-  BayesianLSTM,
-  GaussianEmbedding,
-  LateralConnection,
-)
-from tfbfl.layers.base import (
-  derive_seed,
-  initial_loc,
-  initial_untransformed_scale,
-  scale_from_untransformed,
-)
+from tfbfl.layers import BayesianConv2D, BayesianDense, BayesianLSTM, GaussianEmbedding
+from tfbfl.layers.base import check_positive_int, check_seed, derive_seed, is_int
 from tfbfl.layers.conv import conv_output_size
+from tfbfl.models import (
+  _SERVER,
+  _dense_plan,
+  _deterministic_dense_layers,
+  _initial_private_weights,
+  _initial_shared_posterior,
+  _lateral,
+  _LateralNetworks,
+  _plan_depth,
+)
 
 __all__ = [
   "VirtualConvNetworks",
@@ -51,9 +49,6 @@ __all__ = [
   "initial_shared_posterior_lstm",
 ]
 
-# Salts separating the seeds of the three families of layers (as in tfbfl.models).
-_SERVER, _CLIENT, _LATERAL = 0, 1, 2
-
 # Vocabulary of the Shakespeare model: 86 characters, id 0 for padding and the last
 # id for out-of-vocabulary characters (`tfbfl.data.shakespeare.VOCAB_SIZE`).
 DEFAULT_VOCAB_SIZE = 86 + 2
@@ -62,33 +57,15 @@ DEFAULT_VOCAB_SIZE = 86 + 2
 # -- validation --------------------------------------------------------------------
 
 
-def _is_int(value):
-  return isinstance(value, (int, np.integer)) and not isinstance(
-    value, (bool, np.bool_)
-  )
-
-
-def _positive_int(name, value):
-  if not _is_int(value) or value <= 0:
-    raise ValueError(f"`{name}` must be a positive int, got {value!r}.")
-  return int(value)
-
-
 def _positive_ints(name, values, allow_empty=True):
-  if _is_int(values) or not hasattr(values, "__iter__") or isinstance(values, str):
+  if is_int(values) or not hasattr(values, "__iter__") or isinstance(values, str):
     raise ValueError(f"`{name}` must be a sequence of positive ints, got {values!r}.")
   values = tuple(values)
-  if not all(_is_int(v) and v > 0 for v in values) or (
+  if not all(is_int(v) and v > 0 for v in values) or (
     not allow_empty and not values
   ):
     raise ValueError(f"`{name}` must be a sequence of positive ints, got {values!r}.")
   return tuple(int(v) for v in values)
-
-
-def _check_seed(seed):
-  if seed is not None and not _is_int(seed):
-    raise ValueError(f"`seed` must be a Python int or None, got {seed!r}.")
-  return None if seed is None else int(seed)
 
 
 def _image_shape(input_shape):
@@ -98,7 +75,7 @@ def _image_shape(input_shape):
   except TypeError:
     dims = None
   if dims is None or len(dims) not in (2, 3) or not all(
-    _is_int(d) and d > 0 for d in dims
+    is_int(d) and d > 0 for d in dims
   ):
     raise ValueError(
       "`input_shape` must be the image shape (height, width) or (height, width, "
@@ -108,206 +85,6 @@ def _image_shape(input_shape):
   return dims if len(dims) == 3 else dims + (1,)
 
 
-# -- shared machinery ----------------------------------------------------------------
-
-
-def _mean_field_initial_values(layer, input_shape):
-  """`[loc, u]` per parameter of an *unbuilt* mean-field layer, as its `build` makes.
-
-  Uses the layer's own `_parameter_shapes`, seeds and scales, so it agrees with
-  `build` bit for bit, and only stateless ops (graph-safe, deterministic).
-  """
-  specs = layer._parameter_shapes(tf.TensorShape(input_shape))  # pylint: disable=protected-access
-  u0 = tf.constant(initial_untransformed_scale(layer.init_scale, layer.min_scale), tf.float32)
-  values = []
-  for index, (_, shape, fan_in, fan_out, random_loc) in enumerate(specs):
-    if random_loc:
-      loc = initial_loc(shape, fan_in, fan_out, seed=derive_seed(layer.seed, index))
-    else:
-      loc = tf.zeros(shape, tf.float32)
-    values += [loc, tf.fill(shape, u0)]
-  return values
-
-
-def _initial_shared_posterior(plan):
-  locs, scales = [], []
-  for depth in plan:
-    layer, shape = depth["server"]
-    values = _mean_field_initial_values(layer, shape)
-    locs += values[0::2]
-    scales += [scale_from_untransformed(u, layer.min_scale) for u in values[1::2]]
-  return gaussian.from_loc_scale(locs, scales)
-
-
-def _initial_private_weights(plan):
-  client, lateral = [], []
-  for depth in plan:
-    layer, shape = depth["client"]
-    client += _mean_field_initial_values(layer, shape)
-    lat, shape = depth["lateral"]
-    shape = tf.TensorShape(shape)
-    lateral += _mean_field_initial_values(lat.adapter_in, shape)
-    lateral += _mean_field_initial_values(
-      lat.adapter_out, shape[:-1].concatenate([lat.adapter_units])
-    )
-    lateral.append(tf.fill([lat.units], tf.constant(lat.gate_init, tf.float32)))
-  values = client + lateral
-  if tf.executing_eagerly():
-    return [v.numpy() for v in values]
-  return values
-
-
-class _LateralNetworks(tf.Module):
-  """Server layers, client layers and laterals, one of each per depth.
-
-  Holds what does not depend on the architecture: building the layers of a plan,
-  per-layer seeds, the natural-parameter accessors and the variable partition.
-  """
-
-  def _build_plan(self, plan):
-    server_layers, client_layers, laterals = [], [], []
-    with self.name_scope:
-      for depth in plan:
-        for key, store in (
-          ("server", server_layers),
-          ("client", client_layers),
-          ("lateral", laterals),
-        ):
-          layer, shape = depth[key]
-          with tf.name_scope(layer.name):
-            layer.build(shape)
-          store.append(layer)
-    self.server_layers = server_layers
-    self.client_layers = client_layers
-    self.laterals = laterals
-    self._depth = len(plan)
-    self._counts = [len(layer.parameter_names) for layer in server_layers]
-
-  def _layer_seeds(self, seed):
-    """`3 L` seeds: server layers, then client layers, then laterals."""
-    if seed is None:
-      return [None] * (3 * self._depth)
-    seeds = tf.random.experimental.stateless_split(
-      tf.convert_to_tensor(seed), num=3 * self._depth
-    )
-    return [seeds[i] for i in range(3 * self._depth)]
-
-  def forward(self, x, seed=None):
-    raise NotImplementedError
-
-  def client_logits(self, x, seed=None):
-    """The client's prediction (metric MT); equals `forward(x, seed)[1]`."""
-    return self.forward(x, seed=seed)[1]
-
-  # -- shared parameters -------------------------------------------------------
-
-  def _split(self, g, name):
-    if not (hasattr(g, "eta1") and hasattr(g, "eta2")):
-      raise ValueError(
-        f"`{name}` must be a tfbfl.gaussian.NaturalGaussian, got {type(g).__name__}."
-      )
-    eta1, eta2 = list(g.eta1), list(g.eta2)
-    expected = sum(self._counts)
-    if len(eta1) != expected or len(eta2) != expected:
-      raise ValueError(
-        f"`{name}` must hold {expected} tensors per natural parameter "
-        f"({self._counts} per server layer), got {len(eta1)} and {len(eta2)}."
-      )
-    parts, start = [], 0
-    for count in self._counts:
-      parts.append(
-        gaussian.NaturalGaussian(eta1[start : start + count], eta2[start : start + count])
-      )
-      start += count
-    return parts
-
-  @staticmethod
-  def _concat(gs):
-    return gaussian.NaturalGaussian(
-      [e for g in gs for e in g.eta1], [e for g in gs for e in g.eta2]
-    )
-
-  def shared_posterior(self):
-    """Posterior over theta: a `NaturalGaussian` over every server parameter, in
-    layer order and, within a layer, in `parameter_names` order."""
-    return self._concat([layer.posterior() for layer in self.server_layers])
-
-  def set_shared_posterior(self, g):
-    """Assigns the server layers' posterior; returns the grouped assign op."""
-    parts = self._split(g, "g")
-    return tf.group(
-      *[layer.set_posterior(p) for layer, p in zip(self.server_layers, parts)]
-    )
-
-  def shared_prior(self):
-    """Prior over theta, with the structure of `shared_posterior()`."""
-    return self._concat([layer.prior() for layer in self.server_layers])
-
-  def set_shared_prior(self, g):
-    """Assigns the server layers' prior; returns the grouped assign op."""
-    parts = self._split(g, "g")
-    return tf.group(*[layer.set_prior(p) for layer, p in zip(self.server_layers, parts)])
-
-  def kl_shared(self):
-    """`KL(q(theta) || prior(theta))` summed over the server layers."""
-    return tf.add_n([layer.kl_divergence() for layer in self.server_layers])
-
-  def kl_private(self):
-    """`KL(c_i || p(phi_i))` over the client layers and the laterals' `U`, `V`."""
-    return tf.add_n(
-      [layer.kl_divergence() for layer in self.client_layers]
-      + [lateral.kl_divergence() for lateral in self.laterals]
-    )
-
-  # -- variables -----------------------------------------------------------------
-
-  @property
-  def shared_trainable_variables(self):
-    """`[loc, untransformed_scale]` per parameter per server layer, in order."""
-    return [v for layer in self.server_layers for v in layer.posterior_variables]
-
-  @property
-  def private_trainable_variables(self):
-    """Client layers' posterior variables, then per lateral `V`, `U`, gate."""
-    return [v for layer in self.client_layers for v in layer.posterior_variables] + [
-      v for lateral in self.laterals for v in lateral.trainable_parameter_variables
-    ]
-
-  def get_private_weights(self):
-    """Values of `private_trainable_variables` (tensors), for client-state storage."""
-    return [tf.convert_to_tensor(v) for v in self.private_trainable_variables]
-
-  def set_private_weights(self, weights):
-    """Assigns `private_trainable_variables`; returns the grouped assign op."""
-    variables = self.private_trainable_variables
-    weights = list(weights)
-    if len(weights) != len(variables):
-      raise ValueError(
-        f"`weights` must hold {len(variables)} tensors, got {len(weights)}."
-      )
-    ops = []
-    for i, (v, w) in enumerate(zip(variables, weights)):
-      w = tf.convert_to_tensor(w, v.dtype)
-      if not v.shape.is_compatible_with(w.shape):
-        raise ValueError(
-          f"`weights[{i}]` must have shape {v.shape} ({v.name}), got {w.shape}."
-        )
-      ops.append(v.assign(w))
-    return tf.group(*ops)
-
-
-def _lateral(units, adapter_units, activation, gate_init, seed, depth, common):
-  return LateralConnection(
-    units,
-    adapter_units=units if adapter_units is None else adapter_units,
-    activation=activation,
-    gate_init=gate_init,
-    seed=derive_seed(seed, _LATERAL, depth),
-    name=f"lateral_{depth}",
-    **common,
-  )
-
-
 # -- convolutional network -------------------------------------------------------
 
 
@@ -315,8 +92,8 @@ def _conv_geometry(input_shape, filters, kernel_size, pool_size, padding):
   """Per conv stage `(in_shape, conv_out_shape, pooled_shape)`, checked."""
   image = _image_shape(input_shape)
   filters = _positive_ints("filters", filters)
-  kernel_size = _positive_int("kernel_size", kernel_size)
-  pool_size = _positive_int("pool_size", pool_size)
+  kernel_size = check_positive_int("kernel_size", kernel_size)
+  pool_size = check_positive_int("pool_size", pool_size)
   if not isinstance(padding, str) or padding.lower() not in ("same", "valid"):
     raise ValueError(f"`padding` must be 'same' or 'valid', got {padding!r}.")
   stages = []
@@ -355,62 +132,39 @@ def _conv_plan(
   _, filters, kernel_size, _, padding, stages, flat = _conv_geometry(
     input_shape, filters, kernel_size, pool_size, padding
   )
-  num_classes = _positive_int("num_classes", num_classes)
+  num_classes = check_positive_int("num_classes", num_classes)
   hidden = _positive_ints("hidden_units", hidden_units)
   if adapter_units is not None:
-    adapter_units = _positive_int("adapter_units", adapter_units)
-  seed = _check_seed(seed)
+    adapter_units = check_positive_int("adapter_units", adapter_units)
+  seed = check_seed(seed)
   common = dict(prior_scale=prior_scale, init_scale=init_scale)
   plan = []
   for l, ((h, w, c), (ch, cw, f), _) in enumerate(stages):
-    conv = dict(filters=f, kernel_size=kernel_size, padding=padding, **common)
+    lateral = _lateral(f, adapter_units, activation, gate_init, seed, l, common)
     plan.append(
-      dict(
-        server=(
-          BayesianConv2D(
-            activation=activation,
-            seed=derive_seed(seed, _SERVER, l),
-            name=f"server_{l}",
-            **conv,
-          ),
-          (None, h, w, c),
-        ),
-        client=(
-          BayesianConv2D(seed=derive_seed(seed, _CLIENT, l), name=f"client_{l}", **conv),
-          (None, h, w, c),
-        ),
-        lateral=(
-          _lateral(f, adapter_units, activation, gate_init, seed, l, common),
-          (None, ch, cw, f),
-        ),
+      _plan_depth(
+        l,
+        seed,
+        BayesianConv2D,
+        (None, h, w, c),
+        (lateral, (None, ch, cw, f)),
+        server_kwargs=dict(activation=activation),
+        filters=f,
+        kernel_size=kernel_size,
+        padding=padding,
+        **common,
       )
     )
-  widths = list(hidden) + [num_classes]
-  for k, (n_in, n_out) in enumerate(zip([flat] + list(hidden), widths)):
-    l = len(stages) + k
-    last = k == len(widths) - 1
-    plan.append(
-      dict(
-        server=(
-          BayesianDense(
-            n_out,
-            activation=None if last else activation,
-            seed=derive_seed(seed, _SERVER, l),
-            name=f"server_{l}",
-            **common,
-          ),
-          (None, n_in),
-        ),
-        client=(
-          BayesianDense(n_out, seed=derive_seed(seed, _CLIENT, l), name=f"client_{l}", **common),
-          (None, n_in),
-        ),
-        lateral=(
-          _lateral(n_out, adapter_units, activation, gate_init, seed, l, common),
-          (None, n_out),
-        ),
-      )
-    )
+  plan += _dense_plan(
+    [flat] + list(hidden),
+    list(hidden) + [num_classes],
+    len(stages),
+    activation,
+    adapter_units,
+    gate_init,
+    seed,
+    common,
+  )
   return plan
 
 
@@ -665,9 +419,9 @@ def build_deterministic_conv(
   image, filters, kernel_size, pool_size, padding, stages, _ = _conv_geometry(
     input_shape, filters, kernel_size, pool_size, padding
   )
-  num_classes = _positive_int("num_classes", num_classes)
+  num_classes = check_positive_int("num_classes", num_classes)
   hidden = _positive_ints("hidden_units", hidden_units)
-  seed = _check_seed(seed)
+  seed = check_seed(seed)
   data_shape = image if data_shape is None else tuple(data_shape)
   if int(np.prod(data_shape)) != int(np.prod(image)):
     raise ValueError(
@@ -689,20 +443,21 @@ def build_deterministic_conv(
     layers.append(tf.keras.layers.MaxPool2D(pool_size, name=f"pool_{l}"))
   layers.append(tf.keras.layers.Flatten())
   widths = list(hidden) + [num_classes]
-  for k, n_out in enumerate(widths):
-    last = k == len(widths) - 1
-    layers.append(
-      tf.keras.layers.Dense(
-        n_out,
-        activation=None if last else activation,
-        kernel_initializer=glorot(len(stages) + k),
-        name=f"dense_{k}",
-      )
-    )
+  layers += _deterministic_dense_layers(widths, len(stages), activation, seed)
   return tf.keras.Sequential(layers, name="deterministic_conv")
 
 
 # -- recurrent network -----------------------------------------------------------
+
+
+def _lstm_geometry(vocab_size, embedding_dim, lstm_units, return_sequences):
+  """Checked `(vocab_size, embedding_dim, lstm_units)`; `return_sequences` a bool."""
+  vocab_size = check_positive_int("vocab_size", vocab_size)
+  embedding_dim = check_positive_int("embedding_dim", embedding_dim)
+  lstm_units = _positive_ints("lstm_units", lstm_units, allow_empty=False)
+  if not isinstance(return_sequences, (bool, np.bool_)):
+    raise ValueError(f"`return_sequences` must be a bool, got {return_sequences!r}.")
+  return vocab_size, embedding_dim, lstm_units
 
 
 def _lstm_plan(
@@ -718,70 +473,58 @@ def _lstm_plan(
   gate_init,
   seed,
 ):
-  vocab_size = _positive_int("vocab_size", vocab_size)
-  embedding_dim = _positive_int("embedding_dim", embedding_dim)
-  lstm_units = _positive_ints("lstm_units", lstm_units, allow_empty=False)
-  if not isinstance(return_sequences, (bool, np.bool_)):
-    raise ValueError(f"`return_sequences` must be a bool, got {return_sequences!r}.")
+  vocab_size, embedding_dim, lstm_units = _lstm_geometry(
+    vocab_size, embedding_dim, lstm_units, return_sequences
+  )
   if adapter_units is not None:
-    adapter_units = _positive_int("adapter_units", adapter_units)
-  seed = _check_seed(seed)
+    adapter_units = check_positive_int("adapter_units", adapter_units)
+  seed = check_seed(seed)
   common = dict(prior_scale=prior_scale, init_scale=init_scale)
   lateral = lambda units, l: _lateral(
     units, adapter_units, adapter_activation, gate_init, seed, l, common
   )
   plan = [
-    dict(
-      server=(
-        GaussianEmbedding(
-          vocab_size, embedding_dim, seed=derive_seed(seed, _SERVER, 0),
-          name="server_0", **common,
-        ),
-        (None, None),
-      ),
-      client=(
-        GaussianEmbedding(
-          vocab_size, embedding_dim, seed=derive_seed(seed, _CLIENT, 0),
-          name="client_0", **common,
-        ),
-        (None, None),
-      ),
-      lateral=(lateral(embedding_dim, 0), (None, None, embedding_dim)),
+    _plan_depth(
+      0,
+      seed,
+      GaussianEmbedding,
+      (None, None),
+      (lateral(embedding_dim, 0), (None, None, embedding_dim)),
+      input_dim=vocab_size,
+      output_dim=embedding_dim,
+      **common,
     )
   ]
   n_in = embedding_dim
   for k, units in enumerate(lstm_units):
     l = k + 1
     sequences = return_sequences or k < len(lstm_units) - 1
-    lstm = dict(return_sequences=sequences, forget_bias=forget_bias, **common)
     out_shape = (None, None, units) if sequences else (None, units)
     plan.append(
-      dict(
-        server=(
-          BayesianLSTM(units, seed=derive_seed(seed, _SERVER, l), name=f"server_{l}", **lstm),
-          (None, None, n_in),
-        ),
-        client=(
-          BayesianLSTM(units, seed=derive_seed(seed, _CLIENT, l), name=f"client_{l}", **lstm),
-          (None, None, n_in),
-        ),
-        lateral=(lateral(units, l), out_shape),
+      _plan_depth(
+        l,
+        seed,
+        BayesianLSTM,
+        (None, None, n_in),
+        (lateral(units, l), out_shape),
+        units=units,
+        return_sequences=sequences,
+        forget_bias=forget_bias,
+        **common,
       )
     )
     n_in = units
   l = len(lstm_units) + 1
   out_shape = (None, None, vocab_size) if return_sequences else (None, vocab_size)
   plan.append(
-    dict(
-      server=(
-        BayesianDense(vocab_size, seed=derive_seed(seed, _SERVER, l), name=f"server_{l}", **common),
-        (None, n_in),
-      ),
-      client=(
-        BayesianDense(vocab_size, seed=derive_seed(seed, _CLIENT, l), name=f"client_{l}", **common),
-        (None, n_in),
-      ),
-      lateral=(lateral(vocab_size, l), out_shape),
+    _plan_depth(
+      l,
+      seed,
+      BayesianDense,
+      (None, n_in),
+      (lateral(vocab_size, l), out_shape),
+      units=vocab_size,
+      **common,
     )
   )
   return plan
@@ -906,25 +649,6 @@ class VirtualLSTMNetworks(_LateralNetworks):
     self.return_sequences = bool(return_sequences)
     self._build_plan(plan)
 
-  def forward(self, x, seed=None):
-    """`(server_logits, client_logits)` from one pass; see the class docstring."""
-    seeds = self._layer_seeds(seed)
-    depth = self._depth
-    h_s = h_c = x
-    for l in range(depth):
-      h_s = self.server_layers[l](h_s, seed=seeds[l])
-      h_c = self.client_layers[l](h_c, seed=seeds[depth + l]) + self.laterals[l](
-        h_s, seed=seeds[2 * depth + l]
-      )
-    return h_s, h_c
-
-  def server_logits(self, x, seed=None):
-    """The server network alone (metric S); equals `forward(x, seed)[0]`."""
-    seeds = self._layer_seeds(seed)
-    h_s = x
-    for l, layer in enumerate(self.server_layers):
-      h_s = layer(h_s, seed=seeds[l])
-    return h_s
 
 
 def initial_shared_posterior_lstm(
@@ -985,14 +709,12 @@ def build_deterministic_lstm(
   orthogonal, all seeded from `seed` (deterministic). `model.weights` are in the
   order and shapes of `VirtualLSTMNetworks.shared_posterior()`.
   """
-  vocab_size = _positive_int("vocab_size", vocab_size)
-  embedding_dim = _positive_int("embedding_dim", embedding_dim)
-  lstm_units = _positive_ints("lstm_units", lstm_units, allow_empty=False)
-  if not isinstance(return_sequences, (bool, np.bool_)):
-    raise ValueError(f"`return_sequences` must be a bool, got {return_sequences!r}.")
+  vocab_size, embedding_dim, lstm_units = _lstm_geometry(
+    vocab_size, embedding_dim, lstm_units, return_sequences
+  )
   if sequence_length is not None:
-    sequence_length = _positive_int("sequence_length", sequence_length)
-  seed = _check_seed(seed)
+    sequence_length = check_positive_int("sequence_length", sequence_length)
+  seed = check_seed(seed)
   glorot = lambda l: tf.keras.initializers.GlorotNormal(seed=derive_seed(seed, _SERVER, l))
   layers = [
     tf.keras.Input(shape=(sequence_length,)),

@@ -5,10 +5,16 @@
   activations through lateral connections, with the natural-parameter accessors the
   federated algorithm needs.
 * `initial_shared_posterior`, `initial_private_weights`: the initial values of a
-  fresh `VirtualNetworks`, computed with stateless ops only (no Keras), so a driver
-  can make initial server and client states anywhere, deterministically in `seed`.
+  fresh `VirtualNetworks`, computed with stateless ops only (no variables: from the
+  seeds and shapes of the unbuilt layers), so a driver can make initial server and
+  client states anywhere, deterministically in `seed`.
 * `build_deterministic_mlp`: the point-estimate counterpart (FedAvg, FedProx, FOLA,
   local and global baselines), with the server network's layer shapes.
+
+The machinery every laterally connected architecture shares (layer plans, their
+initial values, and the `_LateralNetworks` base class with the natural-parameter
+accessors) lives here too; `tfbfl.architectures` builds its conv and LSTM networks
+on it.
 """
 
 import numpy as np
@@ -17,6 +23,9 @@ import tensorflow as tf
 from tfbfl import gaussian
 from tfbfl.layers import BayesianDense, LateralConnection
 from tfbfl.layers.base import (
+  check_natural_gaussian,
+  check_positive_int,
+  check_seed,
   derive_seed,
   initial_loc,
   initial_untransformed_scale,
@@ -30,66 +39,334 @@ __all__ = [
   "initial_shared_posterior",
 ]
 
-# `BayesianDense` defaults; the initial-value functions below rely on them.
-_MIN_SCALE = 1e-6
-
 # Salts separating the seeds of the three families of layers.
 _SERVER, _CLIENT, _LATERAL = 0, 1, 2
 
 
-def _check_positive_int(name, value):
-  if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-    raise ValueError(f"`{name}` must be a positive int, got {value!r}.")
-  if value <= 0:
-    raise ValueError(f"`{name}` must be a positive int, got {value!r}.")
-  return int(value)
-
-
-def _plan(input_dim, num_classes, hidden_units, adapter_units):
-  """Validated `(inputs, widths, adapters)`: per-depth widths, from input to logits."""
-  input_dim = _check_positive_int("input_dim", input_dim)
-  num_classes = _check_positive_int("num_classes", num_classes)
+def _plan(input_dim, num_classes, hidden_units):
+  """Validated `(inputs, widths)`: per-depth widths, from input to logits."""
+  input_dim = check_positive_int("input_dim", input_dim)
+  num_classes = check_positive_int("num_classes", num_classes)
   if isinstance(hidden_units, (int, np.integer)) or not hasattr(
     hidden_units, "__iter__"
   ):
     raise ValueError(
       f"`hidden_units` must be a sequence of positive ints, got {hidden_units!r}."
     )
-  hidden = [_check_positive_int("hidden_units", h) for h in hidden_units]
-  if adapter_units is not None:
-    adapter_units = _check_positive_int("adapter_units", adapter_units)
+  hidden = [check_positive_int("hidden_units", h) for h in hidden_units]
   widths = hidden + [num_classes]
   inputs = [input_dim] + hidden
-  adapters = [w if adapter_units is None else adapter_units for w in widths]
-  return inputs, widths, adapters
+  return inputs, widths
 
 
-def _check_seed(seed):
-  if seed is not None and (
-    isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer))
-  ):
-    raise ValueError(f"`seed` must be a Python int or None, got {seed!r}.")
-  return None if seed is None else int(seed)
+# -- layer plans shared by every laterally connected architecture --------------------
+#
+# A plan is a list with one dict per depth, `{"server": (layer, input_shape),
+# "client": (layer, input_shape), "lateral": (layer, input_shape)}`, of unbuilt
+# layers. `_LateralNetworks._build_plan` builds it into a model; the initial-value
+# functions read the same layers' seeds and shapes, so both agree bit for bit.
 
 
-def _dense_initial_values(n_in, n_out, layer_seed, init_scale):
-  """`[kernel_loc, kernel_u, bias_loc, bias_u]` exactly as `BayesianDense.build`."""
-  u0 = tf.constant(initial_untransformed_scale(init_scale, _MIN_SCALE), tf.float32)
-  return [
-    initial_loc([n_in, n_out], n_in, n_out, seed=derive_seed(layer_seed, 0)),
-    tf.fill([n_in, n_out], u0),
-    tf.zeros([n_out], tf.float32),
-    tf.fill([n_out], u0),
-  ]
+def _lateral(units, adapter_units, activation, gate_init, seed, depth, common):
+  """The `LateralConnection` feeding the client layer of width `units` at `depth`."""
+  return LateralConnection(
+    units,
+    adapter_units=units if adapter_units is None else adapter_units,
+    activation=activation,
+    gate_init=gate_init,
+    seed=derive_seed(seed, _LATERAL, depth),
+    name=f"lateral_{depth}",
+    **common,
+  )
 
 
-def _maybe_numpy(tensors):
+def _plan_depth(depth, seed, layer_cls, input_shape, lateral, server_kwargs=None, **kwargs):
+  """One depth of a plan: server and client `layer_cls(**kwargs)` reading
+  `input_shape`, seeded and named from `seed` and `depth`, and the `(layer, shape)`
+  pair `lateral`. `server_kwargs` go to the server layer only (e.g. its activation:
+  the client's is applied after the lateral term is added)."""
+  return dict(
+    server=(
+      layer_cls(
+        seed=derive_seed(seed, _SERVER, depth),
+        name=f"server_{depth}",
+        **kwargs,
+        **(server_kwargs or {}),
+      ),
+      input_shape,
+    ),
+    client=(
+      layer_cls(seed=derive_seed(seed, _CLIENT, depth), name=f"client_{depth}", **kwargs),
+      input_shape,
+    ),
+    lateral=lateral,
+  )
+
+
+def _mean_field_initial_values(layer, input_shape):
+  """`[loc, u]` per parameter of an *unbuilt* mean-field layer, as its `build` makes.
+
+  Uses the layer's own `_parameter_shapes`, seeds and scales, so it agrees with
+  `build` bit for bit, and only stateless ops (graph-safe, deterministic).
+  """
+  specs = layer._parameter_shapes(tf.TensorShape(input_shape))  # pylint: disable=protected-access
+  u0 = tf.constant(initial_untransformed_scale(layer.init_scale, layer.min_scale), tf.float32)
+  values = []
+  for index, (_, shape, fan_in, fan_out, random_loc) in enumerate(specs):
+    if random_loc:
+      loc = initial_loc(shape, fan_in, fan_out, seed=derive_seed(layer.seed, index))
+    else:
+      loc = tf.zeros(shape, tf.float32)
+    values += [loc, tf.fill(shape, u0)]
+  return values
+
+
+def _initial_shared_posterior(plan):
+  """The server layers' initial posterior, as `shared_posterior()` of the model."""
+  locs, scales = [], []
+  for depth in plan:
+    layer, shape = depth["server"]
+    values = _mean_field_initial_values(layer, shape)
+    locs += values[0::2]
+    scales += [scale_from_untransformed(u, layer.min_scale) for u in values[1::2]]
+  return gaussian.from_loc_scale(locs, scales)
+
+
+def _initial_private_weights(plan):
+  """The initial `get_private_weights()` of the model: numpy eagerly, else tensors."""
+  client, lateral = [], []
+  for depth in plan:
+    layer, shape = depth["client"]
+    client += _mean_field_initial_values(layer, shape)
+    lat, shape = depth["lateral"]
+    shape = tf.TensorShape(shape)
+    lateral += _mean_field_initial_values(lat.adapter_in, shape)
+    lateral += _mean_field_initial_values(
+      lat.adapter_out, shape[:-1].concatenate([lat.adapter_units])
+    )
+    lateral.append(tf.fill([lat.units], tf.constant(lat.gate_init, tf.float32)))
+  values = client + lateral
   if tf.executing_eagerly():
-    return [t.numpy() for t in tensors]
-  return tensors
+    return [v.numpy() for v in values]
+  return values
 
 
-class VirtualNetworks(tf.Module):
+class _LateralNetworks(tf.Module):
+  """Server layers, client layers and laterals, one of each per depth.
+
+  Holds what does not depend on the architecture: building the layers of a plan,
+  per-layer seeds, the one-pass forward of a plain chain of layers, the
+  natural-parameter accessors and the variable partition. Subclasses build a plan
+  in `__init__`, set `_client_output` (e.g. the client's activation), and override
+  `forward` and `server_logits` where the pass is not a plain chain of layers.
+  """
+
+  def _build_plan(self, plan):
+    server_layers, client_layers, laterals = [], [], []
+    with self.name_scope:
+      for depth in plan:
+        for key, store in (
+          ("server", server_layers),
+          ("client", client_layers),
+          ("lateral", laterals),
+        ):
+          layer, shape = depth[key]
+          with tf.name_scope(layer.name):
+            layer.build(shape)
+          store.append(layer)
+    self.server_layers = server_layers
+    self.client_layers = client_layers
+    self.laterals = laterals
+    self._depth = len(plan)
+    self._counts = [len(layer.parameter_names) for layer in server_layers]
+
+  def _layer_seeds(self, seed):
+    """`3 L` seeds: server layers, then client layers, then laterals."""
+    if seed is None:
+      return [None] * (3 * self._depth)
+    seeds = tf.random.experimental.stateless_split(
+      tf.convert_to_tensor(seed), num=3 * self._depth
+    )
+    return [seeds[i] for i in range(3 * self._depth)]
+
+  def forward(self, x, seed=None):
+    """`(server_logits, client_logits)` from one pass; see the class docstring."""
+    seeds = self._layer_seeds(seed)
+    depth = self._depth
+    h_s = h_c = x
+    for l in range(depth):
+      h_s = self.server_layers[l](h_s, seed=seeds[l])
+      pre = self.client_layers[l](h_c, seed=seeds[depth + l]) + self.laterals[l](
+        h_s, seed=seeds[2 * depth + l]
+      )
+      h_c = self._client_output(l, pre)
+    return h_s, h_c
+
+  def _client_output(self, depth, pre):
+    """The client's output at `depth` from its sum with the lateral term."""
+    del depth
+    return pre
+
+  def server_logits(self, x, seed=None):
+    """The server network alone (metric S); equals `forward(x, seed)[0]`."""
+    seeds = self._layer_seeds(seed)
+    h_s = x
+    for l, layer in enumerate(self.server_layers):
+      h_s = layer(h_s, seed=seeds[l])
+    return h_s
+
+  def client_logits(self, x, seed=None):
+    """The client's prediction (metric MT); equals `forward(x, seed)[1]`."""
+    return self.forward(x, seed=seed)[1]
+
+  # -- shared parameters -------------------------------------------------------
+
+  def _parameter_layout(self):
+    """How the tensors of `shared_posterior()` group by server layer (for errors)."""
+    return str(self._counts)
+
+  def _split(self, g, name):
+    eta1, eta2 = check_natural_gaussian(g, name)
+    expected = sum(self._counts)
+    if len(eta1) != expected or len(eta2) != expected:
+      raise ValueError(
+        f"`{name}` must hold {expected} tensors per natural parameter "
+        f"({self._parameter_layout()} per server layer), got {len(eta1)} and "
+        f"{len(eta2)}."
+      )
+    parts, start = [], 0
+    for count in self._counts:
+      parts.append(
+        gaussian.NaturalGaussian(eta1[start : start + count], eta2[start : start + count])
+      )
+      start += count
+    return parts
+
+  @staticmethod
+  def _concat(gs):
+    return gaussian.NaturalGaussian(
+      [e for g in gs for e in g.eta1], [e for g in gs for e in g.eta2]
+    )
+
+  def shared_posterior(self):
+    """Posterior over theta: a `NaturalGaussian` over every server parameter, in
+    layer order and, within a layer, in `parameter_names` order."""
+    return self._concat([layer.posterior() for layer in self.server_layers])
+
+  def set_shared_posterior(self, g):
+    """Assigns the server layers' posterior; returns the grouped assign op."""
+    parts = self._split(g, "g")
+    return tf.group(
+      *[layer.set_posterior(p) for layer, p in zip(self.server_layers, parts)]
+    )
+
+  def shared_prior(self):
+    """Prior over theta, with the structure of `shared_posterior()`."""
+    return self._concat([layer.prior() for layer in self.server_layers])
+
+  def set_shared_prior(self, g):
+    """Assigns the server layers' prior; returns the grouped assign op."""
+    parts = self._split(g, "g")
+    return tf.group(*[layer.set_prior(p) for layer, p in zip(self.server_layers, parts)])
+
+  def kl_shared(self):
+    """`KL(q(theta) || prior(theta))` summed over the server layers."""
+    return tf.add_n([layer.kl_divergence() for layer in self.server_layers])
+
+  def kl_private(self):
+    """`KL(c_i || p(phi_i))` over the client layers and the laterals' `U`, `V`."""
+    return tf.add_n(
+      [layer.kl_divergence() for layer in self.client_layers]
+      + [lateral.kl_divergence() for lateral in self.laterals]
+    )
+
+  # -- variables -----------------------------------------------------------------
+
+  @property
+  def shared_trainable_variables(self):
+    """`[loc, untransformed_scale]` per parameter per server layer, in order."""
+    return [v for layer in self.server_layers for v in layer.posterior_variables]
+
+  @property
+  def private_trainable_variables(self):
+    """Client layers' posterior variables, then per lateral `V`, `U`, gate."""
+    return [v for layer in self.client_layers for v in layer.posterior_variables] + [
+      v for lateral in self.laterals for v in lateral.trainable_parameter_variables
+    ]
+
+  def get_private_weights(self):
+    """Values of `private_trainable_variables` (tensors), for client-state storage."""
+    return [tf.convert_to_tensor(v) for v in self.private_trainable_variables]
+
+  def set_private_weights(self, weights):
+    """Assigns `private_trainable_variables`; returns the grouped assign op."""
+    variables = self.private_trainable_variables
+    weights = list(weights)
+    if len(weights) != len(variables):
+      raise ValueError(
+        f"`weights` must hold {len(variables)} tensors, got {len(weights)}."
+      )
+    ops = []
+    for i, (v, w) in enumerate(zip(variables, weights)):
+      w = tf.convert_to_tensor(w, v.dtype)
+      if not v.shape.is_compatible_with(w.shape):
+        raise ValueError(
+          f"`weights[{i}]` must have shape {v.shape} ({v.name}), got {w.shape}."
+        )
+      ops.append(v.assign(w))
+    return tf.group(*ops)
+
+
+# -- the MLP -----------------------------------------------------------------------
+
+
+def _dense_plan(inputs, widths, first, activation, adapter_units, gate_init, seed, common):
+  """Plan depths `first, first + 1, ...` of `BayesianDense` layers `inputs -> widths`.
+
+  Every server layer but the last (the logits) applies `activation`; the laterals
+  feed client layers of the same widths.
+  """
+  plan = []
+  for k, (n_in, n_out) in enumerate(zip(inputs, widths)):
+    l = first + k
+    last = k == len(widths) - 1
+    lateral = _lateral(n_out, adapter_units, activation, gate_init, seed, l, common)
+    plan.append(
+      _plan_depth(
+        l,
+        seed,
+        BayesianDense,
+        (None, n_in),
+        (lateral, (None, n_out)),
+        server_kwargs=dict(activation=None if last else activation),
+        units=n_out,
+        **common,
+      )
+    )
+  return plan
+
+
+def _mlp_plan(
+  input_dim,
+  num_classes,
+  hidden_units,
+  activation,
+  prior_scale,
+  init_scale,
+  adapter_units,
+  gate_init,
+  seed,
+):
+  """Unbuilt `BayesianDense` server and client layers and laterals, per depth."""
+  inputs, widths = _plan(input_dim, num_classes, hidden_units)
+  if adapter_units is not None:
+    adapter_units = check_positive_int("adapter_units", adapter_units)
+  seed = check_seed(seed)
+  common = dict(prior_scale=prior_scale, init_scale=init_scale)
+  return _dense_plan(inputs, widths, 0, activation, adapter_units, gate_init, seed, common)
+
+
+class VirtualNetworks(_LateralNetworks):
   """VIRTUAL's server network and one client's private network, laterally connected.
 
   With depth `L = len(hidden_units) + 1` and `h^0 = x`:
@@ -172,182 +449,23 @@ class VirtualNetworks(tf.Module):
     name=None,
   ):
     super().__init__(name=name)
-    inputs, widths, adapters = _plan(
-      input_dim, num_classes, hidden_units, adapter_units
-    )
-    seed = _check_seed(seed)
+    inputs, widths = _plan(input_dim, num_classes, hidden_units)
+    with self.name_scope:
+      plan = _mlp_plan(
+        inputs[0], widths[-1], widths[:-1], activation, prior_scale, init_scale,
+        adapter_units, gate_init, seed,
+      )
     self.input_dim = inputs[0]
     self.num_classes = widths[-1]
     self.hidden_units = tuple(widths[:-1])
     self.activation = tf.keras.activations.get(activation)
-    self._depth = len(widths)
-    common = dict(prior_scale=prior_scale, init_scale=init_scale)
-    server_layers, client_layers, laterals = [], [], []
-    with self.name_scope:
-      for l, (n_in, n_out, n_adapter) in enumerate(zip(inputs, widths, adapters)):
-        last = l == self._depth - 1
-        server = BayesianDense(
-          n_out,
-          activation=None if last else activation,
-          seed=derive_seed(seed, _SERVER, l),
-          name=f"server_{l}",
-          **common,
-        )
-        client = BayesianDense(
-          n_out,
-          activation=None,  # applied after the lateral term is added
-          seed=derive_seed(seed, _CLIENT, l),
-          name=f"client_{l}",
-          **common,
-        )
-        lateral = LateralConnection(
-          n_out,
-          adapter_units=n_adapter,
-          activation=activation,
-          gate_init=gate_init,
-          seed=derive_seed(seed, _LATERAL, l),
-          name=f"lateral_{l}",
-          **common,
-        )
-        for layer, n in ((server, n_in), (client, n_in), (lateral, n_out)):
-          with tf.name_scope(layer.name):
-            layer.build((None, n))
-        server_layers.append(server)
-        client_layers.append(client)
-        laterals.append(lateral)
-    self.server_layers = server_layers
-    self.client_layers = client_layers
-    self.laterals = laterals
+    self._build_plan(plan)
 
-  # -- forward ---------------------------------------------------------------------
+  def _client_output(self, depth, pre):
+    return pre if depth == self._depth - 1 else self.activation(pre)
 
-  def _layer_seeds(self, seed):
-    if seed is None:
-      return [None] * (3 * self._depth)
-    seeds = tf.random.experimental.stateless_split(
-      tf.convert_to_tensor(seed), num=3 * self._depth
-    )
-    return [seeds[i] for i in range(3 * self._depth)]
-
-  def forward(self, x, seed=None):
-    """`(server_logits, client_logits)` from one pass; see the class docstring."""
-    seeds = self._layer_seeds(seed)
-    depth = self._depth
-    h_s = h_c = x
-    for l in range(depth):
-      h_s = self.server_layers[l](h_s, seed=seeds[l])
-      pre = self.client_layers[l](h_c, seed=seeds[depth + l]) + self.laterals[l](
-        h_s, seed=seeds[2 * depth + l]
-      )
-      h_c = pre if l == depth - 1 else self.activation(pre)
-    return h_s, h_c
-
-  def server_logits(self, x, seed=None):
-    """The server network alone (metric S); equals `forward(x, seed)[0]`."""
-    seeds = self._layer_seeds(seed)
-    h_s = x
-    for l, layer in enumerate(self.server_layers):
-      h_s = layer(h_s, seed=seeds[l])
-    return h_s
-
-  def client_logits(self, x, seed=None):
-    """The client's prediction (metric MT); equals `forward(x, seed)[1]`."""
-    return self.forward(x, seed=seed)[1]
-
-  # -- shared parameters -----------------------------------------------------------
-
-  def _split(self, g, name):
-    if not (hasattr(g, "eta1") and hasattr(g, "eta2")):
-      raise ValueError(
-        f"`{name}` must be a tfbfl.gaussian.NaturalGaussian, got "
-        f"{type(g).__name__}."
-      )
-    eta1, eta2 = list(g.eta1), list(g.eta2)
-    expected = 2 * self._depth
-    if len(eta1) != expected or len(eta2) != expected:
-      raise ValueError(
-        f"`{name}` must hold {expected} tensors per natural parameter "
-        f"([kernel, bias] per server layer), got {len(eta1)} and {len(eta2)}."
-      )
-    return [
-      gaussian.NaturalGaussian(eta1[2 * l : 2 * l + 2], eta2[2 * l : 2 * l + 2])
-      for l in range(self._depth)
-    ]
-
-  @staticmethod
-  def _concat(gs):
-    return gaussian.NaturalGaussian(
-      [e for g in gs for e in g.eta1], [e for g in gs for e in g.eta2]
-    )
-
-  def shared_posterior(self):
-    """Posterior over theta: `NaturalGaussian` over `[k_1, b_1, ..., k_L, b_L]`."""
-    return self._concat([layer.posterior() for layer in self.server_layers])
-
-  def set_shared_posterior(self, g):
-    """Assigns the server layers' posterior; returns the grouped assign op."""
-    parts = self._split(g, "g")
-    return tf.group(
-      *[layer.set_posterior(p) for layer, p in zip(self.server_layers, parts)]
-    )
-
-  def shared_prior(self):
-    """Prior over theta, with the structure of `shared_posterior()`."""
-    return self._concat([layer.prior() for layer in self.server_layers])
-
-  def set_shared_prior(self, g):
-    """Assigns the server layers' prior; returns the grouped assign op."""
-    parts = self._split(g, "g")
-    return tf.group(
-      *[layer.set_prior(p) for layer, p in zip(self.server_layers, parts)]
-    )
-
-  def kl_shared(self):
-    """`KL(q(theta) || prior(theta))` summed over the server layers."""
-    return tf.add_n([layer.kl_divergence() for layer in self.server_layers])
-
-  def kl_private(self):
-    """`KL(c_i || p(phi_i))` over the client layers and the laterals' `U`, `V`."""
-    return tf.add_n(
-      [layer.kl_divergence() for layer in self.client_layers]
-      + [lateral.kl_divergence() for lateral in self.laterals]
-    )
-
-  # -- variables -------------------------------------------------------------------
-
-  @property
-  def shared_trainable_variables(self):
-    """`[k_loc, k_u, b_loc, b_u]` per server layer, in order."""
-    return [v for layer in self.server_layers for v in layer.posterior_variables]
-
-  @property
-  def private_trainable_variables(self):
-    """Client layers' `[k_loc, k_u, b_loc, b_u]`, then per lateral `V`, `U`, gate."""
-    return [
-      v for layer in self.client_layers for v in layer.posterior_variables
-    ] + [v for lateral in self.laterals for v in lateral.trainable_parameter_variables]
-
-  def get_private_weights(self):
-    """Values of `private_trainable_variables` (tensors), for client-state storage."""
-    return [tf.convert_to_tensor(v) for v in self.private_trainable_variables]
-
-  def set_private_weights(self, weights):
-    """Assigns `private_trainable_variables`; returns the grouped assign op."""
-    variables = self.private_trainable_variables
-    weights = list(weights)
-    if len(weights) != len(variables):
-      raise ValueError(
-        f"`weights` must hold {len(variables)} tensors, got {len(weights)}."
-      )
-    ops = []
-    for i, (v, w) in enumerate(zip(variables, weights)):
-      w = tf.convert_to_tensor(w, v.dtype)
-      if not v.shape.is_compatible_with(w.shape):
-        raise ValueError(
-          f"`weights[{i}]` must have shape {v.shape} ({v.name}), got {w.shape}."
-        )
-      ops.append(v.assign(w))
-    return tf.group(*ops)
+  def _parameter_layout(self):
+    return "[kernel, bias]"
 
 
 def initial_shared_posterior(
@@ -359,19 +477,10 @@ def initial_shared_posterior(
   graph/TFF computation. Returns a `NaturalGaussian` of float32 tensors over
   `[k_1, b_1, ..., k_L, b_L]`.
   """
-  inputs, widths, _ = _plan(input_dim, num_classes, hidden_units, None)
-  seed = _check_seed(seed)
-  locs, scales = [], []
-  for l, (n_in, n_out) in enumerate(zip(inputs, widths)):
-    k_loc, k_u, b_loc, b_u = _dense_initial_values(
-      n_in, n_out, derive_seed(seed, _SERVER, l), init_scale
-    )
-    locs += [k_loc, b_loc]
-    scales += [
-      scale_from_untransformed(k_u, _MIN_SCALE),
-      scale_from_untransformed(b_u, _MIN_SCALE),
-    ]
-  return gaussian.from_loc_scale(locs, scales)
+  plan = _mlp_plan(
+    input_dim, num_classes, hidden_units, "relu", 1.0, init_scale, None, 1.0, seed
+  )
+  return _initial_shared_posterior(plan)
 
 
 def initial_private_weights(
@@ -388,22 +497,32 @@ def initial_private_weights(
   Stateless ops only, deterministic in `seed`; numpy arrays when executing
   eagerly, tensors inside a graph.
   """
-  inputs, widths, adapters = _plan(input_dim, num_classes, hidden_units, adapter_units)
-  seed = _check_seed(seed)
-  client, lateral = [], []
-  for l, (n_in, n_out, n_adapter) in enumerate(zip(inputs, widths, adapters)):
-    client += _dense_initial_values(
-      n_in, n_out, derive_seed(seed, _CLIENT, l), init_scale
+  plan = _mlp_plan(
+    input_dim, num_classes, hidden_units, "relu", 1.0, init_scale, adapter_units,
+    gate_init, seed,
+  )
+  return _initial_private_weights(plan)
+
+
+def _deterministic_dense_layers(widths, first, activation, seed):
+  """Keras `Dense` layers `dense_0, dense_1, ...` of `widths`, `activation` but on
+  the last (the logits); Glorot-normal kernels seeded as the server layers at
+  depths `first, first + 1, ...`, zero biases."""
+  layers = []
+  for k, n_out in enumerate(widths):
+    last = k == len(widths) - 1
+    layers.append(
+      tf.keras.layers.Dense(
+        n_out,
+        activation=None if last else activation,
+        kernel_initializer=tf.keras.initializers.GlorotNormal(
+          seed=derive_seed(seed, _SERVER, first + k)
+        ),
+        bias_initializer="zeros",
+        name=f"dense_{k}",
+      )
     )
-    lateral_seed = derive_seed(seed, _LATERAL, l)
-    lateral += _dense_initial_values(
-      n_out, n_adapter, derive_seed(lateral_seed, 0), init_scale
-    )
-    lateral += _dense_initial_values(
-      n_adapter, n_out, derive_seed(lateral_seed, 1), init_scale
-    )
-    lateral.append(tf.fill([n_out], tf.constant(float(gate_init), tf.float32)))
-  return _maybe_numpy(client + lateral)
+  return layers
 
 
 def build_deterministic_mlp(
@@ -417,22 +536,10 @@ def build_deterministic_mlp(
   Build it where it is used (inside the TFF computation when it is used there:
   see the `_assert_built_as_v1` pitfall in the SPEC).
   """
-  inputs, widths, _ = _plan(input_dim, num_classes, hidden_units, None)
-  seed = _check_seed(seed)
+  inputs, widths = _plan(input_dim, num_classes, hidden_units)
+  seed = check_seed(seed)
   layers = [tf.keras.Input(shape=(inputs[0],))]
-  for l, n_out in enumerate(widths):
-    last = l == len(widths) - 1
-    layers.append(
-      tf.keras.layers.Dense(
-        n_out,
-        activation=None if last else activation,
-        kernel_initializer=tf.keras.initializers.GlorotNormal(
-          seed=derive_seed(seed, _SERVER, l)
-        ),
-        bias_initializer="zeros",
-        name=f"dense_{l}",
-      )
-    )
+  layers += _deterministic_dense_layers(widths, 0, activation, seed)
   return tf.keras.Sequential(layers, name="deterministic_mlp")
 
 
@@ -484,15 +591,15 @@ def build_mcmahan_cnn(input_shape, num_classes, seed=0):
     raise ValueError(
       f"`input_shape` must be (height, width[, channels]), got {input_shape!r}."
     )
-  shape = [_check_positive_int("input_shape", d) for d in input_shape]
+  shape = [check_positive_int("input_shape", d) for d in input_shape]
   if len(shape) not in (2, 3):
     raise ValueError(
       f"`input_shape` must be (height, width[, channels]), got {tuple(input_shape)}."
     )
   if len(shape) == 2:
     shape.append(1)
-  num_classes = _check_positive_int("num_classes", num_classes)
-  seed = _check_seed(seed)
+  num_classes = check_positive_int("num_classes", num_classes)
+  seed = check_seed(seed)
   init = lambda l: tf.keras.initializers.GlorotNormal(seed=derive_seed(seed, _CNN, l))
   conv = lambda l, filters: tf.keras.layers.Conv2D(
     filters, 5, padding="same", activation="relu", kernel_initializer=init(l),

@@ -48,7 +48,7 @@ __all__ = [
     "STREAMING_METHODS", "DEPTH_METHODS", "PFNM_DATASETS", "define_data_flags",
     "define_training_flags", "define_matching_flags", "define_baseline_flags",
     "settings_from_flags", "matching_hparams_from_flags", "parse_int_list", "parse_float_list",
-    "check_dataset", "get_trainer", "run_oneshot_trial", "run_batches", "run_depth",
+    "check_at_least_one", "launcher_main", "check_dataset", "get_trainer", "run_oneshot_trial", "run_batches", "run_depth",
     "run_streaming", "run_sensitivity", "summarize",
 ]
 
@@ -206,6 +206,13 @@ def parse_float_list(flag: str, value, positive: bool = True) -> List[float]:
   return out
 
 
+def check_at_least_one(**counts) -> None:
+  """ValueError naming ``--name`` for the first of ``counts`` (name=value) below 1."""
+  for name, value in counts.items():
+    if value < 1:
+      raise ValueError(f"--{name} must be >= 1, got {value}")
+
+
 def _check_methods(flag_value, allowed: Sequence[str]) -> tuple:
   if flag_value in (None, "", "all"):
     return tuple(allowed)
@@ -350,11 +357,10 @@ def settings_from_flags(FLAGS, methods: Sequence[str]) -> ExperimentSettings:
             if "hidden_units" in FLAGS else (100,))
   fedavg_hidden = (tuple(parse_int_list("fedavg_hidden_units", FLAGS.fedavg_hidden_units))
                    if _flag(FLAGS, "fedavg_hidden_units") else None)
-  for name in ("comm_rounds", "dsgd_epochs_per_round", "kd_hidden"):
-    if name in FLAGS and FLAGS[name].value < 1:
-      raise ValueError(f"--{name} must be >= 1, got {FLAGS[name].value}")
-  if _flag(FLAGS, "kd_epochs") is not None and FLAGS.kd_epochs < 1:
-    raise ValueError(f"--kd_epochs must be >= 1, got {FLAGS.kd_epochs}")
+  check_at_least_one(**{name: FLAGS[name].value for name in
+                          ("comm_rounds", "dsgd_epochs_per_round", "kd_hidden") if name in FLAGS})
+  if _flag(FLAGS, "kd_epochs") is not None:
+    check_at_least_one(kd_epochs=FLAGS.kd_epochs)
   for name in ("dpmeans_lambda", "dsgd_server_lr", "small_gamma0"):
     if name in FLAGS and not (np.isfinite(FLAGS[name].value) and FLAGS[name].value > 0):
       raise ValueError(f"--{name} must be a finite number > 0, got {FLAGS[name].value}")
@@ -387,6 +393,38 @@ def matching_hparams_from_flags(FLAGS) -> MatchingHyperparams:
   except ValueError as e:
     field = str(e).split(" ")[0]
     raise ValueError(f"--{field}: {e}") from None
+
+
+# ------------------------------------------------------------------ launchers
+def launcher_main(argv, prepare: Callable[[], Callable[[], Any]], FLAGS=None) -> None:
+  """The ``main`` of a PFNM launcher.
+
+  ``prepare()`` reads and checks the flags and returns the experiment, a
+  callable without arguments; a ``ValueError`` from it (or any extra command-line
+  argument) becomes an ``absl.app.UsageError``.  The experiment then runs with the
+  local TFF runtime (shut down afterwards), its ``ValueError`` or
+  ``FileNotFoundError`` (bad data files or settings) also becoming a
+  ``UsageError``, and the path of ``results.md`` under ``FLAGS.output_dir``
+  (default ``absl.flags.FLAGS``) is printed.
+  """
+  from absl import app  # pylint: disable=g-import-not-at-top
+  from absl import flags as absl_flags  # pylint: disable=g-import-not-at-top
+  from tfbfl import runtime  # pylint: disable=g-import-not-at-top
+  FLAGS = absl_flags.FLAGS if FLAGS is None else FLAGS
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  try:
+    experiment_fn = prepare()
+  except ValueError as e:
+    raise app.UsageError(str(e)) from e
+  runtime.set_local_runtime()
+  try:
+    experiment_fn()
+  except (ValueError, FileNotFoundError) as e:  # bad data files or settings
+    raise app.UsageError(str(e)) from e
+  finally:
+    runtime.shutdown()
+  print(f"wrote {FLAGS.output_dir}/results.md")
 
 
 # ------------------------------------------------------------------ trainers
@@ -559,13 +597,46 @@ def _plot_lines(ax, summary, x_key, methods, value="accuracy"):
   ax.grid(alpha=0.3)
 
 
-def _write_common(output_dir, settings, trial_rows, trial_columns, extra=None):
+def _write_results(output_dir, settings, summary, columns, md, trial_rows, trial_columns,
+                   extra=None):
+  """``results.csv`` (``summary`` in ``columns``), ``trials.csv``, ``settings.json``
+  (``settings`` and ``extra``) and ``results.md`` (the text ``md``)."""
+  experiment.write_csv(os.path.join(output_dir, "results.csv"), summary, columns)
   os.makedirs(output_dir, exist_ok=True)
   experiment.write_csv(os.path.join(output_dir, "trials.csv"), trial_rows, trial_columns)
   payload = {"settings": settings.to_json()}
   payload.update(extra or {})
   experiment.atomic_write_text(os.path.join(output_dir, "settings.json"),
                                json.dumps(payload, indent=2, default=str) + "\n")
+  experiment.atomic_write_text(os.path.join(output_dir, "results.md"), md)
+
+
+def _label_axes(ax, xlabel, ylabel="test accuracy", legend=True):
+  """Axis labels and, once every line is drawn, the legend."""
+  ax.set_xlabel(xlabel)
+  ax.set_ylabel(ylabel)
+  if legend:
+    ax.legend(fontsize=8)
+
+
+def _oneshot_trials(settings, methods, num_batches, trials, label, log, hidden_units=None,
+                    **keys):
+  """``trials`` one-shot trials with ``num_batches`` clients (trial ``t``: data and
+  training seeds derived from ``(settings.seed, num_batches, t)``); every row gets
+  ``keys`` and ``trial``, every trial a log line ``[<label> trial t/trials] ...``."""
+  J = num_batches
+  rows = []
+  for t in range(trials):
+    start = time.time()
+    fd = settings.load(J, baselines.derive_seed(settings.seed, J, t))
+    trial_rows = run_oneshot_trial(fd, settings, methods,
+                                   baselines.derive_seed(settings.seed, J, t, 1),
+                                   hidden_units=hidden_units)
+    for r in trial_rows:
+      r.update(keys, trial=t)
+    rows += trial_rows
+    _log_trial(log, f"[{label} trial {t + 1}/{trials}]", trial_rows, start)
+  return rows
 
 
 def _log_trial(log, prefix, rows, start):
@@ -585,27 +656,14 @@ def run_batches(settings: ExperimentSettings, J_values: Sequence[int], trials: i
   ``fig3_extra_resources.png`` (PFNM against the extra-resource baselines).
   Returns the summary rows.
   """
-  if trials < 1:
-    raise ValueError(f"--trials must be >= 1, got {trials}")
+  check_at_least_one(trials=trials)
   methods = settings.methods or ONESHOT_METHODS
   rows = []
   for J in J_values:
-    for t in range(trials):
-      start = time.time()
-      fd = settings.load(J, baselines.derive_seed(settings.seed, J, t))
-      trial_rows = run_oneshot_trial(fd, settings, methods,
-                                     baselines.derive_seed(settings.seed, J, t, 1))
-      for r in trial_rows:
-        r.update(J=J, trial=t)
-      rows += trial_rows
-      _log_trial(log, f"[J={J} trial {t + 1}/{trials}]", trial_rows, start)
+    rows += _oneshot_trials(settings, methods, J, trials, f"J={J}", log, J=J)
   summary = summarize(rows, ("J", "method"))
   columns = ["J", "method", "label", "accuracy_mean", "accuracy_std", "neurons_mean",
              "neurons_std", "params_mean", "params_std", "trials", "constraint"]
-  experiment.write_csv(os.path.join(output_dir, "results.csv"), summary, columns)
-  _write_common(output_dir, settings, rows,
-                ["J", "trial", "method", "accuracy", "neurons", "layers", "params"],
-                {"J": list(J_values), "trials": trials})
   md = _markdown(summary, [
       ("J", lambda s: str(s["J"])), ("method", _method_cell),
       ("test accuracy", _pm("accuracy")), ("hidden neurons", _pm("neurons", 1)),
@@ -616,7 +674,9 @@ def run_batches(settings: ExperimentSettings, J_values: Sequence[int], trials: i
              "networks; KD pools the training inputs at the server; D-SGD communicates "
              f"{settings.comm_rounds} times ({settings.dsgd_epochs_per_round} epoch(s) apart).",
              "Mean ± std over trials; accuracy on the pooled test data."])
-  experiment.atomic_write_text(os.path.join(output_dir, "results.md"), md)
+  _write_results(output_dir, settings, summary, columns, md, rows,
+                 ["J", "trial", "method", "accuracy", "neurons", "layers", "params"],
+                 {"J": list(J_values), "trials": trials})
   _figures_batches(output_dir, summary, settings, J_values)
   return summary
 
@@ -625,25 +685,19 @@ def _figures_batches(output_dir, summary, settings, J_values):
   plt = _plt()
   fig, axes = plt.subplots(1, 2, figsize=(11, 4))
   _plot_lines(axes[0], summary, "J", CONSTRAINED_METHODS)
-  axes[0].set_xlabel("number of batches J")
-  axes[0].set_ylabel("test accuracy")
-  axes[0].legend(fontsize=8)
+  _label_axes(axes[0], "number of batches J")
   size_methods = ("pfnm", "pfnm_small_gamma", "dpmeans")
   _plot_lines(axes[1], summary, "J", size_methods, value="neurons")
   width = sum(settings.hidden_units)
   axes[1].plot(list(J_values), [width * J for J in J_values], "k:", label="J x local size")
-  axes[1].set_xlabel("number of batches J")
-  axes[1].set_ylabel("global hidden neurons")
-  axes[1].legend(fontsize=8)
+  _label_axes(axes[1], "number of batches J", "global hidden neurons")
   fig.suptitle(f"Fig. 2: constrained methods ({settings.dataset}, {settings.partition})")
   fig.tight_layout()
   _save_figure(fig, os.path.join(output_dir, "fig2_constrained.png"))
 
   fig, ax = plt.subplots(figsize=(6, 4))
   _plot_lines(ax, summary, "J", ("pfnm",) + EXTRA_METHODS)
-  ax.set_xlabel("number of batches J")
-  ax.set_ylabel("test accuracy")
-  ax.legend(fontsize=8)
+  _label_axes(ax, "number of batches J")
   ax.set_title(f"Fig. 3: extra-resource baselines ({settings.dataset}, {settings.partition})")
   fig.tight_layout()
   _save_figure(fig, os.path.join(output_dir, "fig3_extra_resources.png"))
@@ -657,29 +711,18 @@ def run_depth(settings: ExperimentSettings, C_values: Sequence[int], J: int, wid
   ``results.csv``/``results.md``, ``trials.csv``, ``settings.json`` and
   ``fig4_depth.png`` (accuracy; global neurons per layer).
   """
-  if trials < 1:
-    raise ValueError(f"--trials must be >= 1, got {trials}")
+  check_at_least_one(trials=trials)
   methods = settings.methods or DEPTH_METHODS
   rows = []
   for C in C_values:
-    for t in range(trials):
-      start = time.time()
-      fd = settings.load(J, baselines.derive_seed(settings.seed, J, t))
-      trial_rows = run_oneshot_trial(fd, settings, methods,
-                                     baselines.derive_seed(settings.seed, J, t, 1),
-                                     hidden_units=(width,) * C)
-      for r in trial_rows:
-        r.update(C=C, J=J, trial=t, neurons_per_layer=r["neurons"] / C)
-      rows += trial_rows
-      _log_trial(log, f"[C={C} trial {t + 1}/{trials}]", trial_rows, start)
+    rows += _oneshot_trials(settings, methods, J, trials, f"C={C}", log,
+                            hidden_units=(width,) * C, C=C, J=J)
+  for r in rows:
+    r["neurons_per_layer"] = r["neurons"] / r["C"]
   summary = summarize(rows, ("C", "method"), ("accuracy", "neurons", "neurons_per_layer",
                                                 "params"))
   columns = ["C", "method", "label", "accuracy_mean", "accuracy_std", "neurons_mean",
              "neurons_std", "neurons_per_layer_mean", "params_mean", "trials", "constraint"]
-  experiment.write_csv(os.path.join(output_dir, "results.csv"), summary, columns)
-  _write_common(output_dir, settings, rows,
-                ["C", "J", "trial", "method", "accuracy", "neurons", "layers", "params"],
-                {"C": list(C_values), "J": J, "width": width, "trials": trials})
   md = _markdown(summary, [
       ("C", lambda s: str(s["C"])), ("method", _method_cell),
       ("test accuracy", _pm("accuracy")), ("hidden neurons", _pm("neurons", 1)),
@@ -688,18 +731,16 @@ def run_depth(settings: ExperimentSettings, C_values: Sequence[int], J: int, wid
       f"PFNM vs depth C (J={J}, width {width}, {settings.dataset}, {settings.partition})",
       notes=["† violates a constraint of the federated setting (see pfnm_batches).",
              "Mean ± std over trials; accuracy on the pooled test data."])
-  experiment.atomic_write_text(os.path.join(output_dir, "results.md"), md)
+  _write_results(output_dir, settings, summary, columns, md, rows,
+                 ["C", "J", "trial", "method", "accuracy", "neurons", "layers", "params"],
+                 {"C": list(C_values), "J": J, "width": width, "trials": trials})
   plt = _plt()
   fig, axes = plt.subplots(1, 2, figsize=(11, 4))
   _plot_lines(axes[0], summary, "C", methods)
-  axes[0].set_xlabel("number of hidden layers C")
-  axes[0].set_ylabel("test accuracy")
-  axes[0].legend(fontsize=8)
+  _label_axes(axes[0], "number of hidden layers C")
   _plot_lines(axes[1], summary, "C", ("pfnm",), value="neurons_per_layer")
   axes[1].axhline(width * J, color="k", linestyle=":", label="J x width")
-  axes[1].set_xlabel("number of hidden layers C")
-  axes[1].set_ylabel("PFNM global neurons per layer")
-  axes[1].legend(fontsize=8)
+  _label_axes(axes[1], "number of hidden layers C", "PFNM global neurons per layer")
   fig.suptitle(f"Fig. 4: depth (J={J}, {settings.dataset}, {settings.partition})")
   fig.tight_layout()
   _save_figure(fig, os.path.join(output_dir, "fig4_depth.png"))
@@ -738,10 +779,7 @@ def run_streaming(settings: ExperimentSettings, J: int, steps: int, trials: int,
   Writes ``results.csv``/``results.md`` (per step and method), ``trials.csv``,
   ``settings.json`` and ``fig_streaming.png``.
   """
-  if trials < 1:
-    raise ValueError(f"--trials must be >= 1, got {trials}")
-  if steps < 1:
-    raise ValueError(f"--steps must be >= 1, got {steps}")
+  check_at_least_one(trials=trials, steps=steps)
   if fresh_neurons < 0 or fresh_neurons > min(settings.hidden_units):
     raise ValueError(f"--fresh_neurons must be in [0, {min(settings.hidden_units)}], "
                      f"got {fresh_neurons}")
@@ -813,27 +851,22 @@ def run_streaming(settings: ExperimentSettings, J: int, steps: int, trials: int,
                       ("step", "method"))
   columns = ["step", "method", "label", "accuracy_mean", "accuracy_std", "neurons_mean",
              "neurons_std", "params_mean", "trials", "constraint"]
-  experiment.write_csv(os.path.join(output_dir, "results.csv"), summary, columns)
-  _write_common(output_dir, settings, rows,
-                ["step", "trial", "J", "method", "accuracy", "neurons", "layers", "params"],
-                {"J": J, "steps": steps, "trials": trials, "fresh_neurons": fresh_neurons,
-                 "init_noise": init_noise})
   md = _markdown(summary, [
       ("step", lambda s: str(s["step"])), ("method", _method_cell),
       ("test accuracy", _pm("accuracy")), ("hidden neurons", _pm("neurons", 1))],
       f"Streaming PFNM (J={J}, S={steps}, {settings.dataset}, {settings.partition})",
       notes=["† violates a constraint (ensembles stack all J networks; D-SGD communicates "
              "every step).", "Mean ± std over trials; accuracy on the pooled test data."])
-  experiment.atomic_write_text(os.path.join(output_dir, "results.md"), md)
+  _write_results(output_dir, settings, summary, columns, md, rows,
+                 ["step", "trial", "J", "method", "accuracy", "neurons", "layers", "params"],
+                 {"J": J, "steps": steps, "trials": trials, "fresh_neurons": fresh_neurons,
+                  "init_noise": init_noise})
   plt = _plt()
   fig, axes = plt.subplots(1, 2, figsize=(11, 4))
   _plot_lines(axes[0], summary, "step", methods)
-  axes[0].set_xlabel("step s")
-  axes[0].set_ylabel("test accuracy")
-  axes[0].legend(fontsize=8)
+  _label_axes(axes[0], "step s")
   _plot_lines(axes[1], summary, "step", ("pfnm_streaming",), value="neurons")
-  axes[1].set_xlabel("step s")
-  axes[1].set_ylabel("PFNM global neurons")
+  _label_axes(axes[1], "step s", "PFNM global neurons", legend=False)
   fig.suptitle(f"Streaming (supplement Fig. 3b): J={J}, S={steps}, {settings.dataset}")
   fig.tight_layout()
   _save_figure(fig, os.path.join(output_dir, "fig_streaming.png"))
@@ -855,8 +888,7 @@ def run_sensitivity(settings: ExperimentSettings, J_values: Sequence[int], trial
   ``fig5_sigma.png`` (accuracy vs ``sigma^2`` per ``J`` at the grid point
   nearest ``sigma0^2 = 10``, ``gamma0 = 1``).
   """
-  if trials < 1:
-    raise ValueError(f"--trials must be >= 1, got {trials}")
+  check_at_least_one(trials=trials)
   grid = list(itertools.product(sigma0_sq_grid, gamma0_grid, sigma_sq_grid))
   rows = []
   for J in J_values:
@@ -887,12 +919,6 @@ def run_sensitivity(settings: ExperimentSettings, J_values: Sequence[int], trial
                       ("train_accuracy", "test_accuracy", "neurons", "params"))
   columns = ["J", "sigma0_sq", "gamma0", "sigma_sq", "train_accuracy_mean", "train_accuracy_std",
              "test_accuracy_mean", "test_accuracy_std", "neurons_mean", "neurons_std", "trials"]
-  experiment.write_csv(os.path.join(output_dir, "results.csv"), summary, columns)
-  _write_common(output_dir, settings, rows,
-                ["J", "trial", "sigma0_sq", "gamma0", "sigma_sq", "train_accuracy",
-                 "test_accuracy", "neurons", "params"],
-                {"J": list(J_values), "trials": trials, "sigma0_sq_grid": list(sigma0_sq_grid),
-                 "gamma0_grid": list(gamma0_grid), "sigma_sq_grid": list(sigma_sq_grid)})
   md = _markdown(summary, [
       ("J", lambda s: str(s["J"])), ("sigma0^2", lambda s: f"{s['sigma0_sq']:g}"),
       ("gamma0", lambda s: f"{s['gamma0']:g}"), ("sigma^2", lambda s: f"{s['sigma_sq']:g}"),
@@ -900,7 +926,11 @@ def run_sensitivity(settings: ExperimentSettings, J_values: Sequence[int], trial
       ("hidden neurons", _pm("neurons", 1))],
       f"PFNM parameter sensitivity ({settings.dataset}, {settings.partition})",
       notes=["Mean ± std over trials."])
-  experiment.atomic_write_text(os.path.join(output_dir, "results.md"), md)
+  _write_results(output_dir, settings, summary, columns, md, rows,
+                 ["J", "trial", "sigma0_sq", "gamma0", "sigma_sq", "train_accuracy",
+                  "test_accuracy", "neurons", "params"],
+                 {"J": list(J_values), "trials": trials, "sigma0_sq_grid": list(sigma0_sq_grid),
+                  "gamma0_grid": list(gamma0_grid), "sigma_sq_grid": list(sigma_sq_grid)})
 
   plt = _plt()
   J0 = J_values[0]
@@ -915,8 +945,7 @@ def run_sensitivity(settings: ExperimentSettings, J_values: Sequence[int], trial
       ax.text(k, i, f"{v:.2f}", ha="center", va="center", color="w", fontsize=8)
     ax.set_xticks(range(len(gamma0_grid)), [f"{g:g}" for g in gamma0_grid])
     ax.set_yticks(range(len(sigma0_sq_grid)), [f"{s:g}" for s in sigma0_sq_grid])
-    ax.set_xlabel("gamma0")
-    ax.set_ylabel("sigma0^2")
+    _label_axes(ax, "gamma0", "sigma0^2", legend=False)
     ax.set_title(f"sigma^2 = {s2:g}")
     fig.colorbar(im, ax=ax)
   fig.suptitle(f"Fig. 4 (supplement): training accuracy, J={J0}, {settings.dataset}, "
@@ -932,10 +961,8 @@ def run_sensitivity(settings: ExperimentSettings, J_values: Sequence[int], trial
     ax.errorbar([s["sigma_sq"] for s in pts], [s["train_accuracy_mean"] for s in pts],
                 yerr=[s["train_accuracy_std"] for s in pts], marker="o", capsize=3, label=f"J={J}")
   ax.set_xscale("log")
-  ax.set_xlabel("sigma^2")
-  ax.set_ylabel("training accuracy")
   ax.grid(alpha=0.3)
-  ax.legend(fontsize=8)
+  _label_axes(ax, "sigma^2", "training accuracy")
   ax.set_title(f"Fig. 5 (supplement): sigma0^2={s0_ref:g}, gamma0={g0_ref:g}")
   fig.tight_layout()
   _save_figure(fig, os.path.join(output_dir, "fig5_sigma.png"))

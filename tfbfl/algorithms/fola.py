@@ -147,6 +147,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
+from absl import flags as absl_flags
 
 from tfbfl import communication
 from tfbfl import compression
@@ -743,6 +744,43 @@ def _resolve(params: Dict[str, Any]) -> Dict[str, Any]:
 
 
 SWEEP_AXES = ("alpha", "num_clients", "batch_size", "epochs_per_round", "client_lr")
+
+# The method hyperparameters the FOLA launchers expose as float flags, with their
+# help; the defaults are `training.DEFAULTS`.
+_METHOD_FLAGS = (
+    ("fola_lambda", "FOLA prior strength lambda."),
+    ("fola_gamma", "Variance of the round-1 prior N(0, gamma I)."),
+    ("fola_eps", "Server epsilon for zero precisions."),
+    ("fola_clip_norm", "Client gradient clip norm (0: none)."),
+    ("compress_p", "Fraction of precisions kept (1: none)."),
+    ("fedcurv_lambda", "FedCurv penalty strength."),
+)
+
+
+def define_launcher_flags() -> None:
+  """Defines the absl flags the FOLA launchers share.
+
+  `--methods`, `--alphas`, `--data_dir`, `--hidden_units` and the method
+  hyperparameters (`--fola_lambda`, `--fola_gamma`, `--fola_eps`,
+  `--fola_clip_norm`, `--compress_p`, `--fedcurv_lambda`, defaults from
+  `training.DEFAULTS`). A launcher calls it once at import, then
+  `flags.adopt_module_key_flags(fola)` to list them in its own `--helpshort`;
+  `launcher_params(FLAGS)` reads them back.
+  """
+  absl_flags.DEFINE_list("methods", ["fola", "fedavg", "fedcurv"], "Methods to compare.")
+  absl_flags.DEFINE_list("alphas", ["0.01", "0.1", "1", "10", "100"], "Dirichlet concentrations.")
+  absl_flags.DEFINE_string("data_dir", None, "Dataset files (see data/README.md).")
+  absl_flags.DEFINE_list("hidden_units", ["500", "300"], "MLP hidden widths (paper: 500,300).")
+  for name, help_text in _METHOD_FLAGS:
+    absl_flags.DEFINE_float(name, training.DEFAULTS[name], help_text)
+
+
+def launcher_params(flag_values) -> Dict[str, Any]:
+  """`data_dir`, `hidden_units` (ints) and the method hyperparameters, from the
+  flags of `define_launcher_flags`, as `training` parameters."""
+  return dict(data_dir=flag_values.data_dir,
+              hidden_units=tuple(int(h) for h in flag_values.hidden_units),
+              **{name: getattr(flag_values, name) for name, _ in _METHOD_FLAGS})
 
 
 def first_round_accuracy(base_params: Dict[str, Any], methods: Sequence[str],

@@ -134,6 +134,16 @@ def md5_of_file(path):
   return digest.hexdigest()
 
 
+def check_md5(path, expected, reference):
+  """ValueError naming `path` unless its MD5 is `expected` (`reference`, e.g.
+  "the published file", says where that digest comes from)."""
+  digest = md5_of_file(path)
+  if digest != expected:
+    raise ValueError(
+        f"{path!r} has MD5 {digest}, expected {expected} ({reference}); it "
+        "is corrupted or a different file.")
+
+
 def as_int_array(values, path, what):
   """`values` (str tokens) as int64, or ValueError naming the file."""
   try:

@@ -36,7 +36,6 @@ import os
 import numpy as np
 
 from tfbfl.data import _files
-from tfbfl.data import federate
 from tfbfl.data import official_split
 from tfbfl.data import safe_pickle
 
@@ -45,7 +44,7 @@ TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
 TEST_FILE = "test_batch"
 NUM_CLASSES = 10
 IMAGE_SHAPE = (32, 32, 3)
-TEST_SOURCES = ("official", "pooled")
+TEST_SOURCES = official_split.TEST_SOURCES
 ARCHIVE_MD5 = "c58f30108f718f92721af3b95e74349a"  # cifar-10-python.tar.gz
 # MD5 of the canonical batch files (not given by the publisher).
 BATCH_MD5 = {
@@ -117,12 +116,8 @@ def load_cifar10_arrays(data_dir, *, verify_checksums=False):
            for name in TRAIN_FILES + (TEST_FILE,)]
   if verify_checksums:
     for path in paths:
-      expected = BATCH_MD5[os.path.basename(path)]
-      digest = _files.md5_of_file(path)
-      if digest != expected:
-        raise ValueError(
-            f"{path!r} has MD5 {digest}, expected {expected} (the canonical "
-            "file); it is corrupted or a different file.")
+      _files.check_md5(path, BATCH_MD5[os.path.basename(path)],
+                       "the canonical file")
   train = [read_batch(p) for p in paths[:-1]]
   xt, yt = read_batch(paths[-1])
   return (np.concatenate([b[0] for b in train]),
@@ -138,20 +133,9 @@ def load_cifar10(data_dir, *, partition="class_dirichlet", num_clients=10,
   Arguments as `tfbfl.data.mnist.load_mnist`. Returns a `FederatedData` with
   input_shape (32, 32, 3) and 10 classes.
   """
-  if test_source not in TEST_SOURCES:
-    raise ValueError(
-        f"`test_source` must be one of {TEST_SOURCES}, got {test_source!r}.")
-  federate.check_partition(partition)
-  x, y, xt, yt = load_cifar10_arrays(data_dir,
-                                     verify_checksums=verify_checksums)
-  name = f"cifar10/{partition}"
-  if test_source == "pooled":
-    return federate.federate_pooled(
-        np.concatenate([x, xt]), np.concatenate([y, yt]), name=name,
-        num_classes=NUM_CLASSES, partition=partition, num_clients=num_clients,
-        alpha=alpha, min_size=min_size, classes_per_client=classes_per_client,
-        test_fraction=test_fraction, seed=seed)
-  return official_split.federate_train_test(
-      x, y, xt, yt, name=name, num_classes=NUM_CLASSES, partition=partition,
-      num_clients=num_clients, alpha=alpha, min_size=min_size,
-      classes_per_client=classes_per_client, seed=seed)
+  return official_split.federate_published(
+      lambda: load_cifar10_arrays(data_dir, verify_checksums=verify_checksums),
+      test_source=test_source, name=f"cifar10/{partition}",
+      num_classes=NUM_CLASSES, partition=partition, num_clients=num_clients,
+      alpha=alpha, min_size=min_size, classes_per_client=classes_per_client,
+      test_fraction=test_fraction, seed=seed)

@@ -37,7 +37,6 @@ import os
 import numpy as np
 
 from tfbfl.data import _files
-from tfbfl.data import federate
 from tfbfl.data import official_split
 
 NUM_CLASSES = 10
@@ -63,7 +62,7 @@ LAYOUT = ("<data_dir>/{train-images-idx3-ubyte, train-labels-idx1-ubyte, "
 SOURCE = ("MNIST is published by Yann LeCun, Corinna Cortes and Christopher "
           "Burges at http://yann.lecun.com/exdb/mnist/ (mirrors: "
           "https://ossci-datasets.s3.amazonaws.com/mnist/).")
-TEST_SOURCES = ("official", "pooled")
+TEST_SOURCES = official_split.TEST_SOURCES
 
 # IDX type byte -> big-endian numpy dtype.
 _IDX_TYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4",
@@ -115,11 +114,7 @@ def _read(directory, key, magic, verify_checksums):
           f"{path!r}: checksums are known only for the gzipped files as "
           f"published ({name}.gz); keep the .gz file or set "
           "verify_checksums=False.")
-    digest = _files.md5_of_file(path)
-    if digest != GZ_MD5[base]:
-      raise ValueError(
-          f"{path!r} has MD5 {digest}, expected {GZ_MD5[base]} (the "
-          "published file); it is corrupted or a different file.")
+    _files.check_md5(path, GZ_MD5[base], "the published file")
   found, array = parse_idx(_files.read_bytes(path), path)
   if found != magic:
     raise ValueError(
@@ -186,19 +181,9 @@ def load_mnist(data_dir, *, partition="homogeneous", num_clients=100,
   Returns:
     A `FederatedData` with input_shape (28, 28) and 10 classes.
   """
-  if test_source not in TEST_SOURCES:
-    raise ValueError(
-        f"`test_source` must be one of {TEST_SOURCES}, got {test_source!r}.")
-  federate.check_partition(partition)
-  x, y, xt, yt = load_mnist_arrays(data_dir, verify_checksums=verify_checksums)
-  name = name or f"mnist/{partition}"
-  if test_source == "pooled":
-    return federate.federate_pooled(
-        np.concatenate([x, xt]), np.concatenate([y, yt]), name=name,
-        num_classes=NUM_CLASSES, partition=partition, num_clients=num_clients,
-        alpha=alpha, min_size=min_size, classes_per_client=classes_per_client,
-        test_fraction=test_fraction, seed=seed)
-  return official_split.federate_train_test(
-      x, y, xt, yt, name=name, num_classes=NUM_CLASSES, partition=partition,
-      num_clients=num_clients, alpha=alpha, min_size=min_size,
-      classes_per_client=classes_per_client, seed=seed)
+  return official_split.federate_published(
+      lambda: load_mnist_arrays(data_dir, verify_checksums=verify_checksums),
+      test_source=test_source, name=name or f"mnist/{partition}",
+      num_classes=NUM_CLASSES, partition=partition, num_clients=num_clients,
+      alpha=alpha, min_size=min_size, classes_per_client=classes_per_client,
+      test_fraction=test_fraction, seed=seed)

@@ -36,6 +36,8 @@ from tfbfl.data import federated
 from tfbfl.data import partition as partition_lib
 
 _HOMOGENEOUS = ("homogeneous", "permuted")
+# Where the test examples of a dataset with a published split come from.
+TEST_SOURCES = ("official", "pooled")
 
 
 def allocate_test(train_parts, y_train, y_test, partition, seed):
@@ -93,3 +95,31 @@ def federate_train_test(x_train, y_train, x_test, y_test, *, name,
     xts = partition_lib.permute_features(xts, permute_seed)
   return federated.from_client_arrays(
       xs, ys, xts, yts, num_classes=num_classes, name=name)
+
+
+def federate_published(load_arrays, *, test_source, name, num_classes,
+                       partition, num_clients, alpha, min_size,
+                       classes_per_client, test_fraction, seed):
+  """Loads and federates a dataset published with a train/test split.
+
+  Checks `test_source` (in `TEST_SOURCES`) and `partition` first, then calls
+  `load_arrays()` for `(x_train, y_train, x_test, y_test)`. "official":
+  `federate_train_test` (the test set spread over the clients by
+  `allocate_test`); "pooled": train and test pooled, then
+  `federate.federate_pooled` (each client split by `test_fraction`).
+  """
+  if test_source not in TEST_SOURCES:
+    raise ValueError(
+        f"`test_source` must be one of {TEST_SOURCES}, got {test_source!r}.")
+  federate.check_partition(partition)
+  x, y, xt, yt = load_arrays()
+  if test_source == "pooled":
+    return federate.federate_pooled(
+        np.concatenate([x, xt]), np.concatenate([y, yt]), name=name,
+        num_classes=num_classes, partition=partition, num_clients=num_clients,
+        alpha=alpha, min_size=min_size, classes_per_client=classes_per_client,
+        test_fraction=test_fraction, seed=seed)
+  return federate_train_test(
+      x, y, xt, yt, name=name, num_classes=num_classes, partition=partition,
+      num_clients=num_clients, alpha=alpha, min_size=min_size,
+      classes_per_client=classes_per_client, seed=seed)

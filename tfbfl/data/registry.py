@@ -68,12 +68,19 @@ def _load_npz(*, data_dir, partition, num_clients, alpha, min_size,
   return npz.load_npz(data_dir, test_fraction=test_fraction, seed=seed)
 
 
-def _load_mnist(*, data_dir, partition, num_clients, alpha, min_size,
-                classes_per_client, test_fraction, seed):
-  del test_fraction  # the official test set is used
-  return mnist.load_mnist(
-      data_dir, partition=partition, num_clients=num_clients, alpha=alpha,
-      min_size=min_size, classes_per_client=classes_per_client, seed=seed)
+def _official_test_loader(load):
+  """The registry loader of `load` (`mnist.load_mnist`, `cifar10.load_cifar10`):
+  partitioned train set, official test set."""
+  def loader(*, data_dir, partition, num_clients, alpha, min_size,
+             classes_per_client, test_fraction, seed):
+    del test_fraction  # the official test set is used
+    return load(
+        data_dir, partition=partition, num_clients=num_clients, alpha=alpha,
+        min_size=min_size, classes_per_client=classes_per_client, seed=seed)
+  return loader
+
+
+_load_mnist = _official_test_loader(mnist.load_mnist)
 
 
 def _load_pmnist(*, data_dir, partition, num_clients, alpha, min_size,
@@ -82,12 +89,7 @@ def _load_pmnist(*, data_dir, partition, num_clients, alpha, min_size,
   return pmnist.load_pmnist(data_dir, num_clients=num_clients, seed=seed)
 
 
-def _load_cifar10(*, data_dir, partition, num_clients, alpha, min_size,
-                  classes_per_client, test_fraction, seed):
-  del test_fraction  # the official test set is used
-  return cifar10.load_cifar10(
-      data_dir, partition=partition, num_clients=num_clients, alpha=alpha,
-      min_size=min_size, classes_per_client=classes_per_client, seed=seed)
+_load_cifar10 = _official_test_loader(cifar10.load_cifar10)
 
 
 def _femnist_loader(digits_only):

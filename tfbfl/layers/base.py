@@ -21,13 +21,60 @@ from tfbfl import gaussian
 
 __all__ = [
   "MeanFieldGaussianLayer",
+  "check_finite_float",
+  "check_natural_gaussian",
+  "check_positive_int",
+  "check_seed",
   "derive_seed",
   "initial_loc",
+  "is_int",
   "initial_untransformed_scale",
   "scale_from_untransformed",
 ]
 
 _TRUNCATED_NORMAL_STDDEV_CORRECTION = 0.87962566103423978  # std of N(0,1) cut at +-2
+
+
+def is_int(value):
+  """True for Python and numpy integers, False for bools (which are ints too)."""
+  return isinstance(value, (int, np.integer)) and not isinstance(
+    value, (bool, np.bool_)
+  )
+
+
+def check_positive_int(name, value):
+  """`int(value)` if `value` is a positive (Python or numpy) int, else ValueError."""
+  if not is_int(value) or value <= 0:
+    raise ValueError(f"`{name}` must be a positive int, got {value!r}.")
+  return int(value)
+
+
+def check_finite_float(name, value):
+  """`float(value)`; ValueError unless it converts to a finite float."""
+  try:
+    value = float(value)
+  except (TypeError, ValueError):
+    raise ValueError(f"`{name}` must be a float, got {value!r}.") from None
+  if not np.isfinite(value):
+    raise ValueError(f"`{name}` must be finite, got {value!r}.")
+  return value
+
+
+def check_seed(seed):
+  """`int(seed)`, or `None` for `None`; ValueError for anything but an int."""
+  if seed is not None and not is_int(seed):
+    raise ValueError(f"`seed` must be a Python int or None, got {seed!r}.")
+  return None if seed is None else int(seed)
+
+
+def check_natural_gaussian(g, name):
+  """`(list(g.eta1), list(g.eta2))`; ValueError unless `g` is a `NaturalGaussian`."""
+  if not (hasattr(g, "eta1") and hasattr(g, "eta2")):
+    raise ValueError(
+      f"`{name}` must be a tfbfl.gaussian.NaturalGaussian, got "
+      f"{type(g).__name__}."
+    )
+  return list(g.eta1), list(g.eta2)
 
 
 def derive_seed(seed, *salt):
@@ -38,8 +85,7 @@ def derive_seed(seed, *salt):
   """
   if seed is None:
     return None
-  if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
-    raise ValueError(f"`seed` must be a Python int or None, got {seed!r}.")
+  seed = check_seed(seed)
   entropy = [int(seed) % (2**32)] + [int(s) % (2**32) for s in salt]
   return int(np.random.SeedSequence(entropy).generate_state(1)[0] & 0x7FFFFFFF)
 
@@ -140,11 +186,7 @@ class MeanFieldGaussianLayer(tf.keras.layers.Layer):
     self.variance_epsilon = _check_positive(
       "variance_epsilon", variance_epsilon, allow_zero=True
     )
-    if seed is not None and (
-      isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer))
-    ):
-      raise ValueError(f"`seed` must be a Python int or None, got {seed!r}.")
-    self.seed = None if seed is None else int(seed)
+    self.seed = check_seed(seed)
     self.activation = tf.keras.activations.get(activation)
     self._param_names = ()
 
@@ -152,6 +194,19 @@ class MeanFieldGaussianLayer(tf.keras.layers.Layer):
 
   def _parameter_shapes(self, input_shape):
     raise NotImplementedError
+
+  def _known_last_dim(self, input_shape, axes):
+    """The last dimension of `input_shape`, which must have rank `len(axes)` (the
+    axes' names, for the error) and a known last dimension; the input spec is
+    fixed to that rank and last dimension."""
+    if input_shape.rank != len(axes) or input_shape[-1] is None:
+      raise ValueError(
+        f"`input_shape` must be [{', '.join(axes)}] with known {axes[-1]}, got "
+        f"{input_shape}."
+      )
+    last = int(input_shape[-1])
+    self.input_spec = tf.keras.layers.InputSpec(ndim=len(axes), axes={-1: last})
+    return last
 
   def build(self, input_shape):
     specs = self._parameter_shapes(tf.TensorShape(input_shape))
@@ -200,6 +255,26 @@ class MeanFieldGaussianLayer(tf.keras.layers.Layer):
 
   def _apply_variational(self, inputs, locs, variances, seed):
     raise NotImplementedError
+
+  def _local_reparameterization(
+    self, linear, inputs, locs, variances, seed, square_inputs=True
+  ):
+    """`_apply_variational` of a layer whose output is linear in its parameters.
+
+    `linear(inputs, params)` computes the output from a dict of parameter tensors.
+    The output's mean is `linear(inputs, locs)` and its variance
+    `linear(inputs^2, variances)` (`linear(inputs, variances)` with
+    `square_inputs=False`, for inputs that are their own squares, such as lookups);
+    with `variances` set, one draw
+    `mean + sqrt(variance + variance_epsilon) * e`, `e ~ N(0, I)` from
+    `tf.random.stateless_normal(seed)`, is returned, otherwise the mean.
+    """
+    mean = linear(inputs, locs)
+    if variances is None:
+      return mean
+    variance = linear(tf.square(inputs) if square_inputs else inputs, variances)
+    noise = tf.random.stateless_normal(tf.shape(mean), seed=seed, dtype=mean.dtype)
+    return mean + tf.sqrt(variance + self.variance_epsilon) * noise
 
   def call(self, inputs, seed=None):
     locs = {n: getattr(self, f"{n}_loc") for n in self._param_names}
@@ -305,12 +380,7 @@ class MeanFieldGaussianLayer(tf.keras.layers.Layer):
     return gaussian.kl_divergence(self.posterior(), self.prior())
 
   def _as_structure(self, g, name):
-    if not (hasattr(g, "eta1") and hasattr(g, "eta2")):
-      raise ValueError(
-        f"`{name}` must be a tfbfl.gaussian.NaturalGaussian, got "
-        f"{type(g).__name__}."
-      )
-    eta1, eta2 = list(g.eta1), list(g.eta2)
+    eta1, eta2 = check_natural_gaussian(g, name)
     if len(eta1) != len(self._param_names) or len(eta2) != len(self._param_names):
       raise ValueError(
         f"`{name}` must hold {len(self._param_names)} tensors per natural parameter "

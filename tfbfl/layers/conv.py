@@ -1,9 +1,8 @@
 """Bayesian 2-D convolution with the local reparameterization trick."""
 
-import numpy as np
 import tensorflow as tf
 
-from tfbfl.layers.base import MeanFieldGaussianLayer
+from tfbfl.layers.base import MeanFieldGaussianLayer, check_positive_int, is_int
 
 __all__ = ["BayesianConv2D"]
 
@@ -12,7 +11,7 @@ _PADDINGS = ("VALID", "SAME")
 
 def _pair(name, value):
   """`value` as a pair of positive ints (an int means the same on both axes)."""
-  if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+  if is_int(value):
     value = (value, value)
   try:
     pair = tuple(value)
@@ -20,10 +19,7 @@ def _pair(name, value):
     raise ValueError(
       f"`{name}` must be a positive int or a pair of positive ints, got {value!r}."
     ) from None
-  if len(pair) != 2 or any(
-    isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v <= 0
-    for v in pair
-  ):
+  if len(pair) != 2 or any(not is_int(v) or v <= 0 for v in pair):
     raise ValueError(
       f"`{name}` must be a positive int or a pair of positive ints, got {value!r}."
     )
@@ -137,26 +133,17 @@ class BayesianConv2D(MeanFieldGaussianLayer):
       seed=seed,
       **kwargs,
     )
-    if isinstance(filters, (bool, np.bool_)) or not isinstance(
-      filters, (int, np.integer)
-    ) or filters <= 0:
-      raise ValueError(f"`filters` must be a positive int, got {filters!r}.")
+    filters = check_positive_int("filters", filters)
     if not isinstance(padding, str) or padding.upper() not in _PADDINGS:
       raise ValueError(f"`padding` must be 'valid' or 'same', got {padding!r}.")
-    self.filters = int(filters)
+    self.filters = filters
     self.kernel_size = _pair("kernel_size", kernel_size)
     self.strides = _pair("strides", strides)
     self.padding = padding.upper()
     self.input_spec = tf.keras.layers.InputSpec(ndim=4)
 
   def _parameter_shapes(self, input_shape):
-    if input_shape.rank != 4 or input_shape[-1] is None:
-      raise ValueError(
-        "`input_shape` must be [batch, height, width, channels] with known "
-        f"channels, got {input_shape}."
-      )
-    c_in = int(input_shape[-1])
-    self.input_spec = tf.keras.layers.InputSpec(ndim=4, axes={-1: c_in})
+    c_in = self._known_last_dim(input_shape, ("batch", "height", "width", "channels"))
     k_h, k_w = self.kernel_size
     return [
       (
@@ -169,18 +156,14 @@ class BayesianConv2D(MeanFieldGaussianLayer):
       ("bias", [self.filters], k_h * k_w * c_in, k_h * k_w * self.filters, False),
     ]
 
-  def _conv(self, inputs, kernel):
-    return tf.nn.conv2d(inputs, kernel, strides=self.strides, padding=self.padding)
+  def _affine(self, inputs, params):
+    conv = tf.nn.conv2d(
+      inputs, params["kernel"], strides=self.strides, padding=self.padding
+    )
+    return tf.nn.bias_add(conv, params["bias"])
 
   def _apply_variational(self, inputs, locs, variances, seed):
-    mean = tf.nn.bias_add(self._conv(inputs, locs["kernel"]), locs["bias"])
-    if variances is None:
-      return mean
-    variance = tf.nn.bias_add(
-      self._conv(tf.square(inputs), variances["kernel"]), variances["bias"]
-    )
-    noise = tf.random.stateless_normal(tf.shape(mean), seed=seed, dtype=mean.dtype)
-    return mean + tf.sqrt(variance + self.variance_epsilon) * noise
+    return self._local_reparameterization(self._affine, inputs, locs, variances, seed)
 
   def compute_output_shape(self, input_shape):
     input_shape = tf.TensorShape(input_shape)

@@ -126,15 +126,12 @@ class BayesianDense(MeanFieldGaussianLayer):
       ("bias", [self.units], n_in, self.units, False),
     ]
 
+  @staticmethod
+  def _affine(inputs, params):
+    return tf.nn.bias_add(tf.matmul(inputs, params["kernel"]), params["bias"])
+
   def _apply_variational(self, inputs, locs, variances, seed):
-    mean = tf.nn.bias_add(tf.matmul(inputs, locs["kernel"]), locs["bias"])
-    if variances is None:
-      return mean
-    variance = tf.nn.bias_add(
-      tf.matmul(tf.square(inputs), variances["kernel"]), variances["bias"]
-    )
-    noise = tf.random.stateless_normal(tf.shape(mean), seed=seed, dtype=mean.dtype)
-    return mean + tf.sqrt(variance + self.variance_epsilon) * noise
+    return self._local_reparameterization(self._affine, inputs, locs, variances, seed)
 
   def compute_output_shape(self, input_shape):
     return tf.TensorShape(input_shape)[:-1].concatenate([self.units])

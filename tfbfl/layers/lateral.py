@@ -1,9 +1,8 @@
 """Lateral connection (Progressive-Networks adapter) from a server to a client layer."""
 
-import numpy as np
 import tensorflow as tf
 
-from tfbfl.layers.base import derive_seed
+from tfbfl.layers.base import check_finite_float, derive_seed
 from tfbfl.layers.dense import BayesianDense
 
 __all__ = ["LateralConnection"]
@@ -93,12 +92,7 @@ class LateralConnection(tf.keras.layers.Layer):
       raise ValueError(
         f"`adapter_units` must be a positive int or None, got {adapter_units!r}."
       )
-    try:
-      gate_init = float(gate_init)
-    except (TypeError, ValueError):
-      raise ValueError(f"`gate_init` must be a float, got {gate_init!r}.") from None
-    if not np.isfinite(gate_init):
-      raise ValueError(f"`gate_init` must be finite, got {gate_init!r}.")
+    gate_init = check_finite_float("gate_init", gate_init)
     self.units = units
     self.adapter_units = adapter_units
     self.gate_init = gate_init

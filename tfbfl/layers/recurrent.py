@@ -3,19 +3,13 @@
 import numpy as np
 import tensorflow as tf
 
-from tfbfl.layers.base import MeanFieldGaussianLayer
+from tfbfl.layers.base import (
+  MeanFieldGaussianLayer,
+  check_finite_float,
+  check_positive_int,
+)
 
 __all__ = ["BayesianLSTM", "GaussianEmbedding"]
-
-
-def _check_positive_int(name, value):
-  if (
-    isinstance(value, (bool, np.bool_))
-    or not isinstance(value, (int, np.integer))
-    or value <= 0
-  ):
-    raise ValueError(f"`{name}` must be a positive int, got {value!r}.")
-  return int(value)
 
 
 class BayesianLSTM(MeanFieldGaussianLayer):
@@ -119,29 +113,18 @@ class BayesianLSTM(MeanFieldGaussianLayer):
       seed=seed,
       **kwargs,
     )
-    self.units = _check_positive_int("units", units)
+    self.units = check_positive_int("units", units)
     if not isinstance(return_sequences, (bool, np.bool_)):
       raise ValueError(
         f"`return_sequences` must be a bool, got {return_sequences!r}."
       )
     self.return_sequences = bool(return_sequences)
-    try:
-      forget_bias = float(forget_bias)
-    except (TypeError, ValueError):
-      raise ValueError(f"`forget_bias` must be a float, got {forget_bias!r}.") from None
-    if not np.isfinite(forget_bias):
-      raise ValueError(f"`forget_bias` must be finite, got {forget_bias!r}.")
-    self.forget_bias = forget_bias
+    self.forget_bias = check_finite_float("forget_bias", forget_bias)
     self.input_spec = tf.keras.layers.InputSpec(ndim=3)
 
   def _parameter_shapes(self, input_shape):
-    if input_shape.rank != 3 or input_shape[-1] is None:
-      raise ValueError(
-        "`input_shape` must be [batch, time, features] with known features, "
-        f"got {input_shape}."
-      )
-    n_in, u = int(input_shape[-1]), self.units
-    self.input_spec = tf.keras.layers.InputSpec(ndim=3, axes={-1: n_in})
+    n_in = self._known_last_dim(input_shape, ("batch", "time", "features"))
+    u = self.units
     return [
       ("kernel", [n_in, 4 * u], n_in, 4 * u, True),
       ("recurrent_kernel", [u, 4 * u], u, 4 * u, True),
@@ -304,8 +287,8 @@ class GaussianEmbedding(MeanFieldGaussianLayer):
       seed=seed,
       **kwargs,
     )
-    self.input_dim = _check_positive_int("input_dim", input_dim)
-    self.output_dim = _check_positive_int("output_dim", output_dim)
+    self.input_dim = check_positive_int("input_dim", input_dim)
+    self.output_dim = check_positive_int("output_dim", output_dim)
 
   def _parameter_shapes(self, input_shape):
     del input_shape  # any shape of ids
@@ -319,16 +302,18 @@ class GaussianEmbedding(MeanFieldGaussianLayer):
       )
     ]
 
+  @staticmethod
+  def _lookup(ids, params):
+    return tf.gather(params["embeddings"], ids)
+
   def _apply_variational(self, inputs, locs, variances, seed):
     ids = inputs
     if not ids.dtype.is_integer:
       ids = tf.cast(ids, tf.int32)
-    mean = tf.gather(locs["embeddings"], ids)
-    if variances is None:
-      return mean
-    variance = tf.gather(variances["embeddings"], ids)
-    noise = tf.random.stateless_normal(tf.shape(mean), seed=seed, dtype=mean.dtype)
-    return mean + tf.sqrt(variance + self.variance_epsilon) * noise
+    # A lookup is a dense layer on one-hot ids, which are their own squares.
+    return self._local_reparameterization(
+      self._lookup, ids, locs, variances, seed, square_inputs=False
+    )
 
   def compute_output_shape(self, input_shape):
     return tf.TensorShape(input_shape).concatenate([self.output_dim])

@@ -44,6 +44,15 @@ flags.DEFINE_integer("eval_every", _D["eval_every"], "Evaluate S and MT every th
 flags.DEFINE_string("output_dir", None, "Where metrics.csv, summary.json, curves.png go.")
 flags.DEFINE_integer("checkpoint_every", _D["checkpoint_every"], "Checkpoint every N rounds (0: never).")
 flags.DEFINE_bool("resume", False, "Continue from the checkpoint in --output_dir.")
+flags.DEFINE_enum("executor", _D["executor"], ["local", "remote"],
+                  "local: TFF worker on this machine; remote: the tfbfl-worker services in --workers.")
+flags.DEFINE_list("workers", None, "--executor=remote: worker addresses host:port,host:port "
+                  "(trusted network or SSH tunnels only; see BUILD.md).")
+flags.DEFINE_float("call_timeout_s", _D["call_timeout_s"],
+                   "--executor=remote: deadline of each call to a worker (above the longest subround).")
+flags.DEFINE_enum("client_store", _D["client_store"], ["memory", "disk"],
+                  "Where the controller keeps client states: memory, or one file per client "
+                  "under <output_dir>/client_states.")
 # VIRTUAL
 flags.DEFINE_float("damping", _D["damping"], "VIRTUAL: damping gamma of the client factors (1 = none).")
 flags.DEFINE_bool("tie_damping", _D["tie_damping"], "VIRTUAL: gamma = 1 - server_lr (paper, App. D).")

@@ -10,6 +10,18 @@ in through four members (see `tfbfl.algorithms.virtual.VirtualAlgorithm`):
     evaluate(server_state, client_states, seeds, test_data) -> per-client sums
         {server_loss, server_correct, mt_loss, mt_correct, num_examples}
 
+Per-client results (client states, evaluation dicts) may carry a `client_index`;
+the driver then re-keys them, as multi-worker contexts (`tfbfl.runtime.RemoteRuntime`)
+return them in completion order. Under such a context, results without it are
+refused. An algorithm may define `next_two_phase` (same signature as `next`); the
+driver uses it instead of `next` under a multi-worker context (see
+`tfbfl.algorithms.virtual`).
+
+Client states live in the controller, in a `tfbfl.client_store` store chosen by
+`RunConfig.client_store` ("memory", or "disk": one file per client under
+`client_store_dir`, default `<output_dir>/client_states`; checkpoints then refer to
+a hard-linked snapshot `<output_dir>/client_states_r<round>`).
+
 An algorithm may also define `round_bytes(num_selected, round_metrics) -> (up, down)`
 (see `tfbfl.communication`); the driver then adds `bytes_up`, `bytes_down` and their
 running totals to every row and to `summary.json`.
@@ -45,6 +57,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from tfbfl import client_store as client_store_lib
 from tfbfl.data import FederatedData
 
 CHECKPOINT = "checkpoint.pkl"
@@ -63,6 +76,8 @@ class RunConfig:
   checkpoint_every: int = 0
   resume: bool = False
   verbose: bool = True
+  client_store: str = "memory"           # or "disk"
+  client_store_dir: Optional[str] = None  # disk: default <output_dir>/client_states
 
   def validate(self, num_clients: int) -> None:
     if self.rounds < 1:
@@ -77,6 +92,11 @@ class RunConfig:
       raise ValueError(f"--checkpoint_every must be >= 0, got {self.checkpoint_every}.")
     if self.resume and not self.output_dir:
       raise ValueError("--resume needs --output_dir (where the checkpoint is).")
+    if self.client_store not in ("memory", "disk"):
+      raise ValueError(f"--client_store must be 'memory' or 'disk', got {self.client_store!r}.")
+    if self.client_store == "disk" and not (self.output_dir or self.client_store_dir):
+      raise ValueError("--client_store=disk needs --output_dir (states go to "
+                       "<output_dir>/client_states).")
 
 
 # ----------------------------------------------------------------- file output
@@ -214,9 +234,17 @@ class ExperimentRunner:
     self._tb_writer = None
 
   # ---------------------------------------------------------------- state
+  def _new_client_store(self):
+    cfg = self.config
+    directory = cfg.client_store_dir or (
+        os.path.join(cfg.output_dir, "client_states") if cfg.output_dir else None)
+    return client_store_lib.make_client_store(cfg.client_store, directory)
+
   def _fresh_state(self):
+    clients = self._new_client_store()
+    clients.clear()  # a fresh run in a used directory starts from no states
     return dict(round=0, server_state=self.algorithm.initial_server_state(),
-                clients={}, rows=[], client_rows=[], wall_time_s=0.0)
+                clients=clients, rows=[], client_rows=[], wall_time_s=0.0)
 
   def _client_state(self, state, index):
     if index not in state["clients"]:
@@ -228,10 +256,18 @@ class ExperimentRunner:
 
   def _save_checkpoint(self, state):
     payload = dict(state, flags=self._checkpoint_flags())
+    snapshot = None
+    if isinstance(state["clients"], client_store_lib.DiskClientStore):
+      snapshot = client_store_lib.save_snapshot(state["clients"], self.config.output_dir,
+                                                state["round"])
+      payload["client_snapshot"] = snapshot
     atomic_write_bytes(self._checkpoint_path(), pickle.dumps(payload, protocol=4))
+    if snapshot is not None:
+      client_store_lib.prune_snapshots(self.config.output_dir, keep=snapshot)
 
   def _checkpoint_flags(self):
-    ignore = {"rounds", "resume", "checkpoint_every", "output_dir", "eval_every"}
+    ignore = {"rounds", "resume", "checkpoint_every", "output_dir", "eval_every",
+              "executor", "workers", "call_timeout_s"}
     return {k: v for k, v in self.flags.items() if k not in ignore}
 
   def _load_checkpoint(self):
@@ -245,24 +281,49 @@ class ExperimentRunner:
       diff = sorted(k for k in set(saved) | set(self._checkpoint_flags())
                     if saved.get(k) != self._checkpoint_flags().get(k))
       raise ValueError(f"--resume: checkpoint {path} was written with other flags: {diff}.")
+    snapshot = state.pop("client_snapshot", None)
+    if snapshot is not None:  # disk store: its files as of the checkpoint
+      state["clients"] = self._new_client_store()
+      state["clients"].restore(os.path.join(self.config.output_dir, snapshot))
     return state
 
   @staticmethod
-  def _rekey(selected, new_states):
-    """Client states in `selected` order. States that carry `client_index` are
-    matched by it (remote/mergeable contexts may return them in completion
-    order); others are taken in the order returned, which the local context keeps."""
-    new_states = list(new_states)
-    if len(new_states) != len(selected):
-      raise RuntimeError(f"{len(selected)} clients were selected but {len(new_states)} "
-                         "client states came back.")
-    if not all(hasattr(s, "client_index") for s in new_states):
-      return new_states
-    by_index = {int(np.asarray(s.client_index)): s for s in new_states}
+  def _rekey(selected, results, what="client states"):
+    """Per-client `results` in `selected` order. Results that carry
+    `client_index` (an attribute, or a key of a dict) are matched by it
+    (multi-worker contexts return them in completion order); others are taken
+    in the order returned, which the local context keeps, and are refused under
+    a multi-worker context."""
+    results = list(results)
+    if len(results) != len(selected):
+      raise RuntimeError(f"{len(selected)} clients were selected but {len(results)} "
+                         f"{what} came back.")
+    index_of = lambda r: r.get("client_index") if isinstance(r, dict) else getattr(
+        r, "client_index", None)
+    indices = [index_of(r) for r in results]
+    if any(i is None for i in indices):
+      from tfbfl import runtime  # pylint: disable=g-import-not-at-top
+
+      if len(results) > 1 and runtime.mergeable_context_active():
+        raise RuntimeError(
+            f"{what} came back from a multi-worker context without `client_index`, so "
+            "they may be out of client order; this algorithm cannot run with "
+            "--executor=remote until its per-client outputs carry client_index.")
+      return results
+    by_index = {int(np.asarray(i)): r for i, r in zip(indices, results)}
     missing = sorted(set(selected) - set(by_index))
     if missing:
-      raise RuntimeError(f"client states of clients {missing} did not come back.")
+      raise RuntimeError(f"{what} of clients {missing} did not come back.")
     return [by_index[i] for i in selected]
+
+  def _round_fn(self):
+    """`algorithm.next`, or its `next_two_phase` under a multi-worker context."""
+    from tfbfl import runtime  # pylint: disable=g-import-not-at-top
+
+    two_phase = getattr(self.algorithm, "next_two_phase", None)
+    if two_phase is not None and runtime.mergeable_context_active():
+      return two_phase
+    return self.algorithm.next
 
   # ------------------------------------------------------------- evaluate
   def evaluate(self, state) -> Dict[str, Any]:
@@ -270,7 +331,7 @@ class ExperimentRunner:
     states = [self._client_state(state, i) for i in range(k)]
     seeds = [client_seed(self.config.seed, -1 - state["round"], i) for i in range(k)]
     per_client = self.algorithm.evaluate(state["server_state"], states, seeds, self._test)
-    return aggregate_evaluation(per_client)
+    return aggregate_evaluation(self._rekey(list(range(k)), per_client, "evaluation results"))
 
   # ------------------------------------------------------------------ run
   def run(self) -> Dict[str, Any]:
@@ -282,12 +343,13 @@ class ExperimentRunner:
     start_round = state["round"] + 1
     clock = time.time() - state["wall_time_s"]
     session_start, session_rounds = time.time(), 0
+    round_fn = self._round_fn()
     for r in range(start_round, cfg.rounds + 1):
       selected = sample_clients(cfg.seed, r, k, cfg.clients_per_round)
       states = [self._client_state(state, i) for i in selected]
       seeds = [client_seed(cfg.seed, r, i) for i in selected]
       data = [self._train[i] for i in selected]
-      server_state, new_states, metrics = self.algorithm.next(state["server_state"], states, seeds, data)
+      server_state, new_states, metrics = round_fn(state["server_state"], states, seeds, data)
       state["server_state"] = server_state
       for i, s in zip(selected, self._rekey(selected, new_states)):
         state["clients"][i] = s

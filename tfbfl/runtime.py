@@ -30,12 +30,28 @@ Typical use (launchers and tests do exactly this):
     runtime.set_local_runtime(max_concurrent_computation_calls=2)
     ...  # invoke tff computations
     runtime.shutdown()   # optional: atexit does it too
+
+Remote mode (several machines; see BUILD.md, "Running on several machines"): each
+worker machine runs `tfbfl-worker --port=P` (`tfbfl.worker`), and the controller
+
+    runtime.set_runtime("remote", workers=["host1:8000", "host2:8000"])
+    # or: with runtime.RemoteRuntime(["host1:8000", "host2:8000"]): ...
+
+installs TFF's mergeable context over one sync context per worker
+(`DeadlineGrpcStub` -> `RemoteExecutor` -> `ResourceManagingExecutorFactory` ->
+`SyncExecutionContext`, invoked in a thread per worker); a round's clients are
+split across the workers. Every RPC has a deadline and a failed worker raises
+`WorkerError` naming it. `set_runtime("local")` is `set_local_runtime()`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import atexit
+import concurrent.futures
 import ctypes
+import inspect
+import importlib.util
 import os
 import signal
 import subprocess
@@ -44,7 +60,7 @@ import tempfile
 import threading
 import time
 import weakref
-from typing import Optional
+from typing import Optional, Sequence
 
 import grpc
 import portpicker
@@ -59,10 +75,15 @@ _PR_SET_PDEATHSIG = 1
 
 
 def worker_binary_path() -> str:
-  """Path of the `worker_binary` shipped inside the installed TFF wheel."""
-  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  """Path of the `worker_binary` shipped inside the installed TFF wheel.
 
-  path = os.path.join(os.path.dirname(tff.__file__), "data", "worker_binary")
+  Found without importing TFF (and TensorFlow), so `tfbfl-worker` starts fast
+  and stays small.
+  """
+  spec = importlib.util.find_spec("tensorflow_federated")
+  if spec is None or not spec.submodule_search_locations:
+    raise RuntimeError("tensorflow-federated is not installed; see BUILD.md.")
+  path = os.path.join(list(spec.submodule_search_locations)[0], "data", "worker_binary")
   if not os.path.isfile(path):
     raise RuntimeError(
         f"TFF worker binary not found at {path}; reinstall "
@@ -114,6 +135,7 @@ class WorkerProcess:
     log_dir: directory for the worker's log file (default: the system temp dir).
     startup_timeout_s: how long to wait for the worker to accept gRPC calls.
     port: port to serve on (default: a free port picked by portpicker).
+    log_path: the log file (default: `<log_dir>/tff_worker_<pid>_<port>.log`).
   """
 
   def __init__(
@@ -123,14 +145,15 @@ class WorkerProcess:
       log_dir: Optional[str] = None,
       startup_timeout_s: float = 60.0,
       port: Optional[int] = None,
+      log_path: Optional[str] = None,
   ):
     if startup_timeout_s <= 0:
       raise ValueError(f"startup_timeout_s must be > 0, got {startup_timeout_s}.")
     self.binary = worker_binary_path()
     self.port = port or portpicker.pick_unused_port()
     log_dir = log_dir or tempfile.gettempdir()
-    os.makedirs(log_dir, exist_ok=True)
-    self.log_path = os.path.join(log_dir, f"tff_worker_{os.getpid()}_{self.port}.log")
+    self.log_path = log_path or os.path.join(log_dir, f"tff_worker_{os.getpid()}_{self.port}.log")
+    os.makedirs(os.path.dirname(os.path.abspath(self.log_path)), exist_ok=True)
     self._log_file = open(self.log_path, "ab")  # pylint: disable=consider-using-with
     args = [
         self.binary,
@@ -147,10 +170,18 @@ class WorkerProcess:
     )
     self._finalizer = weakref.finalize(self, _terminate, self.process)
     self.channel = grpc.insecure_channel(f"localhost:{self.port}", _GRPC_OPTIONS)
-    import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-
-    self.stub = tff.framework.RemoteExecutorGrpcStub(self.channel)
+    self._stub = None
     self._wait_ready(startup_timeout_s)
+
+  @property
+  def stub(self):
+    """`tff.framework.RemoteExecutorGrpcStub` on this worker (built on first use,
+    so that `tfbfl-worker` never imports TFF)."""
+    if self._stub is None:
+      import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+
+      self._stub = tff.framework.RemoteExecutorGrpcStub(self.channel)
+    return self._stub
 
   def _wait_ready(self, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
@@ -228,6 +259,10 @@ class LocalRuntime:
     self._previous_context = None
     self._lock = threading.Lock()
 
+  @property
+  def running(self) -> bool:
+    return self.worker is not None
+
   def start(self) -> "LocalRuntime":
     """Starts the worker (in the calling thread) and installs the context."""
     import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
@@ -282,31 +317,398 @@ class LocalRuntime:
     self.close()
 
 
-_RUNTIME: Optional[LocalRuntime] = None
+# ---------------------------------------------------------------- remote mode
+class WorkerError(RuntimeError, grpc.RpcError):
+  """A remote TFF worker failed a call: it died, is unreachable, or did not
+  answer within the call deadline.
 
+  Raised instead of the stock stub's `RetryableGRPCError`, which TFF's execution
+  context retries forever. It is also a `grpc.RpcError`, so TFF's own clean-up
+  paths (which swallow RPC errors while disposing of an executor) stay quiet.
 
-def set_local_runtime(**kwargs) -> LocalRuntime:
-  """Starts (once) the process-wide local runtime and makes it TFF's default.
-
-  Calling again with the same options returns the running runtime; with other
-  options the old worker is stopped and a new one started.
+  Attributes:
+    worker: the "host:port" that failed.
+    method: the executor-service RPC that failed (e.g. "Compute").
+    status_code: the `grpc.StatusCode`, or None.
   """
+
+  def __init__(self, worker: str, method: str, status_code, details: str,
+               timeout_s: Optional[float] = None):
+    self.worker, self.method, self.status_code = worker, method, status_code
+    if status_code == grpc.StatusCode.DEADLINE_EXCEEDED:
+      why = (f"did not answer within call_timeout_s={timeout_s:g} s "
+             "(hung, overloaded, unreachable, or a subround longer than the deadline)")
+    elif status_code == grpc.StatusCode.UNAVAILABLE:
+      why = "is unavailable (its process died, or the address is wrong or unreachable)"
+    else:
+      why = f"failed with {getattr(status_code, 'name', 'an unknown error')}"
+    super().__init__(f"TFF worker {worker} {why} during {method}: {details}")
+
+
+def parse_worker_address(address: str) -> str:
+  """Checks a "host:port" (or "[v6]:port") worker address; returns it stripped."""
+  address = str(address).strip()
+  host, sep, port = address.rpartition(":")
+  if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    raise ValueError(f"worker address must be host:port, got {address!r}.")
+  return address
+
+
+class DeadlineGrpcStub:
+  """The executor-service stub of one remote worker, with a deadline per call.
+
+  Implements `tff.framework.RemoteExecutorStub` (registered as such), like TFF's
+  `RemoteExecutorGrpcStub`, with two differences: every RPC carries
+  `timeout=call_timeout_s`, and a failed RPC raises `WorkerError` naming the
+  worker (the stock stub turns UNAVAILABLE into an error TFF retries forever, so a
+  dead worker would hang the controller). Disposing of remote values is best
+  effort and never raises (it runs from finalizers).
+
+  `call_timeout_s` bounds each RPC, including `Compute`, which waits for the
+  worker to finish its share of a round: set it above the longest subround.
+  """
+
+  _RPCS = dict(get_executor="GetExecutor", create_value="CreateValue",
+               create_struct="CreateStruct", create_call="CreateCall",
+               create_selection="CreateSelection", compute="Compute",
+               dispose_executor="DisposeExecutor")
+
+  def __init__(self, address: str, *, call_timeout_s: float = 600.0, channel=None):
+    from tensorflow_federated.proto.v0 import executor_pb2_grpc  # pylint: disable=g-import-not-at-top
+
+    if call_timeout_s <= 0:
+      raise ValueError(f"call_timeout_s must be > 0, got {call_timeout_s}.")
+    self.address = parse_worker_address(address)
+    self.call_timeout_s = float(call_timeout_s)
+    self.channel = channel if channel is not None else grpc.insecure_channel(
+        self.address, _GRPC_OPTIONS)
+    self._stub = executor_pb2_grpc.ExecutorGroupStub(self.channel)
+
+  def _call(self, rpc: str, request):
+    try:
+      return getattr(self._stub, rpc)(request, timeout=self.call_timeout_s)
+    except grpc.RpcError as e:
+      code = e.code() if isinstance(e, grpc.Call) else None
+      details = e.details() if isinstance(e, grpc.Call) else str(e)
+      raise WorkerError(self.address, rpc, code, details, self.call_timeout_s) from None
+    except ValueError as e:  # grpc: "Cannot invoke RPC on closed channel!"
+      raise WorkerError(self.address, rpc, grpc.StatusCode.CANCELLED,
+                        f"{e} (the runtime was closed)") from None
+
+  def __getattr__(self, name):
+    rpc = DeadlineGrpcStub._RPCS.get(name)
+    if rpc is None:
+      raise AttributeError(name)
+    return lambda request: self._call(rpc, request)
+
+  def dispose(self, request):
+    try:
+      return self._stub.Dispose(request, timeout=min(self.call_timeout_s, 10.0))
+    except grpc.RpcError:
+      return None  # The worker is gone: nothing left to dispose of.
+
+  def wait_ready(self, timeout_s: float) -> bool:
+    """True once the worker accepts connections, False after `timeout_s`."""
+    try:
+      grpc.channel_ready_future(self.channel).result(timeout=timeout_s)
+      return True
+    except grpc.FutureTimeoutError:
+      return False
+
+  @property
+  def is_ready(self) -> bool:
+    return self.wait_ready(0.01)
+
+  def close(self) -> None:
+    self.channel.close()
+
+
+class _FailureLatch:
+  """When the last subround failure was raised (shared by a runtime's workers)."""
+
+  def __init__(self):
+    self._lock = threading.Lock()
+    self._last = float("-inf")
+
+  def raise_or_absorb(self, started: float) -> bool:
+    """True: raise this failure. False: absorb it, because it belongs to a call
+    that already failed (the subround started before that failure was raised):
+    TFF's mergeable context stops at the first failed subround and abandons the
+    others, whose errors nobody would retrieve."""
+    with self._lock:
+      if started < self._last:
+        return False
+      self._last = time.monotonic()
+      return True
+
+
+class _ThreadedAsyncContext:
+  """Async face of one worker's `SyncExecutionContext`.
+
+  `invoke` runs the sync context's blocking `invoke` in a thread of a pool with
+  one thread per worker, so the mergeable context's subrounds really run on all
+  workers at once (awaiting TFF's own async context instead would serialise
+  them: its gRPC calls block the event loop). A dedicated pool rather than
+  `asyncio.to_thread`, whose default pool has only min(32, cores + 4) threads.
+  Registered as a `tff.framework.AsyncContext`.
+  """
+
+  def __init__(self, sync_context, pool: concurrent.futures.ThreadPoolExecutor, address: str,
+               latch: _FailureLatch):
+    self.sync_context, self._pool, self.address, self._latch = sync_context, pool, address, latch
+
+  async def invoke(self, comp, arg):
+    loop = asyncio.get_running_loop()
+    started = time.monotonic()
+    try:
+      return await loop.run_in_executor(self._pool, self.sync_context.invoke, comp, arg)
+    except Exception:  # pylint: disable=broad-except
+      if self._latch.raise_or_absorb(started):
+        raise
+      return None  # An abandoned subround of a call that already failed.
+
+
+class RemoteRuntime:
+  """TFF's multi-machine runtime over workers that are already serving.
+
+  One worker per entry of `workers` ("host:port"; start each with `tfbfl-worker
+  --port=PORT`). The controller (this process) installs
+  `tff.backends.native.create_mergeable_comp_execution_context` as TFF's default
+  context; for each call it splits the CLIENTS-placed arguments into one slice per
+  subround, runs the slices on the workers in parallel, merges the single
+  aggregation and returns CLIENTS-placed results concatenated in *completion
+  order* (results per client must carry their client index; see
+  `tfbfl.experiment`). Per worker:
+
+      DeadlineGrpcStub -> tff.framework.RemoteExecutor
+        -> tff.framework.ResourceManagingExecutorFactory
+        -> tff.framework.SyncExecutionContext -> invoke in a thread
+
+  Limits of TFF's mergeable form: a computation may have only one aggregation
+  stage (broadcast -> client work -> aggregate -> server work is fine); its
+  client count is read from the LAST argument (client-placed data must come
+  last); CLIENTS-placed outputs of a computation that also aggregates are
+  recomputed after the merge (the client work runs twice per round).
+
+  Client states, data and the server state stay in the controller and are sent
+  with each call; workers keep nothing between calls.
+
+  Args:
+    workers: worker addresses, "host:port".
+    call_timeout_s: deadline of every RPC to a worker (must exceed the longest
+      subround; see `DeadlineGrpcStub`). A dead worker fails at once; a hung or
+      unreachable one after this deadline. Either raises `WorkerError`.
+    connect_timeout_s: how long `start()` waits for every worker to accept
+      connections; unreachable ones are named in a `WorkerError`.
+    default_num_clients: cardinality when a call's arguments do not determine it.
+    num_subrounds: slices per call (default: one per worker); more than the
+      number of workers queues the extra slices on whichever worker is free.
+  """
+
+  def __init__(
+      self,
+      workers: Sequence[str],
+      *,
+      call_timeout_s: float = 600.0,
+      connect_timeout_s: float = 30.0,
+      default_num_clients: int = 0,
+      num_subrounds: Optional[int] = None,
+  ):
+    if isinstance(workers, str):
+      workers = [w for w in workers.split(",") if w.strip()]
+    self.workers = tuple(parse_worker_address(w) for w in workers)
+    if not self.workers:
+      raise ValueError("RemoteRuntime needs at least one worker address (host:port).")
+    if len(set(self.workers)) != len(self.workers):
+      raise ValueError(f"worker addresses must be distinct, got {list(self.workers)}.")
+    if call_timeout_s <= 0 or connect_timeout_s <= 0:
+      raise ValueError("call_timeout_s and connect_timeout_s must be > 0, got "
+                       f"{call_timeout_s} and {connect_timeout_s}.")
+    if default_num_clients < 0:
+      raise ValueError(f"default_num_clients must be >= 0, got {default_num_clients}.")
+    if num_subrounds is not None and num_subrounds < 1:
+      raise ValueError(f"num_subrounds must be >= 1, got {num_subrounds}.")
+    self.call_timeout_s = float(call_timeout_s)
+    self.connect_timeout_s = float(connect_timeout_s)
+    self.default_num_clients = default_num_clients
+    self.num_subrounds = num_subrounds
+    self.stubs = []
+    self.context = None
+    self.requested = None
+    self._pool = None
+    self._previous_context = None
+
+  @property
+  def running(self) -> bool:
+    return self.context is not None
+
+  def start(self) -> "RemoteRuntime":
+    """Connects to every worker (or raises `WorkerError` naming the unreachable
+    ones) and installs the mergeable context as TFF's default."""
+    import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+
+    if self.context is not None:
+      return self
+    tff.framework.RemoteExecutorStub.register(DeadlineGrpcStub)
+    tff.framework.AsyncContext.register(_ThreadedAsyncContext)
+    stubs = [DeadlineGrpcStub(w, call_timeout_s=self.call_timeout_s) for w in self.workers]
+    futures = [grpc.channel_ready_future(s.channel) for s in stubs]
+    deadline = time.monotonic() + self.connect_timeout_s
+    unreachable = []
+    for stub, future in zip(stubs, futures):
+      try:
+        future.result(timeout=max(deadline - time.monotonic(), 0.01))
+      except grpc.FutureTimeoutError:
+        unreachable.append(stub.address)
+    if unreachable:
+      for stub in stubs:
+        stub.close()
+      raise WorkerError(
+          ", ".join(unreachable), "connect", grpc.StatusCode.UNAVAILABLE,
+          f"not reachable within connect_timeout_s={self.connect_timeout_s:g} s; start "
+          "`tfbfl-worker --port=PORT` there (same TFF and tfbfl versions) and check the "
+          "address and firewall / SSH tunnel.")
+    self.stubs = stubs
+    self._pool = concurrent.futures.ThreadPoolExecutor(
+        max_workers=len(stubs), thread_name_prefix="tfbfl-remote")
+    latch = _FailureLatch()
+    async_contexts = [
+        _ThreadedAsyncContext(self._worker_context(stub), self._pool, stub.address, latch)
+        for stub in stubs]
+    self.context = tff.backends.native.create_mergeable_comp_execution_context(
+        async_contexts, num_subrounds=self.num_subrounds)
+    self._previous_context = tff.framework.get_context_stack().current
+    tff.framework.set_default_context(self.context)
+    return self
+
+  def _worker_context(self, stub):
+    import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+
+    def stack_fn(cardinalities):
+      if cardinalities.get(tff.CLIENTS) is None:
+        cardinalities[tff.CLIENTS] = self.default_num_clients
+      executor = tff.framework.RemoteExecutor(stub)
+      executor.set_cardinalities(cardinalities)
+      return executor
+
+    factory = tff.framework.ResourceManagingExecutorFactory(executor_stack_fn=stack_fn)
+    return tff.framework.SyncExecutionContext(
+        executor_fn=factory,
+        compiler_fn=tff.backends.native.desugar_and_transform_to_native,
+        transform_args=tff.tensorflow.transform_args,
+        transform_result=tff.tensorflow.transform_result)
+
+  def close(self) -> None:
+    """Closes the connections (the workers keep serving) and, if this runtime's
+    context is still TFF's default, reinstates the one it replaced. Idempotent."""
+    if self.context is None:
+      return
+    import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+
+    context, self.context = self.context, None
+    for stub in self.stubs:
+      stub.close()
+    self.stubs = []
+    if self._pool is not None:
+      self._pool.shutdown(wait=False, cancel_futures=True)
+      self._pool = None
+    stack = tff.framework.get_context_stack()
+    if stack.current is context and self._previous_context is not None:
+      tff.framework.set_default_context(self._previous_context)
+
+  def __enter__(self) -> "RemoteRuntime":
+    return self.start()
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+
+# ------------------------------------------------------ process-wide runtime
+_RUNTIME = None  # LocalRuntime or RemoteRuntime
+
+
+def _effective_options(cls, kwargs):
+  """`kwargs` with `cls`'s defaults filled in (None concurrency = CPU count), so
+  that `set_local_runtime()` and `set_local_runtime(<the defaults>)` compare equal."""
+  bound = inspect.signature(cls.__init__).bind(None, **kwargs)
+  bound.apply_defaults()
+  options = {k: v for k, v in bound.arguments.items() if k != "self"}
+  if options.get("max_concurrent_computation_calls", 0) is None:
+    options["max_concurrent_computation_calls"] = os.cpu_count() or 1
+  return options
+
+
+def _install(cls, kwargs):
+  """Starts `cls(**kwargs)` as the process-wide runtime, or reuses the running
+  one if it was started with the same class and (effective) options."""
   global _RUNTIME
-  if _RUNTIME is not None and _RUNTIME.worker is not None:
-    if _RUNTIME.requested == kwargs:
+  kwargs = _effective_options(cls, kwargs)
+  if _RUNTIME is not None and _RUNTIME.running:
+    if type(_RUNTIME) is cls and _RUNTIME.requested == kwargs:  # pylint: disable=unidiomatic-typecheck
       # Another runtime may have replaced the default context meanwhile.
       import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
 
       tff.framework.set_default_context(_RUNTIME.context)
       return _RUNTIME
     _RUNTIME.close()
-  _RUNTIME = LocalRuntime(**kwargs).start()
+  _RUNTIME = cls(**kwargs).start()
   _RUNTIME.requested = dict(kwargs)
   return _RUNTIME
 
 
+def set_local_runtime(**kwargs) -> LocalRuntime:
+  """Starts (once) the process-wide local runtime and makes it TFF's default.
+
+  Calling again with the same options returns the running runtime; with other
+  options (or while a remote runtime is installed) the old one is stopped and a
+  new one started.
+  """
+  return _install(LocalRuntime, dict(kwargs))
+
+
+def set_runtime(executor: str = "local", workers: Optional[Sequence[str]] = None, **kwargs):
+  """Installs the process-wide runtime chosen by `--executor`.
+
+  Args:
+    executor: "local" (an owned worker on this machine, `LocalRuntime`) or
+      "remote" (`RemoteRuntime` over `workers`).
+    workers: "host:port" addresses (a list, or one comma-separated string);
+      required for "remote", refused for "local".
+    **kwargs: options of the chosen runtime class.
+  """
+  if executor == "local":
+    if workers:
+      raise ValueError("--workers is only used with --executor=remote.")
+    return set_local_runtime(**kwargs)
+  if executor == "remote":
+    if isinstance(workers, str):
+      workers = [w for w in workers.split(",") if w.strip()]
+    if not workers:
+      raise ValueError("--executor=remote needs --workers=host:port[,host:port...].")
+    return _install(RemoteRuntime, dict(workers=tuple(workers), **kwargs))
+  raise ValueError(f"--executor must be 'local' or 'remote', got {executor!r}.")
+
+
+def mergeable_context_active() -> bool:
+  """True when TFF's current default context is a mergeable (multi-worker) one,
+  e.g. a `RemoteRuntime`'s. Under it, CLIENTS-placed results come back in
+  subround completion order, and in a computation that also aggregates, the
+  client work producing CLIENTS-placed results runs twice (before and after the
+  merge); drivers use this to pick a two-phase round (see `tfbfl.experiment`)."""
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+
+  return isinstance(tff.framework.get_context_stack().current,
+                    tff.framework.MergeableCompExecutionContext)
+
+
+def current_runtime():
+  """The process-wide runtime (`LocalRuntime`, `RemoteRuntime`) or None."""
+  return _RUNTIME
+
+
 def shutdown() -> None:
-  """Stops the process-wide runtime's worker (registered with atexit)."""
+  """Stops the process-wide runtime (registered with atexit): a local runtime's
+  worker is terminated, a remote runtime's connections closed."""
   global _RUNTIME
   if _RUNTIME is not None:
     _RUNTIME.close()

@@ -44,6 +44,8 @@ DEFAULTS: Dict[str, Any] = dict(
     num_clients=10, clients_per_round=10, rounds=20, epochs_per_round=20, batch_size=20,
     client_lr=0.05, server_lr=None, hidden_units=(100, 100), seed=0, eval_every=1,
     output_dir=None, checkpoint_every=0, resume=False, verbose=True,
+    # Runtime (tfbfl.runtime) and client-state store (tfbfl.client_store)
+    executor="local", workers=None, call_timeout_s=600.0, client_store="memory",
     # VIRTUAL
     damping=1.0, tie_damping=False, kl_weight=1e-4, prior_scale=1.0, init_scale=0.05,
     fedavg_init=False, server_loss_weight=1.0, gate_init=1.0, eval_samples=0,
@@ -112,6 +114,21 @@ def resolve_params(params: Dict[str, Any]) -> Dict[str, Any]:
     raise ValueError(f"--dataset must be one of {sorted(data_lib.DATASETS)}, got {p['dataset']!r}.")
   if p["algorithm"] not in _ALGORITHM_MODULES:
     raise ValueError(f"--algorithm must be one of {algorithm_names()}, got {p['algorithm']!r}.")
+  if isinstance(p["workers"], str):
+    p["workers"] = [w for w in p["workers"].split(",") if w.strip()]
+  p["workers"] = tuple(str(w).strip() for w in p["workers"] or ()) or None
+  if p["executor"] not in ("local", "remote"):
+    raise ValueError(f"--executor must be 'local' or 'remote', got {p['executor']!r}.")
+  if p["executor"] == "remote" and not p["workers"]:
+    raise ValueError("--executor=remote needs --workers=host:port[,host:port...].")
+  if p["executor"] == "local" and p["workers"]:
+    raise ValueError("--workers is only used with --executor=remote.")
+  if not p["call_timeout_s"] > 0:
+    raise ValueError(f"--call_timeout_s must be > 0, got {p['call_timeout_s']}.")
+  if p["client_store"] not in ("memory", "disk"):
+    raise ValueError(f"--client_store must be 'memory' or 'disk', got {p['client_store']!r}.")
+  if p["client_store"] == "disk" and not p["output_dir"]:
+    raise ValueError("--client_store=disk needs --output_dir (states go to <output_dir>/client_states).")
   return p
 
 
@@ -134,12 +151,15 @@ def run_training(params: Dict[str, Any], *, round_hook=None) -> Dict[str, Any]:
     if p["clients_per_round"] > p["num_clients"]:
       raise ValueError(f"--clients_per_round={p['clients_per_round']} exceeds the "
                        f"{p['num_clients']} clients in {p['data_dir']}.")
-  runtime.set_local_runtime()
+  if p["executor"] == "remote":
+    runtime.set_runtime("remote", workers=p["workers"], call_timeout_s=p["call_timeout_s"])
+  else:
+    runtime.set_local_runtime()
   algorithm = build_algorithm(fd, p)
   run_config = experiment.RunConfig(
       rounds=p["rounds"], clients_per_round=p["clients_per_round"], eval_every=p["eval_every"],
       seed=p["seed"], output_dir=p["output_dir"], checkpoint_every=p["checkpoint_every"],
-      resume=p["resume"], verbose=p["verbose"])
+      resume=p["resume"], verbose=p["verbose"], client_store=p["client_store"])
   flags = {k: (list(v) if isinstance(v, tuple) else v) for k, v in p.items()}
   runner = experiment.ExperimentRunner(algorithm, fd, run_config, flags=flags, round_hook=round_hook)
   return runner.run()

@@ -27,6 +27,7 @@ is resumed, so re-running an interrupted table finishes it.
 
 from __future__ import annotations
 
+import collections.abc
 import csv
 import io
 import json
@@ -549,7 +550,7 @@ def layer_log_snr(client_states, trained_only: bool = True) -> Dict[int, np.ndar
   """Dense kernel leaf index -> log10 SNR pooled over the clients' shared
   posteriors (`state.shared_posterior`). `trained_only`: skip clients never
   selected (their posterior is the initial one) when any client was trained."""
-  states = list(client_states.values()) if isinstance(client_states, dict) else list(client_states)
+  states = list(client_states.values()) if isinstance(client_states, collections.abc.Mapping) else list(client_states)
   if trained_only and any(bool(np.asarray(getattr(s, "trained", True))) for s in states):
     states = [s for s in states if bool(np.asarray(getattr(s, "trained", True)))]
   if not states:

@@ -430,7 +430,7 @@ def evaluate_client(cfg: VirtualConfig, server_posterior, state: ClientState, se
     m_loss, m_correct = score(predict(own, 1 if cfg.private else 0))
     return collections.OrderedDict(
         server_loss=s_loss, server_correct=s_correct, mt_loss=m_loss, mt_correct=m_correct,
-        num_examples=tf.cast(tf.shape(y)[0], tf.float32))
+        num_examples=tf.cast(tf.shape(y)[0], tf.float32), client_index=state.client_index)
 
   return run()
 
@@ -443,7 +443,10 @@ class VirtualAlgorithm:
   come last (TFF's mergeable-context splitter reads the client count from the last
   argument). `evaluate(server_state@SERVER, client_states@CLIENTS, seeds@CLIENTS,
   test_data@CLIENTS)` returns per-client `(server_loss, server_correct, mt_loss,
-  mt_correct, n)` sums at CLIENTS.
+  mt_correct, n, client_index)` sums at CLIENTS (`client_index` lets the driver
+  re-key results that a multi-worker context returns in completion order).
+  `next_two_phase` runs the round of `next` as `client_phase` + `server_phase`
+  (for multi-worker contexts, where `next` would train every client twice).
 
   Args:
     config: `VirtualConfig`.
@@ -514,23 +517,53 @@ class VirtualAlgorithm:
       floored, count = floor_precision(moved, posterior, 1.0 / cfg.prior_scale**2)
       return floored, round_num + 1, count
 
+    def finish_round(server_state, delta, metrics, num_examples, delta_nonzeros):
+      """Aggregation of the deltas and the server update (the round's only
+      aggregation stage), shared by `next` and `server_phase`."""
+      agg = aggregation.next(server_state.aggregator_state, delta)
+      posterior, round_num, floored = tff.federated_map(
+          server_update, (server_state.posterior, agg.result, server_state.round_num))
+      new_state = tff.federated_zip(ServerState(posterior, agg.state, round_num))
+      train = tff.federated_mean(metrics, weight=num_examples)
+      round_metrics = tff.federated_zip(collections.OrderedDict(
+          train=train, server_floored=floored, num_examples=tff.federated_sum(num_examples),
+          delta_nonzeros=tff.federated_sum(delta_nonzeros)))
+      return new_state, round_metrics
+
     @tff.federated_computation(
         tff.FederatedType(server_state_type, tff.SERVER),
         tff.FederatedType(client_state_type, tff.CLIENTS),
         tff.FederatedType(seed_type, tff.CLIENTS),
         tff.FederatedType(data_type, tff.CLIENTS))
     def next_fn(server_state, client_states, seeds, data):
-      broadcast = tff.federated_broadcast(server_state.posterior)
-      out = tff.federated_map(client_update_comp, (broadcast, client_states, seeds, data))
-      agg = aggregation.next(server_state.aggregator_state, out.delta)
-      posterior, round_num, floored = tff.federated_map(
-          server_update, (server_state.posterior, agg.result, server_state.round_num))
-      new_state = tff.federated_zip(ServerState(posterior, agg.state, round_num))
-      train = tff.federated_mean(out.metrics, weight=out.num_examples)
-      metrics = tff.federated_zip(collections.OrderedDict(
-          train=train, server_floored=floored, num_examples=tff.federated_sum(out.num_examples),
-          delta_nonzeros=tff.federated_sum(out.delta_nonzeros)))
+      out = tff.federated_map(client_update_comp, (
+          tff.federated_broadcast(server_state.posterior), client_states, seeds, data))
+      new_state, metrics = finish_round(server_state, out.delta, out.metrics, out.num_examples,
+                                        out.delta_nonzeros)
       return new_state, out.client_state, metrics
+
+    # The same round as two computations, for multi-worker (mergeable) contexts:
+    # there, CLIENTS-placed outputs of a computation that also aggregates are
+    # recomputed after the merge, so `next` would train every client twice.
+    @tff.federated_computation(
+        tff.FederatedType(server_state_type, tff.SERVER),
+        tff.FederatedType(client_state_type, tff.CLIENTS),
+        tff.FederatedType(seed_type, tff.CLIENTS),
+        tff.FederatedType(data_type, tff.CLIENTS))
+    def client_phase(server_state, client_states, seeds, data):
+      return tff.federated_map(client_update_comp, (
+          tff.federated_broadcast(server_state.posterior), client_states, seeds, data))
+
+    out_type = client_update_comp.type_signature.result
+    upload_type = tff.to_type(collections.OrderedDict(
+        delta=out_type.delta, metrics=out_type.metrics, num_examples=out_type.num_examples,
+        delta_nonzeros=out_type.delta_nonzeros))
+
+    @tff.federated_computation(tff.FederatedType(server_state_type, tff.SERVER),
+                               tff.FederatedType(upload_type, tff.CLIENTS))
+    def server_phase(server_state, uploads):
+      return finish_round(server_state, uploads.delta, uploads.metrics, uploads.num_examples,
+                          uploads.delta_nonzeros)
 
     @tff.tensorflow.computation(posterior_type, client_state_type, seed_type, data_type)
     def client_eval_comp(server_posterior, state, seed, data):
@@ -551,7 +584,22 @@ class VirtualAlgorithm:
     self.client_update = client_update_comp
     self.server_update = server_update
     self.next = next_fn
+    self.client_phase = client_phase
+    self.server_phase = server_phase
     self.evaluate = evaluate_fn
+
+  def next_two_phase(self, server_state, client_states, seeds, data):
+    """The round of `next` as two TFF calls, for multi-worker contexts (the
+    driver uses it when `runtime.mergeable_context_active()`): `client_phase`
+    trains each selected client once on some worker and returns its outputs;
+    `server_phase` aggregates the deltas and updates the server. Same results
+    as `next` up to float summation order; client states come back in
+    completion order, each with its `client_index`."""
+    outputs = self.client_phase(server_state, client_states, seeds, data)
+    uploads = [collections.OrderedDict(delta=o.delta, metrics=o.metrics, num_examples=o.num_examples,
+                                       delta_nonzeros=o.delta_nonzeros) for o in outputs]
+    server_state, metrics = self.server_phase(server_state, uploads)
+    return server_state, [o.client_state for o in outputs], metrics
 
 
 def config_from_params(data, p) -> VirtualConfig:

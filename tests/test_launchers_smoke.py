@@ -66,3 +66,27 @@ def test_grid_launchers_on_digits(module, extra, tmp_path):
              timeout=400)
   assert out.returncode == 0, out.stderr[-3000:]
   assert (tmp_path / "table2.md").exists()
+
+
+def test_fola_first_round_on_digits(tmp_path):
+  out = _run("launchers.fola_first_round", f"--output_dir={tmp_path}", "--sweep=alpha",
+             "--alphas=0.1", "--repeats=1", "--num_clients=3", "--epochs_per_round=1",
+             "--hidden_units=8", "--methods=fola,fedavg")
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert any(p.suffix == ".csv" for p in tmp_path.iterdir())
+  assert any(p.suffix == ".png" for p in tmp_path.iterdir())
+
+
+def test_fola_curves_on_digits(tmp_path):
+  out = _run("launchers.fola_curves", f"--output_dir={tmp_path}", "--alphas=0.1",
+             "--rounds=1", "--num_clients=3", "--epochs_per_round=1", "--hidden_units=8",
+             "--methods=fola")
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert list(tmp_path.rglob("summary.json"))
+
+
+def test_demo_prints_s_and_mt_for_both(tmp_path):
+  out = _run("launchers.demo", "--rounds=1", f"--output_dir={tmp_path}")
+  assert out.returncode == 0, out.stderr[-3000:]
+  lines = [l for l in out.stdout.splitlines() if l.startswith(("virtual ", "fedavg "))]
+  assert len(lines) == 2, out.stdout[-2000:]

@@ -3,15 +3,14 @@ their flag validation (in-process, on private FlagValues)."""
 
 import csv
 import os
-import subprocess
-import sys
 
 import pytest
+
+from launcher_helpers import run_launchers_in_parallel
 from absl import flags
 
 from tfbfl import pfnm_experiments as px
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--trials=1", "--epochs=1", "--seed=1"]
 LAUNCHERS = {
     "pfnm_batches": ["--J=2", "--hidden_units=16", "--comm_rounds=1", "--kd_hidden=16"],
@@ -31,22 +30,7 @@ FIGURES = {
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
   """Starts the four launchers at once (they share 2 cores) and waits for all."""
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-  procs = {}
-  for name, args in LAUNCHERS.items():
-    out = str(tmp_path_factory.mktemp(name))
-    cmd = [sys.executable, "-m", f"launchers.{name}", f"--output_dir={out}", *TINY, *args]
-    procs[name] = (out, subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                         stderr=subprocess.STDOUT, text=True))
-  results = {}
-  for name, (out, proc) in procs.items():
-    try:
-      log, _ = proc.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-      proc.kill()
-      log, _ = proc.communicate()
-    results[name] = (out, proc.returncode, log)
-  return results
+  return run_launchers_in_parallel(LAUNCHERS, tmp_path_factory, TINY, timeout=240)
 
 
 def _read_csv(path):

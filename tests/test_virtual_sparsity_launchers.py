@@ -8,16 +8,15 @@ import json
 import math
 import os
 import pickle
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
+from launcher_helpers import run_launchers_in_parallel
+
 from tfbfl import gaussian
 from tfbfl import virtual_experiments as vx
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--rounds=1", "--epochs_per_round=1", "--num_clients=3", "--clients_per_round=3",
         "--hidden_units=8", "--seed=1"]
 
@@ -31,26 +30,11 @@ def _read_csv(path):
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory):
   """Starts both launchers at once (2 shared cores) and waits for both."""
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
   jobs = {
       "virtual_sparsity": ["--percentiles=0,50", "--variants=virtual"],
       "virtual_snr_cdf": [],
   }
-  procs = {}
-  for name, args in jobs.items():
-    out = str(tmp_path_factory.mktemp(name))
-    cmd = [sys.executable, "-m", f"launchers.{name}", f"--output_dir={out}", *TINY, *args]
-    procs[name] = (out, subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                         stderr=subprocess.STDOUT, text=True))
-  results = {}
-  for name, (out, proc) in procs.items():
-    try:
-      log, _ = proc.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-      proc.kill()
-      log, _ = proc.communicate()
-    results[name] = (out, proc.returncode, log)
-  return results
+  return run_launchers_in_parallel(jobs, tmp_path_factory, TINY, timeout=300)
 
 
 def test_sparsity_launcher_writes_table3(launched):

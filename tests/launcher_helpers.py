@@ -1,0 +1,33 @@
+"""Running launchers as subprocesses, as a user does (shared by the launcher tests)."""
+
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_launchers_in_parallel(jobs, tmp_path_factory, common_args=(), timeout=300):
+  """Starts `python -m launchers.<name> --output_dir=<tmp> *common_args *args` for
+  every `name: args` in `jobs` at once and waits for all.
+
+  Returns `{name: (output_dir, returncode, combined stdout/stderr)}`; a launcher
+  still running after `timeout` seconds is killed (returncode then non-zero).
+  """
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+  procs = {}
+  for name, args in jobs.items():
+    out = str(tmp_path_factory.mktemp(name))
+    cmd = [sys.executable, "-m", f"launchers.{name}", f"--output_dir={out}", *common_args, *args]
+    procs[name] = (out, subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                         stderr=subprocess.STDOUT, text=True,
+                                         stdin=subprocess.DEVNULL))
+  results = {}
+  for name, (out, proc) in procs.items():
+    try:
+      log, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+      proc.kill()
+      log, _ = proc.communicate()
+    results[name] = (out, proc.returncode, log)
+  return results

@@ -84,6 +84,7 @@ from tfbfl import architectures
 from tfbfl import communication
 from tfbfl import models
 from tfbfl import training
+from tfbfl.algorithms import rounds
 
 ServerState = collections.namedtuple(
     "ServerState", ["model_weights", "finalizer_state", "aggregator_state", "round_num"])
@@ -395,11 +396,7 @@ class FedAvgAlgorithm:
         aggregation.initialize.type_signature.result.member, tff.TensorType(np.int32)))
     client_update = comps.client_update
 
-    @tff.federated_computation(
-        tff.FederatedType(server_state_type, tff.SERVER),
-        tff.FederatedType(weights_type, tff.CLIENTS),
-        tff.FederatedType(comps.seed_type, tff.CLIENTS),
-        tff.FederatedType(comps.data_type, tff.CLIENTS))
+    @rounds.round_computation(server_state_type, weights_type, comps.seed_type, comps.data_type)
     def next_fn(server_state, client_states, seeds, data):
       del client_states  # every selected client starts from the server model
       dist = distributor.next(distributor.initialize(), server_state.model_weights)

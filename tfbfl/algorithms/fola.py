@@ -156,6 +156,7 @@ from tfbfl import gaussian
 from tfbfl import models
 from tfbfl import training
 from tfbfl.aggregators import GaussianProductFactory
+from tfbfl.algorithms import rounds
 
 FISHER_MODES = ("online", "offline", "identity")
 MODELS = ("mlp", "cnn")
@@ -465,11 +466,8 @@ class _LaplaceBase:
 
       return run()
 
-    @tff.federated_computation(
-        tff.FederatedType(self.server_state_type, tff.SERVER),
-        tff.FederatedType(self.client_state_type, tff.CLIENTS),
-        tff.FederatedType(self.seed_type, tff.CLIENTS),
-        tff.FederatedType(self.data_type, tff.CLIENTS))
+    @rounds.round_computation(
+        self.server_state_type, self.client_state_type, self.seed_type, self.data_type)
     def evaluate_fn(server_state, client_states, seeds, data):
       del seeds  # deterministic models
       weights = tff.federated_broadcast(server_state.model.weights)
@@ -550,11 +548,8 @@ class FolaAlgorithm(_LaplaceBase):
     def new_model(mean, precision, round_num):
       return ServerModel(list(mean), list(precision), list(mean), round_num + 1)
 
-    @tff.federated_computation(
-        tff.FederatedType(self.server_state_type, tff.SERVER),
-        tff.FederatedType(self.client_state_type, tff.CLIENTS),
-        tff.FederatedType(self.seed_type, tff.CLIENTS),
-        tff.FederatedType(self.data_type, tff.CLIENTS))
+    @rounds.round_computation(
+        self.server_state_type, self.client_state_type, self.seed_type, self.data_type)
     def next_fn(server_state, client_states, seeds, data):
       model = server_state.model
       out = tff.federated_map(client_update, (tff.federated_broadcast(model), client_states, seeds, data))
@@ -633,11 +628,8 @@ class FedCurvAlgorithm(_LaplaceBase):
       curvature = gaussian.product(list_natural(curvature), list_natural(delta_sum))
       return CurvModel(list(weights), list_natural(curvature), round_num + 1)
 
-    @tff.federated_computation(
-        tff.FederatedType(self.server_state_type, tff.SERVER),
-        tff.FederatedType(self.client_state_type, tff.CLIENTS),
-        tff.FederatedType(self.seed_type, tff.CLIENTS),
-        tff.FederatedType(self.data_type, tff.CLIENTS))
+    @rounds.round_computation(
+        self.server_state_type, self.client_state_type, self.seed_type, self.data_type)
     def next_fn(server_state, client_states, seeds, data):
       model = server_state.model
       out = tff.federated_map(client_update, (tff.federated_broadcast(model), client_states, seeds, data))

@@ -45,6 +45,7 @@ import tensorflow_federated as tff
 from tfbfl import experiment
 from tfbfl import training
 from tfbfl.algorithms import fedavg
+from tfbfl.algorithms import rounds
 
 GlobalState = collections.namedtuple("GlobalState", ["model_weights", "round_num"])
 
@@ -86,11 +87,7 @@ class LocalAlgorithm:
     self.computations = comps = fedavg.ModelComputations(config)
     client_update, score, predict_proba = comps.client_update, comps.score, comps.predict_proba
 
-    @tff.federated_computation(
-        tff.FederatedType(np.int32, tff.SERVER),
-        tff.FederatedType(comps.weights_type, tff.CLIENTS),
-        tff.FederatedType(comps.seed_type, tff.CLIENTS),
-        tff.FederatedType(comps.data_type, tff.CLIENTS))
+    @rounds.round_computation(np.int32, comps.weights_type, comps.seed_type, comps.data_type)
     def next_fn(round_num, client_states, seeds, data):
       out = tff.federated_map(client_update, (client_states, seeds, data))
       metrics = tff.federated_zip(fedavg.train_metrics(out))

@@ -67,6 +67,7 @@ from tfbfl import models
 from tfbfl import sparsity
 from tfbfl import training
 from tfbfl.aggregators import GaussianProductFactory
+from tfbfl.algorithms import rounds
 
 ServerState = collections.namedtuple("ServerState", ["posterior", "aggregator_state", "round_num"])
 # `client_index` travels with the state so the driver can re-key client outputs
@@ -530,11 +531,7 @@ class VirtualAlgorithm:
           delta_nonzeros=tff.federated_sum(delta_nonzeros)))
       return new_state, round_metrics
 
-    @tff.federated_computation(
-        tff.FederatedType(server_state_type, tff.SERVER),
-        tff.FederatedType(client_state_type, tff.CLIENTS),
-        tff.FederatedType(seed_type, tff.CLIENTS),
-        tff.FederatedType(data_type, tff.CLIENTS))
+    @rounds.round_computation(server_state_type, client_state_type, seed_type, data_type)
     def next_fn(server_state, client_states, seeds, data):
       out = tff.federated_map(client_update_comp, (
           tff.federated_broadcast(server_state.posterior), client_states, seeds, data))
@@ -545,11 +542,7 @@ class VirtualAlgorithm:
     # The same round as two computations, for multi-worker (mergeable) contexts:
     # there, CLIENTS-placed outputs of a computation that also aggregates are
     # recomputed after the merge, so `next` would train every client twice.
-    @tff.federated_computation(
-        tff.FederatedType(server_state_type, tff.SERVER),
-        tff.FederatedType(client_state_type, tff.CLIENTS),
-        tff.FederatedType(seed_type, tff.CLIENTS),
-        tff.FederatedType(data_type, tff.CLIENTS))
+    @rounds.round_computation(server_state_type, client_state_type, seed_type, data_type)
     def client_phase(server_state, client_states, seeds, data):
       return tff.federated_map(client_update_comp, (
           tff.federated_broadcast(server_state.posterior), client_states, seeds, data))
@@ -572,11 +565,7 @@ class VirtualAlgorithm:
                           list(state.private), state.trained, state.client_index)
       return evaluate_client(cfg, gaussian.NaturalGaussian(*server_posterior), state, seed, *data)
 
-    @tff.federated_computation(
-        tff.FederatedType(server_state_type, tff.SERVER),
-        tff.FederatedType(client_state_type, tff.CLIENTS),
-        tff.FederatedType(seed_type, tff.CLIENTS),
-        tff.FederatedType(data_type, tff.CLIENTS))
+    @rounds.round_computation(server_state_type, client_state_type, seed_type, data_type)
     def evaluate_fn(server_state, client_states, seeds, data):
       return tff.federated_map(
           client_eval_comp, (tff.federated_broadcast(server_state.posterior), client_states, seeds, data))

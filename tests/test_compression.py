@@ -86,3 +86,19 @@ def test_num_kept_rounding_and_validation():
       compression.num_kept(10, bad)
   with pytest.raises(ValueError, match="floating"):
     compression.encode(np.arange(4), 0.5)
+
+
+def test_tf_fill_on_heavy_tailed_precisions_is_positive_and_matches_numpy():
+  # Precisions spanning 12 orders of magnitude: sum(all) - sum(top) in float32
+  # cancels to a negative fill; the mean of the dropped entries cannot.
+  rng = np.random.default_rng(3)
+  x = np.concatenate([np.full(5000, 1e-6), 10.0 ** rng.uniform(3, 7, size=50)]).astype(np.float32)
+  rng.shuffle(x)
+  x = x.reshape(50, 101)
+  for p in (0.01, 0.05, 0.3):
+    tf_out = compression.top_p_mean(tf.constant(x), p).numpy()
+    np_out = compression.decode(compression.encode(x, p))
+    assert (tf_out > 0).all(), p
+    np.testing.assert_allclose(tf_out, np_out, rtol=1e-6)
+    enc = compression.encode(x, p)
+    assert enc.fill > 0

@@ -148,9 +148,11 @@ def top_p_mean(x, p):
   flat = tf.reshape(x, [-1])
   _, top = tf.math.top_k(flat, k=k, sorted=True)   # ties: lower index first
   keep = tf.scatter_nd(top[:, None], tf.ones([k], tf.bool), [size])
-  rest_sum = tf.reduce_sum(flat) - tf.reduce_sum(tf.gather(flat, top))
-  fill = rest_sum / tf.cast(size - k, x.dtype)
-  return tf.reshape(tf.where(keep, flat, fill), tf.shape(x))
+  # Mean of the dropped entries themselves: sum(all) - sum(top) cancels in float32
+  # on heavy-tailed precisions (it gave negative fills where every entry is > 0).
+  dropped = tf.boolean_mask(flat, tf.logical_not(keep))
+  fill = tf.reduce_mean(tf.cast(dropped, tf.float64))
+  return tf.reshape(tf.where(keep, flat, tf.cast(fill, x.dtype)), tf.shape(x))
 
 
 def top_p_mean_structure(structure, p):

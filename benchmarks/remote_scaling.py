@@ -83,7 +83,7 @@ def main(argv):
       round_fns["next_two_phase"] = alg.next_two_phase
     legs = [("local", local.context, "next")]
     for n, group in zip(worker_counts, groups):
-      remote = runtime.RemoteRuntime([f"localhost:{w.port}" for w in group]).start()
+      remote = runtime.RemoteRuntime([w.address for w in group]).start()
       runtimes.append(remote)
       legs += [(f"remote-{n}", remote.context, fn) for fn in round_fns]
 

@@ -22,6 +22,7 @@ import pytest
 
 from tfbfl import client_store
 from tfbfl import runtime
+from tfbfl import state_io
 
 
 # ----------------------------------------------------------------- helpers
@@ -152,7 +153,8 @@ def test_remote_rounds_match_local_and_dead_worker_is_named(tff_runtime, tmp_pat
   assert _wait_gone(started), "a worker process is still running"
   log = (tmp_path / f"tfbfl_worker_{ports[0]}.log")
   assert log.exists(), "the worker binary's log was not written"
-  assert "TFF executor service on port" in (tmp_path / f"cli_{ports[0]}.out").read_text()
+  assert f"listening on 127.0.0.1:{ports[0]} (this machine only" in (
+      tmp_path / f"cli_{ports[0]}.out").read_text()
 
 
 # ----------------------------------------------------------- failure paths
@@ -265,12 +267,11 @@ def test_disk_store_writes_atomically(tmp_path, monkeypatch):
   store = client_store.DiskClientStore(str(tmp_path))
   store[0] = _state(1)
 
-  class Unpicklable:
-    def __reduce__(self):
-      raise RuntimeError("cannot pickle")
+  class Unstorable:  # neither an array nor a container: tfbfl.state_io refuses it
+    pass
 
-  with pytest.raises(RuntimeError, match="cannot pickle"):
-    store[0] = Unpicklable()
+  with pytest.raises(TypeError, match="cannot store"):
+    store[0] = Unstorable()
 
   def crash(src, dst):
     raise OSError("disk full")
@@ -281,7 +282,7 @@ def test_disk_store_writes_atomically(tmp_path, monkeypatch):
   monkeypatch.undo()
   # The old state is intact and no temporary file is left.
   np.testing.assert_array_equal(store[0]["factor"], np.full((3, 2), 1, np.float32))
-  assert sorted(os.listdir(tmp_path)) == ["client_0.pkl"]
+  assert sorted(os.listdir(tmp_path)) == ["client_0.npz"]
   # A DiskClientStore pickles as its directory, not its states.
   assert len(pickle.dumps(store)) < 200
 
@@ -293,10 +294,10 @@ def test_disk_store_snapshot_and_restore(tmp_path):
   assert name == "client_states_r000004"
   snap = tmp_path / name
   # Hard links: no copy of unchanged states.
-  assert os.stat(snap / "client_0.pkl").st_ino == os.stat(store.path(0)).st_ino
+  assert os.stat(snap / "client_0.npz").st_ino == os.stat(store.path(0)).st_ino
   store[0], store[2] = _state(9), _state(2)   # later rounds
   assert store[0]["factor"][0, 0] == 9
-  np.testing.assert_array_equal(pickle.load(open(snap / "client_0.pkl", "rb"))["factor"],
+  np.testing.assert_array_equal(state_io.load(str(snap / "client_0.npz"))[0]["factor"],
                                 np.zeros((3, 2), np.float32))
   name8 = client_store.save_snapshot(store, str(tmp_path), round_num=8)
   client_store.prune_snapshots(str(tmp_path), keep=name8)

@@ -125,3 +125,32 @@ def test_federated_mean_through_session_runtime(tff_runtime):
 
   assert float(mean([1.0, 2.0, 6.0])) == pytest.approx(3.0)
   assert tff_runtime.worker.alive()
+
+
+def test_crashed_binary_inside_its_namespace_is_reported(tmp_path):
+  worker = runtime.WorkerProcess(log_dir=str(tmp_path), max_concurrent_computation_calls=1)
+  try:
+    binaries = [c for c in psutil.Process(worker.process.pid).children(recursive=True)
+                if "worker_binary" in " ".join(c.cmdline())] or [psutil.Process(worker.process.pid)]
+    binaries[0].kill()
+    deadline = time.time() + 10
+    while worker.alive() and time.time() < deadline:
+      time.sleep(0.1)
+    with pytest.raises(RuntimeError, match=r"at \S+ exited with code"):
+      worker.check_alive()
+  finally:
+    worker.close()
+  if worker.address.startswith("unix:"):
+    assert not os.path.exists(os.path.dirname(worker.address[5:])), "socket directory left"
+
+
+def test_isolation_refuses_to_run_open_unless_asked(monkeypatch):
+  monkeypatch.setattr(runtime, "_netns_available", lambda: False)
+  monkeypatch.setattr(runtime, "_loopback_shim", lambda: None)
+  monkeypatch.delenv(runtime.ISOLATION_ENV, raising=False)
+  with pytest.raises(RuntimeError, match="TFBFL_WORKER_ISOLATION=none"):
+    runtime.resolve_isolation()
+  with pytest.raises(RuntimeError, match="off the network"):
+    runtime.resolve_isolation("netns")
+  monkeypatch.setenv(runtime.ISOLATION_ENV, "none")
+  assert runtime.resolve_isolation() == "none"

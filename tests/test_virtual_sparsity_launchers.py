@@ -7,7 +7,6 @@ import csv
 import json
 import math
 import os
-import pickle
 
 import numpy as np
 import pytest
@@ -81,7 +80,7 @@ def test_snr_cdf_launcher_writes_fig4(launched):
   summary = _read_csv(os.path.join(out, "fig4_summary.csv"))
   assert [int(r["num_weights"]) for r in summary] == [3 * 64 * 8] * 2 + [3 * 8 * 10] * 2
   for name in ("virtual_p0", "virtual_fedavg_init_p0"):
-    assert os.path.exists(os.path.join(out, name, "checkpoint.pkl"))
+    assert os.path.exists(os.path.join(out, name, "checkpoint.npz"))
 
 
 # --------------------------------------------------------- table writer (fast)
@@ -160,7 +159,7 @@ class _FakeRunner:
     self.calls = []
 
   def __call__(self, params):
-    from tfbfl import experiment, training  # pylint: disable=g-import-not-at-top
+    from tfbfl import experiment, state_io, training  # pylint: disable=g-import-not-at-top
     self.calls.append(dict(params))
     p = training.resolve_params(params)
     flags = {k: (list(v) if isinstance(v, tuple) else v) for k, v in p.items()}
@@ -169,8 +168,8 @@ class _FakeRunner:
                    bytes_up_total=10, bytes_down_total=10)
     experiment.atomic_write_text(os.path.join(p["output_dir"], "summary.json"),
                                  json.dumps(summary))
-    experiment.atomic_write_bytes(os.path.join(p["output_dir"], experiment.CHECKPOINT),
-                                  pickle.dumps(dict(round=p["rounds"])))
+    state_io.save(os.path.join(p["output_dir"], experiment.CHECKPOINT), dict(round=p["rounds"]),
+                  meta=dict(kind="checkpoint", round=p["rounds"]))
     return summary
 
 
@@ -192,7 +191,7 @@ def test_ensure_run_reuses_resumes_and_retrains(tmp_path):
   assert how == "trained" and not runner.calls[-1]["resume"]
   assert any("other flags" in line for line in log)
   # The SNR launcher needs the final client states: no checkpoint, no reuse.
-  os.remove(tmp_path / spec.name / "checkpoint.pkl")
+  os.remove(tmp_path / spec.name / "checkpoint.npz")
   n = len(runner.calls)
   assert vx.ensure_run(other, str(tmp_path), runner=runner, log=log.append)[1] == "reused"
   _, how = vx.ensure_run(other, str(tmp_path), runner=runner, log=log.append,

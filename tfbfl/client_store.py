@@ -11,10 +11,13 @@ same interface, a mutable mapping keyed by integer client index:
 * `MemoryClientStore`: a `dict` (code that takes `state["clients"]` as a dict keeps
   working); memory grows linearly with the number of clients that have a state
   (VIRTUAL, MLP 64-100-100-10: about 0.75 MB per client).
-* `DiskClientStore`: a `collections.abc.MutableMapping` over one pickle file per
-  client in a directory (keys in increasing order), written atomically (temporary
-  file in the same directory, fsync, rename), so a crash never leaves a
-  half-written state; a state is in memory only while it is used.
+* `DiskClientStore`: a `collections.abc.MutableMapping` over one state file per
+  client in a directory (keys in increasing order), `client_<index>.npz` in the
+  `tfbfl.state_io` format (numpy arrays + a JSON manifest with checksums: reading
+  one never executes code, and a damaged file is one `ValueError` naming it),
+  written atomically (temporary file in the same directory, fsync, rename), so a
+  crash never leaves a half-written state; a state is in memory only while it is
+  used. Files of the old pickle format (`client_<index>.pkl`) are never read.
 
 Checkpoints: a `DiskClientStore` pickles as its directory only. To checkpoint it
 consistently with the rest of the driver's state, `snapshot(dest)` hard-links
@@ -27,13 +30,15 @@ from __future__ import annotations
 
 import collections.abc
 import os
-import pickle
 import re
 import shutil
 import tempfile
 from typing import Iterator, Optional
 
-_FILE = re.compile(r"^client_(\d+)\.pkl$")
+from tfbfl import state_io
+
+_FILE = re.compile(r"^client_(\d+)\.npz$")
+_LEGACY_FILE = re.compile(r"^client_(\d+)\.pkl$")
 
 
 class MemoryClientStore(dict):
@@ -42,21 +47,8 @@ class MemoryClientStore(dict):
   kind = "memory"
 
 
-def _fsync_dir(path: str) -> None:
-  try:
-    fd = os.open(path, os.O_RDONLY)
-  except OSError:
-    return
-  try:
-    os.fsync(fd)
-  except OSError:
-    pass
-  finally:
-    os.close(fd)
-
-
 class DiskClientStore(collections.abc.MutableMapping):
-  """Client states as `<directory>/client_<index>.pkl`, one file per client.
+  """Client states as `<directory>/client_<index>.npz`, one file per client.
 
   Args:
     directory: created if missing; states already there are used (a resumed run).
@@ -75,29 +67,25 @@ class DiskClientStore(collections.abc.MutableMapping):
     index = int(index)
     if index < 0:
       raise KeyError(f"client index must be >= 0, got {index}.")
-    return os.path.join(self.directory, f"client_{index}.pkl")
+    return os.path.join(self.directory, f"client_{index}.npz")
 
   def __getitem__(self, index: int):
+    """The state of client `index`, checked by `tfbfl.state_io.load`.
+
+    Raises:
+      KeyError: no state for `index`.
+      ValueError: naming the file, when it is damaged or not a state file.
+    """
     try:
-      with open(self.path(index), "rb") as f:
-        return pickle.load(f)
+      state, _ = state_io.load(self.path(index))
     except FileNotFoundError:
       raise KeyError(int(index)) from None
+    return state
 
   def __setitem__(self, index: int, state) -> None:
-    data = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-client-", dir=self.directory)
-    try:
-      with os.fdopen(fd, "wb") as f:
-        f.write(data)
-        if self.fsync:
-          f.flush()
-          os.fsync(f.fileno())
-      os.replace(tmp, self.path(index))
-    except BaseException:
-      if os.path.exists(tmp):
-        os.unlink(tmp)
-      raise
+    """Writes the state atomically; a state that `tfbfl.state_io` cannot store
+    (TypeError) leaves the old file untouched."""
+    state_io.save(self.path(index), state, fsync=self.fsync)
 
   def __delitem__(self, index: int) -> None:
     try:
@@ -121,9 +109,13 @@ class DiskClientStore(collections.abc.MutableMapping):
     return len(self._indices())
 
   def clear(self) -> None:
-    """Removes every client file (a fresh run reusing the directory)."""
+    """Removes every client file, including pickle states of an older tfbfl (a
+    fresh run reusing the directory)."""
     for i in self._indices():
       os.unlink(self.path(i))
+    for name in os.listdir(self.directory):
+      if _LEGACY_FILE.match(name):
+        os.unlink(os.path.join(self.directory, name))
 
   def nbytes(self) -> int:
     """Bytes on disk of all client files."""
@@ -147,9 +139,9 @@ class DiskClientStore(collections.abc.MutableMapping):
           os.link(src, dst)
         except OSError:
           shutil.copy2(src, dst)
-      _fsync_dir(tmp)
+      state_io.fsync_dir(tmp)
       os.rename(tmp, dest)
-      _fsync_dir(parent)
+      state_io.fsync_dir(parent)
     except BaseException:
       shutil.rmtree(tmp, ignore_errors=True)
       raise
@@ -157,13 +149,25 @@ class DiskClientStore(collections.abc.MutableMapping):
 
   def restore(self, src: str) -> None:
     """Makes the store hold exactly the states of snapshot `src` (files written
-    after the snapshot are removed)."""
+    after the snapshot are removed).
+
+    Raises:
+      FileNotFoundError: `src` does not exist.
+      ValueError: `src` holds pickle states of an older tfbfl (never loaded).
+    """
+    if not os.path.isdir(src):
+      raise FileNotFoundError(f"client-state snapshot {src} does not exist.")
+    legacy = sorted(n for n in os.listdir(src) if _LEGACY_FILE.match(n))
+    if legacy:
+      raise ValueError(
+          f"{os.path.join(src, legacy[0])}: a pickle client state of an older tfbfl; "
+          "pickles are never loaded (they can execute code). Start afresh with --overwrite.")
     wanted = {int(m.group(1)) for m in map(_FILE.match, os.listdir(src)) if m}
     for i in self._indices():
       if i not in wanted:
         os.unlink(self.path(i))
     for i in sorted(wanted):
-      source, target = os.path.join(src, f"client_{i}.pkl"), self.path(i)
+      source, target = os.path.join(src, f"client_{i}.npz"), self.path(i)
       if os.path.exists(target) and os.path.samefile(source, target):
         continue  # unchanged since the snapshot (and rename() of two links is a no-op)
       tmp = os.path.join(self.directory, f".tmp-restore-{i}")
@@ -174,7 +178,7 @@ class DiskClientStore(collections.abc.MutableMapping):
       except OSError:
         shutil.copy2(source, tmp)
       os.replace(tmp, target)
-    _fsync_dir(self.directory)
+    state_io.fsync_dir(self.directory)
 
   def __getstate__(self):
     return dict(directory=self.directory, fsync=self.fsync)

@@ -7,20 +7,27 @@ worker keeps the pipe open, so `python run.py | tee log` (and a CI job) hangs af
 Python has finished. This module builds the same context from TFF's public framework
 pieces instead:
 
-    worker_binary --port=P   (stdout/stderr -> log file, SIGKILL when the parent dies)
-        ^ gRPC
+    worker_binary --port=P   (stdout/stderr -> log file, SIGKILL when the parent dies;
+        ^                     in a private network namespace, see below)
+        | gRPC over a Unix socket in a 0700 directory (relayed inside the namespace)
     tff.framework.RemoteExecutorGrpcStub -> tff.framework.RemoteExecutor
         -> tff.framework.ResourceManagingExecutorFactory
         -> tff.framework.SyncExecutionContext (installed as the default context)
 
 Guarantees:
 
-* the worker's output goes to `<log_dir>/tff_worker_<pid>.log`, never to our stdout;
+* nothing listens on the network: `worker_binary` always serves on every
+  interface, so it runs in new user + network namespaces whose only interface is
+  loopback, reached through a Unix socket only this user can open ("netns"); where
+  the kernel refuses namespaces, an LD_PRELOAD shim makes it bind 127.0.0.1 only
+  ("loopback"); with neither, start-up fails naming both fixes, unless
+  `TFBFL_WORKER_ISOLATION=none` asks for the stock open binary (`resolve_isolation`);
+* the worker's output goes to `<log_dir>/tff_worker_<pid>_<n>.log`, never to our stdout;
 * the worker is started with `PR_SET_PDEATHSIG = SIGKILL` (Linux), so it dies with
   its parent even on `kill -9`; it is also terminated by `LocalRuntime.close()`, by
   an `atexit` hook and by a `weakref.finalize` of the runtime;
 * start-up waits at most `startup_timeout_s`; if the worker exits or never becomes
-  ready, a `RuntimeError` names the binary, the port and quotes the log tail;
+  ready, a `RuntimeError` names the binary, its address and quotes the log tail;
 * every call re-checks that the worker is alive before building an executor, so a
   crashed worker raises a clear error instead of hanging.
 
@@ -32,16 +39,18 @@ Typical use (launchers and tests do exactly this):
     runtime.shutdown()   # optional: atexit does it too
 
 Remote mode (several machines; see BUILD.md, "Running on several machines"): each
-worker machine runs `tfbfl-worker --port=P` (`tfbfl.worker`), and the controller
+worker machine runs `tfbfl-worker --port=P` (`tfbfl.worker`; 127.0.0.1 unless
+`--host`, TLS with `--tls_cert --tls_key [--tls_client_ca]`), and the controller
 
     runtime.set_runtime("remote", workers=["host1:8000", "host2:8000"])
+    # TLS: ..., tls_ca="ca.pem", tls_cert="controller.pem", tls_key="controller.key")
     # or: with runtime.RemoteRuntime(["host1:8000", "host2:8000"]): ...
 
 installs TFF's mergeable context over one sync context per worker
 (`DeadlineGrpcStub` -> `RemoteExecutor` -> `ResourceManagingExecutorFactory` ->
 `SyncExecutionContext`, invoked in a thread per worker); a round's clients are
 split across the workers. Every RPC has a deadline and a failed worker raises
-`WorkerError` naming it. `set_runtime("local")` is `set_local_runtime()`.
+`WorkerError` naming it; a hung one within one `call_timeout_s`. `set_runtime("local")` is `set_local_runtime()`.
 """
 
 from __future__ import annotations
@@ -50,10 +59,13 @@ import asyncio
 import atexit
 import concurrent.futures
 import ctypes
+import fcntl
 import inspect
 import importlib.util
 import os
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -92,27 +104,47 @@ def worker_binary_path() -> str:
   return path
 
 
+_LIBC = []
+
+
+def _libc():
+  """libc, loaded in the parent: a `preexec_fn` runs between fork and exec of a
+  multi-threaded process and must not dlopen (or import) anything itself."""
+  if not _LIBC:
+    try:
+      _LIBC.append(ctypes.CDLL("libc.so.6", use_errno=True))
+    except OSError:  # Not Linux.
+      _LIBC.append(None)
+  return _LIBC[0]
+
+
 def _die_with_parent() -> None:
   """`preexec_fn`: ask the kernel to SIGKILL the child when its parent dies."""
-  try:
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+  libc = _LIBC[0] if _LIBC else None
+  if libc is not None:  # Elsewhere the atexit/finalize hooks still apply.
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-  except OSError:  # Not Linux: the atexit/finalize hooks still apply.
-    pass
 
 
-def _terminate(process: Optional[subprocess.Popen], timeout_s: float = 5.0) -> None:
-  """SIGTERM, then SIGKILL after `timeout_s`; always reaps the process."""
-  if process is None or process.poll() is not None:
-    return
+def _terminate(process: Optional[subprocess.Popen], timeout_s: float = 5.0,
+               sock_dir: Optional[str] = None) -> None:
+  """SIGTERM, then SIGKILL after `timeout_s`; always reaps the process and
+  removes its socket directory."""
   try:
-    process.terminate()
-    process.wait(timeout=timeout_s)
-  except subprocess.TimeoutExpired:
-    process.kill()
-    process.wait()
-  except ProcessLookupError:
-    pass
+    if process is None or process.poll() is not None:
+      return
+    try:
+      process.terminate()
+      process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+      process.kill()
+      process.wait()
+    except ProcessLookupError:
+      pass
+  finally:
+    if sock_dir:
+      import shutil  # pylint: disable=g-import-not-at-top
+
+      shutil.rmtree(sock_dir, ignore_errors=True)
 
 
 def _log_tail(path: str, num_bytes: int = 2000) -> str:
@@ -125,8 +157,229 @@ def _log_tail(path: str, num_bytes: int = 2000) -> str:
     return "<no log>"
 
 
+# ------------------------------------------------- isolating worker_binary
+# `worker_binary` takes only `--port` and always serves on "[::]:PORT", i.e. on
+# every interface, unauthenticated. TFF 0.87's wheel has no in-process C++
+# executor bindings, so the binary cannot be avoided. Instead it runs in a private
+# network namespace (Linux user + network namespaces; no root needed) whose only
+# interface is its own loopback: nothing outside can reach the port. A small
+# bridge process inside the namespace, started by us, relays a Unix socket in a
+# 0700 directory of ours to that port, so only our user can talk to the worker.
+_CLONE_NEWUSER = 0x10000000
+_CLONE_NEWNET = 0x40000000
+_SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
+ISOLATION_ENV = "TFBFL_WORKER_ISOLATION"
+_ISOLATIONS = ("auto", "netns", "loopback", "none")
+_INNER_PORT = 10000  # Free in a fresh namespace.
+
+# Runs inside the namespace: starts the binary, waits for its port, relays the
+# Unix socket to it, and ends (taking the binary with it) on SIGTERM, when the
+# binary exits (same exit code) or when its parent dies (PR_SET_PDEATHSIG).
+_BRIDGE_SOURCE = r"""
+import ctypes, os, signal, socket, subprocess, sys, threading, time
+binary, port, sock_path, max_calls = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+def pdeath():
+  ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)
+child = subprocess.Popen([binary, "--port=%d" % port,
+                          "--max_concurrent_computation_calls=" + max_calls],
+                         stdin=subprocess.DEVNULL, preexec_fn=pdeath)
+stopping = []
+def stop(signum, frame):
+  stopping.append(signum)
+  child.terminate()
+  try:
+    child.wait(5)
+  except subprocess.TimeoutExpired:
+    child.kill()
+  os._exit(0)
+signal.signal(signal.SIGTERM, stop)
+signal.signal(signal.SIGINT, stop)
+def watch():
+  code = child.wait()
+  os._exit(0 if stopping else code if code >= 0 else 128 - code)
+threading.Thread(target=watch, daemon=True).start()
+while True:
+  try:
+    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    break
+  except OSError:
+    time.sleep(0.1)
+listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+listener.bind(sock_path + ".tmp")
+os.rename(sock_path + ".tmp", sock_path)
+listener.listen(64)
+def pump(src, dst):
+  try:
+    while True:
+      data = src.recv(1 << 20)
+      if not data:
+        break
+      dst.sendall(data)
+  except OSError:
+    pass
+  for s, how in ((dst, socket.SHUT_WR), (src, socket.SHUT_RD)):
+    try:
+      s.shutdown(how)
+    except OSError:
+      pass
+def relay(conn):
+  try:
+    up = socket.create_connection(("127.0.0.1", port))
+  except OSError:
+    conn.close()
+    return
+  for s in (conn, up):
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 21)
+  up.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+  t = threading.Thread(target=pump, args=(up, conn), daemon=True)
+  t.start()
+  pump(conn, up)
+  t.join()
+  conn.close()
+  up.close()
+while True:
+  conn, _ = listener.accept()
+  threading.Thread(target=relay, args=(conn,), daemon=True).start()
+"""
+
+# LD_PRELOAD shim for the "loopback" isolation: rewrites a wildcard bind() to
+# 127.0.0.1 (IPv6 sockets: ::ffff:127.0.0.1, the IPv4 loopback only).
+_SHIM_SOURCE = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <netinet/in.h>
+#include <string.h>
+#include <sys/socket.h>
+int bind(int fd, const struct sockaddr *addr, socklen_t len) {
+  static int (*real)(int, const struct sockaddr *, socklen_t);
+  if (!real) real = (int (*)(int, const struct sockaddr *, socklen_t))dlsym(RTLD_NEXT, "bind");
+  if (addr && addr->sa_family == AF_INET && len >= sizeof(struct sockaddr_in)) {
+    struct sockaddr_in a;
+    memcpy(&a, addr, sizeof a);
+    if (a.sin_addr.s_addr == htonl(INADDR_ANY)) a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    return real(fd, (const struct sockaddr *)&a, sizeof a);
+  }
+  if (addr && addr->sa_family == AF_INET6 && len >= sizeof(struct sockaddr_in6)) {
+    struct sockaddr_in6 a;
+    memcpy(&a, addr, sizeof a);
+    if (IN6_IS_ADDR_UNSPECIFIED(&a.sin6_addr)) {
+      int off = 0;
+      setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof off);
+      static const unsigned char v4lo[16] = {0,0,0,0,0,0,0,0,0,0,0xff,0xff,127,0,0,1};
+      memcpy(&a.sin6_addr, v4lo, 16);
+    }
+    return real(fd, (const struct sockaddr *)&a, sizeof a);
+  }
+  return real(fd, addr, len);
+}
+"""
+
+
+def _enter_private_network() -> None:
+  """`preexec_fn`: dies with its parent, then moves into new user + network
+  namespaces (loopback up, nothing else). Raises OSError where the kernel refuses."""
+  _die_with_parent()
+  libc = _LIBC[0] if _LIBC else None
+  if libc is None:
+    raise OSError("no libc.so.6: network namespaces need Linux")
+  uid, gid = os.getuid(), os.getgid()
+  if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNET) == 0:
+    with open("/proc/self/uid_map", "w") as f:
+      f.write(f"0 {uid} 1")
+    with open("/proc/self/setgroups", "w") as f:
+      f.write("deny")
+    with open("/proc/self/gid_map", "w") as f:
+      f.write(f"0 {gid} 1")
+  elif libc.unshare(_CLONE_NEWNET) != 0:  # Root without user namespaces.
+    errno = ctypes.get_errno()
+    raise OSError(errno, f"unshare(CLONE_NEWNET): {os.strerror(errno)}")
+  with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+    flags = struct.unpack("16sh", fcntl.ioctl(s, _SIOCGIFFLAGS, struct.pack("16sh", b"lo", 0)))[1]
+    fcntl.ioctl(s, _SIOCSIFFLAGS, struct.pack("16sh", b"lo", flags | _IFF_UP))
+
+
+_NETNS_OK = None
+
+
+def _netns_available() -> bool:
+  """Whether this kernel lets us start a process in a private network namespace
+  (probed once, with a trivial child)."""
+  global _NETNS_OK
+  if _NETNS_OK is None:
+    _libc()
+    try:
+      subprocess.run([sys.executable, "-S", "-c", ""], preexec_fn=_enter_private_network,
+                     check=True,
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL, timeout=30)
+      _NETNS_OK = True
+    except (subprocess.SubprocessError, OSError):
+      _NETNS_OK = False
+  return _NETNS_OK
+
+
+def _loopback_shim() -> Optional[str]:
+  """The LD_PRELOAD shim, compiled once into the user's cache; None without a C
+  compiler."""
+  import hashlib  # pylint: disable=g-import-not-at-top
+  import shutil  # pylint: disable=g-import-not-at-top
+
+  digest = hashlib.sha256(_SHIM_SOURCE.encode()).hexdigest()[:16]
+  cache = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tfbfl")
+  path = os.path.join(cache, f"loopback_bind_{digest}.so")
+  if os.path.isfile(path):
+    return path
+  compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+  if compiler is None:
+    return None
+  os.makedirs(cache, mode=0o700, exist_ok=True)
+  with tempfile.TemporaryDirectory(dir=cache) as tmp:
+    src = os.path.join(tmp, "shim.c")
+    with open(src, "w") as f:
+      f.write(_SHIM_SOURCE)
+    out = os.path.join(tmp, "shim.so")
+    done = subprocess.run([compiler, "-shared", "-fPIC", "-O2", "-o", out, src, "-ldl"],
+                          capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+      return None
+    os.replace(out, path)
+  return path
+
+
+def resolve_isolation(isolation: Optional[str] = None) -> str:
+  """The isolation a new `WorkerProcess` gets: `isolation`, else the
+  `TFBFL_WORKER_ISOLATION` environment variable, else "auto", which picks
+  "netns" where the kernel allows it, else "loopback" where a C compiler exists.
+
+  Raises:
+    RuntimeError: "auto" found neither, or the requested one is unavailable.
+  """
+  choice = (isolation or os.environ.get(ISOLATION_ENV) or "auto").strip().lower()
+  if choice not in _ISOLATIONS:
+    raise ValueError(f"{ISOLATION_ENV} must be one of {', '.join(_ISOLATIONS)}, got {choice!r}.")
+  if choice in ("auto", "netns") and _netns_available():
+    return "netns"
+  if choice in ("auto", "loopback") and _loopback_shim() is not None:
+    return "loopback"
+  if choice == "none":
+    return "none"
+  raise RuntimeError(
+      f"cannot keep TFF's worker_binary off the network ({ISOLATION_ENV}={choice}): it always "
+      "serves on all interfaces; tfbfl confines it to a private network namespace (needs "
+      "unprivileged user namespaces: sysctl kernel.unprivileged_userns_clone=1, or on Ubuntu "
+      "kernel.apparmor_restrict_unprivileged_userns=0) or to loopback with an LD_PRELOAD shim "
+      f"(needs a C compiler, `cc`). Enable one, or set {ISOLATION_ENV}=none to accept an "
+      "unauthenticated TFF service on every interface.")
+
+
 class WorkerProcess:
-  """One `worker_binary` executor service on localhost, owned by this process.
+  """One `worker_binary` executor service owned by this process, reachable only
+  from this machine.
+
+  Isolation (`resolve_isolation`): "netns" (default where possible) runs the
+  binary in a private network namespace, reachable only through a Unix socket in
+  a 0700 directory (no TCP port on the machine at all); "loopback" makes it bind
+  127.0.0.1 only; "none" (explicit opt-out) leaves it on every interface.
 
   Args:
     max_concurrent_computation_calls: passed to the worker; the maximum number of
@@ -134,8 +387,13 @@ class WorkerProcess:
       to this number). Non-positive means no limit.
     log_dir: directory for the worker's log file (default: the system temp dir).
     startup_timeout_s: how long to wait for the worker to accept gRPC calls.
-    port: port to serve on (default: a free port picked by portpicker).
-    log_path: the log file (default: `<log_dir>/tff_worker_<pid>_<port>.log`).
+    port: the binary's port ("loopback", "none"; default: a free port).
+    log_path: the log file (default: `<log_dir>/tff_worker_<pid>_<n>.log`).
+    isolation: "auto", "netns", "loopback" or "none" (default: `$TFBFL_WORKER_ISOLATION`
+      or "auto").
+
+  Attributes:
+    address: the gRPC target of the service ("unix:/..." or "127.0.0.1:PORT").
   """
 
   def __init__(
@@ -146,32 +404,56 @@ class WorkerProcess:
       startup_timeout_s: float = 60.0,
       port: Optional[int] = None,
       log_path: Optional[str] = None,
+      isolation: Optional[str] = None,
   ):
     if startup_timeout_s <= 0:
       raise ValueError(f"startup_timeout_s must be > 0, got {startup_timeout_s}.")
     self.binary = worker_binary_path()
-    self.port = port or portpicker.pick_unused_port()
+    _libc()  # Loaded here, not in the child (see `_libc`).
+    self.isolation = resolve_isolation(isolation)
+    self._sock_dir = None
+    env = dict(os.environ)
+    if self.isolation == "netns":
+      self.port = _INNER_PORT
+      self._sock_dir = tempfile.mkdtemp(prefix="tfbfl-w-", dir=_short_tmp())
+      sock_path = os.path.join(self._sock_dir, "worker.sock")
+      self.address = f"unix:{sock_path}"
+      args = [sys.executable, "-S", "-c", _BRIDGE_SOURCE, self.binary, str(self.port),
+              sock_path, str(max_concurrent_computation_calls)]
+      preexec = _enter_private_network
+      name = f"{os.getpid()}_{os.path.basename(self._sock_dir)}"
+    else:
+      self.port = port or portpicker.pick_unused_port()
+      host = "127.0.0.1" if self.isolation == "loopback" else "localhost"
+      self.address = f"{host}:{self.port}"
+      args = [self.binary, f"--port={self.port}",
+              f"--max_concurrent_computation_calls={max_concurrent_computation_calls}"]
+      if self.isolation == "loopback":
+        env["LD_PRELOAD"] = " ".join(filter(None, [_loopback_shim(), env.get("LD_PRELOAD")]))
+      preexec = _die_with_parent
+      name = f"{os.getpid()}_{self.port}"
     log_dir = log_dir or tempfile.gettempdir()
-    self.log_path = log_path or os.path.join(log_dir, f"tff_worker_{os.getpid()}_{self.port}.log")
+    self.log_path = log_path or os.path.join(log_dir, f"tff_worker_{name}.log")
     os.makedirs(os.path.dirname(os.path.abspath(self.log_path)), exist_ok=True)
     self._log_file = open(self.log_path, "ab")  # pylint: disable=consider-using-with
-    args = [
-        self.binary,
-        f"--port={self.port}",
-        f"--max_concurrent_computation_calls={max_concurrent_computation_calls}",
-    ]
-    self.process = subprocess.Popen(  # pylint: disable=consider-using-with
-        args,
-        stdin=subprocess.DEVNULL,
-        stdout=self._log_file,
-        stderr=subprocess.STDOUT,
-        preexec_fn=_die_with_parent,
-        close_fds=True,
-    )
-    self._finalizer = weakref.finalize(self, _terminate, self.process)
-    self.channel = grpc.insecure_channel(f"localhost:{self.port}", _GRPC_OPTIONS)
+    try:
+      self.process = subprocess.Popen(  # pylint: disable=consider-using-with
+          args, stdin=subprocess.DEVNULL, stdout=self._log_file, stderr=subprocess.STDOUT,
+          preexec_fn=preexec, close_fds=True, env=env)
+    except BaseException:
+      self._log_file.close()
+      self._remove_sock_dir()
+      raise
+    self._finalizer = weakref.finalize(self, _terminate, self.process, sock_dir=self._sock_dir)
+    self.channel = grpc.insecure_channel(self.address, _GRPC_OPTIONS)
     self._stub = None
     self._wait_ready(startup_timeout_s)
+
+  def _remove_sock_dir(self) -> None:
+    if self._sock_dir:
+      import shutil  # pylint: disable=g-import-not-at-top
+
+      shutil.rmtree(self._sock_dir, ignore_errors=True)
 
   @property
   def stub(self):
@@ -195,7 +477,7 @@ class WorkerProcess:
       if time.monotonic() > deadline:
         self.close()
         raise RuntimeError(
-            f"TFF worker {self.binary} on port {self.port} did not become ready "
+            f"TFF worker {self.binary} at {self.address} did not become ready "
             f"within {timeout_s:.0f} s. Log {self.log_path}:\n{_log_tail(self.log_path)}"
         )
 
@@ -207,7 +489,7 @@ class WorkerProcess:
     code = self.process.poll()
     if code is not None:
       raise RuntimeError(
-          f"TFF worker {self.binary} on port {self.port} exited with code {code}. "
+          f"TFF worker {self.binary} at {self.address} exited with code {code}. "
           f"Log {self.log_path}:\n{_log_tail(self.log_path)}"
       )
 
@@ -219,6 +501,12 @@ class WorkerProcess:
     self._finalizer()  # Terminates and reaps; idempotent.
     if not self._log_file.closed:
       self._log_file.close()
+
+
+def _short_tmp() -> str:
+  """A temp dir whose paths fit a Unix socket address (108 bytes)."""
+  tmp = tempfile.gettempdir()
+  return tmp if len(tmp) < 60 else "/tmp"
 
 
 class LocalRuntime:
@@ -233,6 +521,9 @@ class LocalRuntime:
       determine the number of clients.
     log_dir: where the worker writes its log (default: system temp dir).
     startup_timeout_s: start-up deadline for the worker.
+
+  The worker is reachable from this machine only, and with the default "netns"
+  isolation only by this user (see `WorkerProcess`); it opens no network port.
   """
 
   def __init__(
@@ -346,12 +637,54 @@ class WorkerError(RuntimeError, grpc.RpcError):
 
 
 def parse_worker_address(address: str) -> str:
-  """Checks a "host:port" (or "[v6]:port") worker address; returns it stripped."""
+  """Checks a "host:port", "[v6]:port" or "unix:/abs/path" worker address;
+  returns it stripped."""
   address = str(address).strip()
+  if address.startswith("unix:/"):
+    return address
   host, sep, port = address.rpartition(":")
   if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
     raise ValueError(f"worker address must be host:port, got {address!r}.")
   return address
+
+
+def _read_pem(path: Optional[str], flag: str) -> Optional[bytes]:
+  if not path:
+    return None
+  try:
+    with open(path, "rb") as f:
+      data = f.read()
+  except OSError as e:
+    raise ValueError(f"--{flag}: cannot read {path}: {e.strerror or e}.") from None
+  if b"-----BEGIN " not in data:
+    raise ValueError(f"--{flag}: {path} is not a PEM file.")
+  return data
+
+
+def channel_credentials(tls_ca: Optional[str] = None, tls_cert: Optional[str] = None,
+                        tls_key: Optional[str] = None) -> Optional[grpc.ChannelCredentials]:
+  """Controller-side TLS credentials from PEM files, or None (plaintext) if no
+  file is given.
+
+  Args:
+    tls_ca: CA certificate(s) that signed the workers' certificates (verifies them).
+    tls_cert, tls_key: this controller's client certificate and private key,
+      presented to workers started with `--tls_client_ca`; both or neither.
+
+  Raises:
+    ValueError: naming the flag of an unreadable or inconsistent file.
+  """
+  if bool(tls_cert) != bool(tls_key):
+    raise ValueError("--tls_cert and --tls_key must be given together.")
+  if not (tls_ca or tls_cert):
+    return None
+  if not tls_ca:
+    raise ValueError("--tls_cert/--tls_key need --tls_ca (the CA that signed the workers' "
+                     "certificates).")
+  return grpc.ssl_channel_credentials(
+      root_certificates=_read_pem(tls_ca, "tls_ca"),
+      private_key=_read_pem(tls_key, "tls_key"),
+      certificate_chain=_read_pem(tls_cert, "tls_cert"))
 
 
 class DeadlineGrpcStub:
@@ -366,6 +699,17 @@ class DeadlineGrpcStub:
 
   `call_timeout_s` bounds each RPC, including `Compute`, which waits for the
   worker to finish its share of a round: set it above the longest subround.
+  After an RPC fails with DEADLINE_EXCEEDED or UNAVAILABLE, every further RPC
+  fails at once with the same `WorkerError` (and `Dispose` is skipped) until
+  TFF asks for a new executor (`GetExecutor`, which the next computation does
+  after a failed one): TFF issues the RPCs of one computation one after another
+  from its event loop, and would otherwise wait `call_timeout_s` again for each
+  argument and clean-up RPC still queued. So a hung worker is reported within
+  one `call_timeout_s` of the RPC that found it.
+
+  `credentials`: `grpc.ChannelCredentials` for TLS (see `channel_credentials`);
+  None: plaintext. `server_name` overrides the name checked against the worker's
+  certificate (default: the host of `address`).
   """
 
   _RPCS = dict(get_executor="GetExecutor", create_value="CreateValue",
@@ -373,27 +717,50 @@ class DeadlineGrpcStub:
                create_selection="CreateSelection", compute="Compute",
                dispose_executor="DisposeExecutor")
 
-  def __init__(self, address: str, *, call_timeout_s: float = 600.0, channel=None):
+  _UNREACHABLE = (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE)
+
+  def __init__(self, address: str, *, call_timeout_s: float = 600.0, channel=None,
+               credentials: Optional[grpc.ChannelCredentials] = None,
+               server_name: Optional[str] = None):
     from tensorflow_federated.proto.v0 import executor_pb2_grpc  # pylint: disable=g-import-not-at-top
 
     if call_timeout_s <= 0:
       raise ValueError(f"call_timeout_s must be > 0, got {call_timeout_s}.")
     self.address = parse_worker_address(address)
     self.call_timeout_s = float(call_timeout_s)
-    self.channel = channel if channel is not None else grpc.insecure_channel(
-        self.address, _GRPC_OPTIONS)
+    self.tls = credentials is not None
+    if channel is None:
+      options = list(_GRPC_OPTIONS)
+      if credentials is not None:
+        if server_name:
+          options.append(("grpc.ssl_target_name_override", server_name))
+        channel = grpc.secure_channel(self.address, credentials, options)
+      else:
+        channel = grpc.insecure_channel(self.address, options)
+    self.channel = channel
     self._stub = executor_pb2_grpc.ExecutorGroupStub(self.channel)
+    self._failed = None  # (code, details) of the RPC that found the worker hung or gone.
 
   def _call(self, rpc: str, request):
+    if rpc == "GetExecutor":
+      self._failed = None  # A new computation: give the worker a new chance.
+    failed = self._failed
+    if failed is not None:
+      raise WorkerError(self.address, rpc, failed[0],
+                        f"{failed[1]} (not sent: an earlier call of this computation to "
+                        "this worker failed)", self.call_timeout_s)
     try:
-      return getattr(self._stub, rpc)(request, timeout=self.call_timeout_s)
+      response = getattr(self._stub, rpc)(request, timeout=self.call_timeout_s)
     except grpc.RpcError as e:
       code = e.code() if isinstance(e, grpc.Call) else None
       details = e.details() if isinstance(e, grpc.Call) else str(e)
+      if code in self._UNREACHABLE:
+        self._failed = (code, details)
       raise WorkerError(self.address, rpc, code, details, self.call_timeout_s) from None
     except ValueError as e:  # grpc: "Cannot invoke RPC on closed channel!"
       raise WorkerError(self.address, rpc, grpc.StatusCode.CANCELLED,
                         f"{e} (the runtime was closed)") from None
+    return response
 
   def __getattr__(self, name):
     rpc = DeadlineGrpcStub._RPCS.get(name)
@@ -402,6 +769,8 @@ class DeadlineGrpcStub:
     return lambda request: self._call(rpc, request)
 
   def dispose(self, request):
+    if self._failed is not None:
+      return None  # Hung or gone: do not wait for it again while unwinding.
     try:
       return self._stub.Dispose(request, timeout=min(self.call_timeout_s, 10.0))
     except grpc.RpcError:
@@ -503,6 +872,12 @@ class RemoteRuntime:
     default_num_clients: cardinality when a call's arguments do not determine it.
     num_subrounds: slices per call (default: one per worker); more than the
       number of workers queues the extra slices on whichever worker is free.
+    tls_ca: PEM file of the CA that signed the workers' certificates; turns on
+      TLS (workers must run with `--tls_cert --tls_key`). Default: plaintext.
+    tls_cert, tls_key: PEM client certificate and key of this controller, for
+      workers that require client certificates (`--tls_client_ca`).
+    tls_server_name: name to check the workers' certificates against instead
+      of each address's host (e.g. when reaching them through an SSH tunnel).
   """
 
   def __init__(
@@ -513,6 +888,10 @@ class RemoteRuntime:
       connect_timeout_s: float = 30.0,
       default_num_clients: int = 0,
       num_subrounds: Optional[int] = None,
+      tls_ca: Optional[str] = None,
+      tls_cert: Optional[str] = None,
+      tls_key: Optional[str] = None,
+      tls_server_name: Optional[str] = None,
   ):
     if isinstance(workers, str):
       workers = [w for w in workers.split(",") if w.strip()]
@@ -532,6 +911,8 @@ class RemoteRuntime:
     self.connect_timeout_s = float(connect_timeout_s)
     self.default_num_clients = default_num_clients
     self.num_subrounds = num_subrounds
+    self._credentials = channel_credentials(tls_ca, tls_cert, tls_key)  # Checks the files now.
+    self.tls_server_name = tls_server_name or None
     self.stubs = []
     self.context = None
     self.requested = None
@@ -551,7 +932,9 @@ class RemoteRuntime:
       return self
     tff.framework.RemoteExecutorStub.register(DeadlineGrpcStub)
     tff.framework.AsyncContext.register(_ThreadedAsyncContext)
-    stubs = [DeadlineGrpcStub(w, call_timeout_s=self.call_timeout_s) for w in self.workers]
+    stubs = [DeadlineGrpcStub(w, call_timeout_s=self.call_timeout_s,
+                              credentials=self._credentials, server_name=self.tls_server_name)
+             for w in self.workers]
     futures = [grpc.channel_ready_future(s.channel) for s in stubs]
     deadline = time.monotonic() + self.connect_timeout_s
     unreachable = []
@@ -567,7 +950,10 @@ class RemoteRuntime:
           ", ".join(unreachable), "connect", grpc.StatusCode.UNAVAILABLE,
           f"not reachable within connect_timeout_s={self.connect_timeout_s:g} s; start "
           "`tfbfl-worker --port=PORT` there (same TFF and tfbfl versions) and check the "
-          "address and firewall / SSH tunnel.")
+          "address, --host, firewall / SSH tunnel" + (
+              ", and that the worker runs with TLS (--tls_cert/--tls_key) signed by "
+              "--tls_ca, and accepts this controller's --tls_cert" if self._credentials
+              else "; a worker started with --tls_cert needs --tls_ca here") + ".")
     self.stubs = stubs
     self._pool = concurrent.futures.ThreadPoolExecutor(
         max_workers=len(stubs), thread_name_prefix="tfbfl-remote")

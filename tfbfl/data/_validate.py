@@ -103,12 +103,20 @@ def check_labels(y, arg, cid, allow_empty=False):
         f"`{arg}` of client {cid!r} is empty; every client needs at least one "
         "example.")
   if np.issubdtype(y.dtype, np.integer):
+    if y.dtype == np.uint64 and y.size and y.max() > np.iinfo(np.int64).max:
+      raise ValueError(
+          f"`{arg}` of client {cid!r} has labels up to {y.max()}; expected small "
+          "non-negative class indices.")
     return y.astype(np.int64)
   if np.issubdtype(y.dtype, np.floating):
     if not np.all(np.isfinite(y)) or np.any(y != np.round(y)):
       raise ValueError(
           f"`{arg}` of client {cid!r} must hold integer class labels, got "
           "non-integer values.")
+    if y.size and np.max(np.abs(y)) > 2.0**62:  # would not survive the int64 cast
+      raise ValueError(
+          f"`{arg}` of client {cid!r} has labels up to {np.max(np.abs(y)):g}; expected "
+          "small non-negative class indices.")
     return y.astype(np.int64)
   raise ValueError(
       f"`{arg}` of client {cid!r} must hold integer class labels, got dtype "

@@ -35,7 +35,8 @@ def load_npz(path, *, num_classes=None, test_fraction=0.25, seed=0, name=None):
 
   Raises:
     MissingDataError: (a FileNotFoundError) the file does not exist.
-    ValueError: naming the file and array, when it is not an npz archive, has
+    ValueError: one line naming the file (and array), when it is empty, a
+      `.npy` file, not a zip archive, truncated, holds pickled objects, has
       no `x_`/`y_` arrays, an `x_` without its `y_` (or the reverse), test
       arrays for only some clients, or an unknown array name; plus every check
       of `from_client_arrays`.
@@ -45,18 +46,32 @@ def load_npz(path, *, num_classes=None, test_fraction=0.25, seed=0, name=None):
     raise errors.missing_file(
         path, "npz data file",
         "Pass the path of an existing .npz file (format: data/README.md).")
+  with open(path, "rb") as f:
+    head = f.read(6)
+  if not head:
+    raise ValueError(f"{path!r} is not a readable .npz archive: the file is empty (0 bytes).")
+  if head == b"\x93NUMPY":
+    raise ValueError(
+        f"{path!r} is not a readable .npz archive: it is a single-array .npy file; federated "
+        "data is an .npz of x_<client>/y_<client> arrays (np.savez; see data/README.md).")
+  if not head.startswith(b"PK"):
+    raise ValueError(
+        f"{path!r} is not a readable .npz archive (not a zip file; it starts with "
+        f"{head[:4]!r}).")
   try:
     with np.load(path, allow_pickle=False) as archive:
       arrays = {k: archive[k] for k in archive.files}
-  except (zipfile.BadZipFile, ValueError, OSError) as e:
+  except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError, TypeError,
+          AttributeError, NotImplementedError, RuntimeError, zipfile.LargeZipFile) as e:
     raise ValueError(
-        f"{path!r} is not a readable .npz archive of plain arrays: {e}") from e
+        f"{path!r} is not a readable .npz archive of plain arrays (truncated or "
+        f"corrupted?): {str(e)[:200]}") from None
 
   parts = {"x_test_": {}, "y_test_": {}, "x_": {}, "y_": {}}
   file_num_classes = None
   for key, value in arrays.items():
     if key == "num_classes":
-      file_num_classes = int(np.asarray(value).reshape(()))
+      file_num_classes = _scalar_int(path, key, value)
       continue
     prefix = next((p for p in parts if key.startswith(p) and len(key) > len(p)),
                   None)
@@ -84,9 +99,26 @@ def load_npz(path, *, num_classes=None, test_fraction=0.25, seed=0, name=None):
     num_classes = file_num_classes
   if name is None:
     name = os.path.splitext(os.path.basename(path))[0]
-  return federated.from_client_arrays(
-      x, y, xt or None, yt or None, num_classes=num_classes,
-      test_fraction=test_fraction, seed=seed, name=name)
+  try:
+    return federated.from_client_arrays(
+        x, y, xt or None, yt or None, num_classes=num_classes,
+        test_fraction=test_fraction, seed=seed, name=name)
+  except ValueError as e:  # name the file in every data error
+    raise ValueError(f"{path!r}: {e}") from None
+
+
+def _scalar_int(path, key, value):
+  """A one-element integer (or integral float) array as a positive int."""
+  a = np.asarray(value)
+  if a.size != 1 or not (np.issubdtype(a.dtype, np.integer) or np.issubdtype(a.dtype, np.floating)):
+    raise ValueError(f"{path!r}: {key!r} must be one integer, got dtype {a.dtype} and "
+                     f"shape {a.shape}.")
+  v = a.reshape(()).item()
+  if isinstance(v, float) and not (np.isfinite(v) and v.is_integer()):
+    raise ValueError(f"{path!r}: {key!r} must be an integer, got {v!r}.")
+  if not 1 <= int(v) <= 2**31 - 1:
+    raise ValueError(f"{path!r}: {key!r} must be in [1, 2**31 - 1], got {int(v)}.")
+  return int(v)
 
 
 def _check_paired(path, xs, ys, x_prefix, y_prefix):

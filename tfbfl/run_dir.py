@@ -1,0 +1,241 @@
+"""One run per output directory: a lock, ownership of old outputs, the data fingerprint.
+
+`tfbfl.experiment.ExperimentRunner` takes its `output_dir` with these helpers
+before it reads or writes anything there:
+
+* `prepare(path)` creates the directory, or raises one `ValueError` naming
+  `--output_dir` when it is a regular file or cannot be created or written.
+* `RunLock(path).acquire()` takes an exclusive, non-blocking `fcntl.flock` on
+  `<path>/.tfbfl.lock` and holds it until `release()` (or until the process
+  exits: the kernel drops the lock with the file descriptor, so a killed run
+  never leaves a stale lock). A second run into a directory in use, from any
+  process, fails at once with `RunDirBusyError` (a `ValueError`). The lock file
+  itself stays (removing it would race with a waiting run).
+* `existing_outputs(path)` lists the outputs of a previous run there
+  (`metrics.csv`, `client_metrics.csv`, `summary.json`, `curves.png`, `tb/`,
+  the checkpoint, client states and their snapshots); `clear_outputs(path)`
+  removes exactly those (`--overwrite`) and nothing else.
+* `data_fingerprint(data)` is a sha256 over every client's id and train/test
+  arrays (dtype, shape, bytes), stored in checkpoints so that `--resume`
+  refuses data that changed under the same path.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import re
+import shutil
+import weakref
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from tfbfl import state_io
+
+LOCK_FILE = ".tfbfl.lock"
+# Files and directories a run writes into its output directory (besides the
+# lock and temporaries); `clear_outputs` removes exactly these.
+OUTPUT_FILES = ("metrics.csv", "client_metrics.csv", "summary.json", "curves.png",
+                "checkpoint.npz", "checkpoint.pkl")
+OUTPUT_DIRS = ("tb", "client_states")
+_SNAPSHOT = re.compile(r"^client_states_r\d+$")
+
+
+class RunDirBusyError(ValueError):
+  """Another run holds the output directory's lock."""
+
+
+def prepare(path: str, flag: str = "--output_dir") -> str:
+  """Creates `path` (and parents) if needed; returns its absolute path.
+
+  Raises:
+    ValueError: one line naming `flag`, when `path` is a regular file, lies
+      under one, or cannot be created or written (permissions, /proc, ...).
+  """
+  path = os.path.abspath(os.fspath(path))
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise ValueError(f"{flag}={path} is a regular file, not a directory.")
+  try:
+    os.makedirs(path, exist_ok=True)
+  except OSError as e:
+    raise ValueError(f"{flag}={path} cannot be created ({e.strerror or e}).") from None
+  if not os.access(path, os.W_OK | os.X_OK):
+    raise ValueError(f"{flag}={path} is not writable.")
+  return path
+
+
+# Locks this process holds: realpath -> (RunLock, weakref of its owner or None).
+_HELD: Dict[str, tuple] = {}
+
+
+class RunLock:
+  """An exclusive `fcntl.flock` on `<directory>/.tfbfl.lock` (see module doc)."""
+
+  def __init__(self, directory: str):
+    self.directory = os.path.realpath(directory)
+    self.path = os.path.join(self.directory, LOCK_FILE)
+    self._fd: Optional[int] = None
+
+  @property
+  def held(self) -> bool:
+    return self._fd is not None
+
+  def acquire(self, owner=None) -> "RunLock":
+    """Takes the lock without waiting.
+
+    Within one process, a lock held by another `owner` that has finished its
+    run (`owner.state is not None`, as `ExperimentRunner` sets at the end of
+    `run`) or was garbage collected is handed over; one held by a live run is
+    refused like a lock of another process.
+
+    Raises:
+      RunDirBusyError: the directory is in use by another run.
+    """
+    if self._fd is not None:
+      return self
+    previous = _HELD.get(self.directory)
+    if previous is not None and previous[1] is not None:  # held for a run of this process
+      lock, holder = previous[0], previous[1]()
+      if holder is None or getattr(holder, "state", None) is not None or holder is owner:
+        lock.release()
+    fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+      os.close(fd)
+      if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+        raise RunDirBusyError(
+            f"--output_dir={self.directory} is in use by another run (lock {self.path} is "
+            "held); wait for it to finish or choose another --output_dir.") from None
+      raise ValueError(f"--output_dir={self.directory}: cannot lock {self.path} "
+                       f"({e.strerror or e}).") from None
+    self._fd = fd
+    try:
+      os.ftruncate(fd, 0)
+      os.write(fd, f"{os.getpid()}\n".encode())
+    except OSError:
+      pass
+    _HELD[self.directory] = (self, weakref.ref(owner) if owner is not None else None)
+    if owner is not None:  # the lock goes with its owner
+      weakref.finalize(owner, self.release)
+    return self
+
+  def release(self) -> None:
+    """Drops the lock (idempotent)."""
+    fd, self._fd = self._fd, None
+    if fd is not None:
+      if _HELD.get(self.directory, (None,))[0] is self:
+        del _HELD[self.directory]
+      try:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+      finally:
+        os.close(fd)
+
+  def __enter__(self):
+    return self.acquire()
+
+  def __exit__(self, *exc):
+    self.release()
+
+  def __del__(self):
+    try:
+      self.release()
+    except Exception:  # pylint: disable=broad-except  (interpreter shutdown)
+      pass
+
+
+def check_free(directory: str) -> None:
+  """Raises `RunDirBusyError` if another run holds `directory`'s lock now
+  (a quick check before expensive start-up; the run takes the lock itself)."""
+  directory = os.path.realpath(directory)
+  if not os.path.exists(os.path.join(directory, LOCK_FILE)):
+    return
+  previous = _HELD.get(directory)
+  if previous is not None:
+    holder = previous[1]() if previous[1] is not None else None
+    if previous[1] is None or (holder is not None and getattr(holder, "state", None) is None):
+      raise RunDirBusyError(f"--output_dir={directory} is in use by another run (of this "
+                            "process); wait for it to finish or choose another --output_dir.")
+    return
+  probe = RunLock(directory)
+  probe.acquire()
+  probe.release()
+
+
+def existing_outputs(directory: str) -> List[str]:
+  """Names of a previous run's outputs in `directory` (sorted; [] if none).
+  An empty `client_states/` does not count."""
+  try:
+    names = set(os.listdir(directory))
+  except (FileNotFoundError, NotADirectoryError):
+    return []
+  found = [n for n in OUTPUT_FILES if n in names]
+  for n in OUTPUT_DIRS:
+    full = os.path.join(directory, n)
+    if n in names and (not os.path.isdir(full) or os.listdir(full)):
+      found.append(n + "/")
+  found += [n + "/" for n in names if _SNAPSHOT.match(n)]
+  return sorted(found)
+
+
+def refuse_or_clear(directory: str, *, resume: bool, overwrite: bool) -> List[str]:
+  """Enforces ownership of `directory` by a new run; returns what was removed.
+
+  * `overwrite`: removes a previous run's outputs (`clear_outputs`).
+  * `resume`: keeps them (the checkpoint is checked when it is loaded).
+  * neither: raises `ValueError` if the directory holds a previous run.
+  """
+  if overwrite:
+    return clear_outputs(directory)
+  if not resume:
+    found = existing_outputs(directory)
+    if found:
+      shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
+      raise ValueError(
+          f"--output_dir={os.path.abspath(directory)} already holds another run ({shown}); "
+          "pass --resume to continue it or --overwrite to replace it.")
+  return []
+
+
+def clear_outputs(directory: str) -> List[str]:
+  """Removes a previous run's outputs from `directory` (only the names listed
+  in this module; other files stay). Returns the names removed."""
+  removed = []
+  try:
+    names = os.listdir(directory)
+  except FileNotFoundError:
+    return removed
+  for name in sorted(names):
+    full = os.path.join(directory, name)
+    if name in OUTPUT_FILES or name in OUTPUT_DIRS or _SNAPSHOT.match(name):
+      if os.path.isdir(full) and not os.path.islink(full):
+        shutil.rmtree(full)
+      else:
+        os.unlink(full)
+      removed.append(name)
+  return removed
+
+
+def data_fingerprint(data) -> str:
+  """sha256 hex digest of a `FederatedData`'s contents: every client id (in
+  order) and its train and test arrays (dtype, shape and bytes). Computed once
+  per data object and cached on it."""
+  cached = getattr(data, "_tfbfl_fingerprint", None)
+  if cached is not None:
+    return cached
+
+  def arrays():
+    for cid in data.client_ids:
+      yield np.frombuffer(str(cid).encode("utf-8"), dtype=np.uint8)
+      for split in (data.train, data.test):
+        for a in split[cid]:
+          yield np.asarray(a)
+
+  digest = state_io.sha256_arrays(arrays())
+  try:
+    data._tfbfl_fingerprint = digest  # pylint: disable=protected-access
+  except AttributeError:
+    pass
+  return digest

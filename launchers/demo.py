@@ -30,7 +30,7 @@ def main(argv):
     try:
       summary = training.run_training(dict(
           algorithm=name, rounds=_ROUNDS.value, seed=_SEED.value,
-          output_dir=os.path.join(_OUT.value, name)))
+          output_dir=os.path.join(_OUT.value, name), overwrite=True))  # a demo re-runs afresh
     except ValueError as e:
       if "not available" not in str(e):
         raise

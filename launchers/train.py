@@ -8,6 +8,8 @@ With no dataset flags it runs on scikit-learn's bundled handwritten digits (10
 clients, per-class Dirichlet(0.5) partition). See README.md for every algorithm.
 """
 
+import sys
+
 from absl import app
 from absl import flags
 
@@ -30,8 +32,10 @@ flags.DEFINE_integer("rounds", _D["rounds"], "Communication rounds.")
 flags.DEFINE_integer("epochs_per_round", _D["epochs_per_round"], "Local epochs E per round.")
 flags.DEFINE_integer("batch_size", _D["batch_size"], "Client minibatch size B.")
 flags.DEFINE_float("client_lr", _D["client_lr"], "Client SGD learning rate.")
-flags.DEFINE_float("server_lr", None, "Server learning rate eta_s (default: 1/clients_per_round "
-                   "for VIRTUAL, whose server multiplies C deltas; 1.0 otherwise).")
+flags.DEFINE_float("server_lr", None,
+                   "VIRTUAL: the damped-EP step alpha in (0, 1], taken by the server posterior "
+                   "and each client factor alike (default 1/clients_per_round, measured); "
+                   "other algorithms: server learning rate (default 1.0).")
 flags.DEFINE_enum("architecture", _D["architecture"], list(training.ARCHITECTURES),
                   "Network: mlp (all algorithms), conv (FEMNIST net, VIRTUAL), lstm "
                   "(Shakespeare, VIRTUAL), cnn (McMahan et al. CIFAR-10 CNN, FOLA/FedCurv).")
@@ -43,19 +47,28 @@ flags.DEFINE_integer("seed", _D["seed"], "Fixes client sampling, initialisation 
 flags.DEFINE_integer("eval_every", _D["eval_every"], "Evaluate S and MT every this many rounds.")
 flags.DEFINE_string("output_dir", None, "Where metrics.csv, summary.json, curves.png go.")
 flags.DEFINE_integer("checkpoint_every", _D["checkpoint_every"], "Checkpoint every N rounds (0: never).")
-flags.DEFINE_bool("resume", False, "Continue from the checkpoint in --output_dir.")
+flags.DEFINE_bool("resume", False, "Continue from the checkpoint in --output_dir (same flags "
+                  "and data, checked).")
+flags.DEFINE_bool("overwrite", _D["overwrite"], "Replace the outputs of a previous run in "
+                  "--output_dir (without it, or --resume, such a directory is refused).")
 flags.DEFINE_enum("executor", _D["executor"], ["local", "remote"],
                   "local: TFF worker on this machine; remote: the tfbfl-worker services in --workers.")
 flags.DEFINE_list("workers", None, "--executor=remote: worker addresses host:port,host:port "
-                  "(trusted network or SSH tunnels only; see BUILD.md).")
+                  "(127.0.0.1 + SSH tunnels, or TLS; see BUILD.md).")
+flags.DEFINE_string("tls_ca", None, "--executor=remote: PEM CA certificate that signed the workers' "
+                    "certificates; turns on TLS (workers run with --tls_cert/--tls_key). See BUILD.md.")
+flags.DEFINE_string("tls_cert", None, "--executor=remote: PEM client certificate of this controller, "
+                    "for workers started with --tls_client_ca (with --tls_key).")
+flags.DEFINE_string("tls_key", None, "--executor=remote: PEM private key of --tls_cert.")
 flags.DEFINE_float("call_timeout_s", _D["call_timeout_s"],
                    "--executor=remote: deadline of each call to a worker (above the longest subround).")
 flags.DEFINE_enum("client_store", _D["client_store"], ["memory", "disk"],
                   "Where the controller keeps client states: memory, or one file per client "
                   "under <output_dir>/client_states.")
 # VIRTUAL
-flags.DEFINE_float("damping", _D["damping"], "VIRTUAL: damping gamma of the client factors (1 = none).")
-flags.DEFINE_bool("tie_damping", _D["tie_damping"], "VIRTUAL: gamma = 1 - server_lr (paper, App. D).")
+flags.DEFINE_float("scale_lr", _D["scale_lr"],
+                   "VIRTUAL: SGD step of the posterior scales' softplus parameters (default: --client_lr; "
+                   "larger values make the precisions learn but can diverge when beta/N_i is large).")
 flags.DEFINE_float("kl_weight", _D["kl_weight"], "VIRTUAL: KL multiplier beta.")
 flags.DEFINE_float("prior_scale", _D["prior_scale"], "VIRTUAL: std of the N(0, s^2) priors.")
 flags.DEFINE_float("init_scale", _D["init_scale"], "VIRTUAL: initial posterior std.")
@@ -83,13 +96,20 @@ def params_from_flags() -> dict:
   return {name: F[name].value for name in training.DEFAULTS if name in F and name != "verbose"}
 
 
+def fail(message: str) -> None:
+  """Exits with status 1 after one line on stderr (absl's UsageError would
+  print the whole module help first)."""
+  print(f"FATAL train: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
+  sys.exit(1)
+
+
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    fail(f"unexpected arguments: {argv[1:]}")
   try:
     summary = training.run_training(params_from_flags())
   except (ValueError, FileNotFoundError) as e:
-    raise app.UsageError(str(e)) from e
+    fail(str(e))
   print(f"{summary['algorithm']}: best S accuracy {summary['best_server_accuracy']:.4f}, "
         f"best MT accuracy {summary['best_mt_accuracy']:.4f}, "
         f"final S {summary['final_server_accuracy']:.4f}, final MT {summary['final_mt_accuracy']:.4f} "

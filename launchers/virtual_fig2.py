@@ -13,12 +13,13 @@ from absl import app
 from absl import flags
 
 from launchers import virtual_table2
+from tfbfl import training
 
 flags.FLAGS.set_default("datasets", ["digits_dirichlet"])
 flags.FLAGS.set_default("algorithms", ["virtual"])
 flags.FLAGS.set_default("kl_weights", ["1e-6", "1e-5", "1e-4", "1e-3", "1e-2", "1e-1", "1"])
 flags.FLAGS.set_default("client_lrs", ["0.05"])
-flags.FLAGS.set_default("virtual_server_lrs", ["0.1"])
+flags.FLAGS.set_default("virtual_server_lrs", [str(training.VIRTUAL_DEFAULT_STEP)])
 
 if __name__ == "__main__":
   app.run(virtual_table2.main)

@@ -115,7 +115,8 @@ def test_table_picks_true_maximum(tmp_path):
     table = list(csv.DictReader(f))
   assert len(table) == 4 and table[0]["s_hparams"] == rows[0]["s_hparams"]
   md = open(os.path.join(out, "table2.md")).read()
-  assert "| digits:permuted | fedprox | 58.5 ± 0.7 | 57.5 ± 0.7 |" in md
+  assert "| digits:permuted | FedProx | 58.5 ± 0.7 | 57.5 ± 0.7 |" in md
+  assert "cannot be judged: no VIRTUAL rows" in md
   assert os.path.getsize(os.path.join(out, "fig3.png")) > 1000
   assert not os.path.exists(os.path.join(out, "fig2.png"))   # no VIRTUAL cells
 
@@ -163,14 +164,18 @@ def test_dataset_specs_and_flags():
   with pytest.raises(ValueError, match="--algorithms"):
     grid.enumerate_cells(["digits"], ["fedsgd"], _SPEC)
   quick = grid.make_grid(quick=True, seeds=[0, 1])
-  assert quick.seeds == (0, 1) and len(quick.client_lrs) == 2
-  assert grid.make_fixed(quick=True, rounds=None, fedavg_init=True) == dict(rounds=8, fedavg_init=True)
-  assert grid.parse_assignments(["tie_damping=true", "hidden_units=8,4"]) == dict(
-      tie_damping=True, hidden_units=(8, 4))
+  assert quick.seeds == (0, 1) and quick.client_lrs == (0.05,)
+  assert grid.make_fixed(quick=True, rounds=None, fedavg_init=True) == dict(rounds=10, fedavg_init=True)
+  assert grid.parse_assignments(["fedavg_init=true", "hidden_units=8,4"]) == dict(
+      fedavg_init=True, hidden_units=(8, 4))
   full = grid.GridSpec()
-  assert len(full.client_lrs) == len(full.kl_weights) == len(full.mus) == 5
+  assert len(full.client_lrs) == len(full.mus) == 5
   assert full.server_lrs == (0.2, 0.4, 0.6, 0.8, 1.0)
-  assert np.allclose(np.diff(np.log(full.kl_weights)), np.log(10.0), rtol=1e-2)
+  # The paper's grids: VIRTUAL's damped-EP step (consistent damping) and beta.
+  assert full.virtual_server_lrs == (0.2, 0.4, 0.6, 0.8, 1.0)
+  assert full.kl_weights == (1e-6, 1e-5, 1e-4, 1e-3)
+  with pytest.raises(ValueError, match="virtual_server_lrs"):
+    grid.make_grid(virtual_server_lrs=[0.5, 1.5])
 
 
 def test_real_cell_runs_once_and_is_reported(tff_runtime, tmp_path, monkeypatch):
@@ -203,3 +208,133 @@ def test_diverged_configuration_does_not_win():
   rows = grid.table2_rows([result(0.3, 0.9, float("nan")), result(0.1, 0.7, float("inf"))])
   assert rows[0]["mt_hparams"] == "client_lr=0.3" and rows[0]["mt_diverged"]
   assert "90.0 ± 0.0 †" in grid.format_table2_md(rows)
+
+
+def test_virtual_variants_set_the_server_loss_weight(tmp_path):
+  spec = grid.GridSpec(client_lrs=(0.1,), kl_weights=(1e-4,), virtual_server_lrs=(0.4, 1.0),
+                       server_lrs=(1.0,), seeds=(0,))
+  cells = grid.enumerate_cells(["digits:permuted"], ["virtual", "virtual_eq3", "fedavg"], spec)
+  by_alg = {}
+  for c in cells:
+    by_alg.setdefault(c.algorithm, []).append(c)
+  # Both VIRTUAL rows are tuned over the same (VIRTUAL) values.
+  assert [c.hparams for c in by_alg["virtual"]] == [c.hparams for c in by_alg["virtual_eq3"]]
+  assert [dict(c.hparams)["server_lr"] for c in by_alg["virtual_eq3"]] == [0.4, 1.0]
+  p1 = by_alg["virtual"][0].params("/o", {})
+  p0 = by_alg["virtual_eq3"][0].params("/o", {})
+  assert (p1["algorithm"], p1["server_loss_weight"]) == ("virtual", 1.0)
+  assert (p0["algorithm"], p0["server_loss_weight"]) == ("virtual", 0.0)
+  assert p0["output_dir"] != p1["output_dir"] and "virtual_eq3" in p0["output_dir"]
+  assert "server_loss_weight" not in by_alg["fedavg"][0].params("/o", {})
+  # The label must not be contradicted by a shared flag or a dataset spec.
+  with pytest.raises(ValueError, match="--fixed"):
+    grid.make_fixed(server_loss_weight=0.5)
+  with pytest.raises(ValueError, match="--datasets"):
+    grid.parse_dataset_spec("digits:server_loss_weight=1")
+  assert "virtual_eq3" in grid.ALGORITHMS and "virtual_eq3" in grid.default_algorithms()
+
+  # A runner whose scores depend on the weight it receives: the rows carry the labels.
+  def runner(params):
+    w = params.get("server_loss_weight")
+    s, mt = {1.0: (0.9, 0.8), 0.0: (0.2, 0.85), None: (0.88, 0.82)}[w]
+    curves = dict(round=[1], server_loss=[1.0], mt_loss=[1.0], server_accuracy=[s], mt_accuracy=[mt])
+    return dict(summary=dict(best_server_accuracy=s, best_mt_accuracy=mt), curves=curves)
+  results = grid.run_grid(cells, str(tmp_path), {}, cell_runner=runner, log=lambda _: None)
+  rows = grid.write_report(str(tmp_path), results)
+  labels = {r["algorithm"]: (r["label"], r["s_mean"], r["mt_mean"]) for r in rows}
+  assert labels["virtual"] == ("VIRTUAL (w_S=1)", 0.9, 0.8)
+  assert labels["virtual_eq3"] == ("VIRTUAL eq. 3 (w_S=0)", 0.2, 0.85)
+  md = open(os.path.join(tmp_path, "table2.md")).read()
+  assert "| digits:permuted | VIRTUAL (w_S=1) | 90.0 ± 0.0 | 80.0 ± 0.0 |" in md
+  assert "| digits:permuted | VIRTUAL eq. 3 (w_S=0) | 20.0 ± 0.0 | 85.0 ± 0.0 |" in md
+  assert "| digits:permuted | FedAvg | 88.0 ± 0.0 | 82.0 ± 0.0 |" in md
+  assert "(a) VIRTUAL eq. 3 (w_S=0) MT >= FedAvg MT on non-IID data, digits:permuted: held" in md
+  assert "(a) VIRTUAL (w_S=1) MT >= FedAvg MT on non-IID data, digits:permuted: not held" in md
+  assert os.path.exists(os.path.join(tmp_path, "fig2.png"))
+
+
+def test_quick_protocol_and_progress_lines(tmp_path):
+  cells, fixed = grid.plan(quick=True)
+  assert fixed == dict(rounds=10)
+  assert len(cells) == 3 * 3 * 3   # datasets x (virtual, virtual_eq3, fedavg) x seeds, 1 config each
+  assert {c.dataset for c in cells} == {"digits:homogeneous", "digits:class_dirichlet", "digits:permuted"}
+  assert {c.algorithm for c in cells} == {"virtual", "virtual_eq3", "fedavg"}
+  assert {c.seed for c in cells} == {0, 1, 2}
+  step = float(grid.training.VIRTUAL_DEFAULT_STEP)
+  assert {c.hparams for c in cells if c.algorithm != "fedavg"} == {
+      (("client_lr", 0.05), ("kl_weight", 1e-4), ("server_lr", step))}
+  assert {c.hparams for c in cells if c.algorithm == "fedavg"} == {
+      (("client_lr", 0.05), ("server_lr", 1.0))}
+  # 18 VIRTUAL cells at ~40-60 s and 9 FedAvg cells at ~3 s: 15-20 minutes.
+  minutes = sum(grid.estimate_seconds(c, fixed) for c in cells) / 60
+  assert 12 <= minutes <= 20, minutes
+  # Explicit values override the quick protocol.
+  cells, fixed = grid.plan(quick=True, algorithms=["fedavg"], seeds=[4], params=dict(rounds=3),
+                           fixed_items=["fedavg_init=true"])
+  assert len(cells) == 3 and {c.seed for c in cells} == {4}
+  assert fixed == dict(rounds=3, fedavg_init=True)
+  full, _ = grid.plan(datasets=["digits:permuted"], algorithms=["virtual"])
+  assert len(full) == 5 * 4 * 5   # client lrs x betas x steps, one seed
+  # One line per finished cell: i/N, dataset, algorithm, hyperparameters, seed, S/MT, ETA.
+  lines = []
+  grid.run_grid([cells[0], cells[2]], str(tmp_path), dict(rounds=2), cell_runner=FakeRunner(), log=lines.append)
+  assert lines[0].startswith("grid: 2 cells, 0 already done, 2 to run") and "estimate" in lines[0]
+  assert lines[1].startswith("cell 1/2 digits:homogeneous fedavg client_lr=0.05,server_lr=1,seed=4: best S ")
+  assert "MT " in lines[1] and "ETA" in lines[1] and len(lines) == 3
+  assert lines[2].startswith("cell 2/2 digits:permuted fedavg ")
+
+
+def _row(dataset, algorithm, s, mt, seeds=3):
+  return dict(dataset=dataset, algorithm=algorithm, s_mean=s, s_std=0.01, mt_mean=mt, mt_std=0.02,
+              s_hparams="", mt_hparams="", s_diverged=False, mt_diverged=False, num_seeds=seeds)
+
+
+def test_paper_claims_held_and_not_held():
+  rows = [_row("digits:homogeneous", "virtual", 0.900, 0.90), _row("digits:homogeneous", "fedavg", 0.905, 0.91),
+          _row("digits:class_dirichlet", "virtual", 0.880, 0.95),
+          _row("digits:class_dirichlet", "fedavg", 0.900, 0.90),
+          _row("digits:permuted", "virtual", 0.800, 0.80), _row("digits:permuted", "fedavg", 0.850, 0.85)]
+  lines = grid.paper_claims(rows)
+  line = lambda prefix: [x for x in lines if x.startswith(prefix)]
+  a = line("(a) VIRTUAL (w_S=1)")
+  assert len(a) == 2   # the non-IID rows only, not homogeneous
+  assert a[0] == ("(a) VIRTUAL (w_S=1) MT >= FedAvg MT on non-IID data, digits:class_dirichlet: held: "
+                  "MT 95.0 ± 2.0 vs FedAvg 90.0 ± 2.0 (%, mean ± std over 3 vs 3 seeds).")
+  assert "digits:permuted: not held: MT 80.0 ± 2.0 vs FedAvg 85.0 ± 2.0" in a[1]
+  b = line("(b) VIRTUAL (w_S=1)")
+  assert len(b) == 3 and all("rule: mean S >= FedAvg's - 1 pp" in x for x in b)
+  assert "digits:homogeneous: held" in b[0]          # 0.5 pp below: comparable
+  assert "digits:class_dirichlet: not held" in b[1]  # 2 pp below
+  assert "digits:permuted: not held" in b[2]
+  c = line("(c) PMNIST the exception: VIRTUAL (w_S=1)")
+  assert len(c) == 1 and "digits:permuted: held: MT 80.0 ± 2.0 vs FedAvg 85.0 ± 2.0; S 80.0" in c[0]
+  # VIRTUAL beating FedAvg on permuted: the exception does not hold (and (a) does).
+  rows[4] = _row("digits:permuted", "virtual", 0.86, 0.84)
+  c = [x for x in grid.paper_claims(rows) if x.startswith("(c)")]
+  assert "not held" in c[0]
+  rows[4] = _row("digits:permuted", "virtual", 0.80, 0.90)   # wins MT only: still beats it
+  assert "not held" in [x for x in grid.paper_claims(rows) if x.startswith("(c)")][0]
+  # Both variants are judged; eq. 3 has its own lines.
+  lines = grid.paper_claims(rows + [_row("digits:permuted", "virtual_eq3", 0.2, 0.86, seeds=2)])
+  eq3 = [x for x in lines if "VIRTUAL eq. 3 (w_S=0)" in x]
+  assert len(eq3) == 3
+  assert "held: MT 86.0 ± 2.0 vs FedAvg 85.0 ± 2.0 (%, mean ± std over 2 vs 3 seeds)" in eq3[0]
+  assert "not held" in eq3[1] and "not held" in eq3[2]
+
+
+def test_paper_claims_that_cannot_be_judged():
+  assert grid.paper_claims([_row("digits:permuted", "fedavg", 0.8, 0.8)]) == [
+      "Paper claims cannot be judged: no VIRTUAL rows in the table."]
+  lines = grid.paper_claims([_row("digits:permuted", "virtual", 0.8, 0.8)])
+  assert len(lines) == 3 and all("cannot be judged: no FedAvg row" in x for x in lines)
+  lines = grid.paper_claims([_row("digits:homogeneous", "virtual", 0.8, 0.8),
+                             _row("digits:homogeneous", "fedavg", 0.8, 0.8)])
+  assert lines[0].startswith("(a)") and "cannot be judged: no non-IID dataset row" in lines[0]
+  assert "held" in lines[1] and "cannot be judged: no permuted-partition row" in lines[2]
+  # Partitions come from presets too: digits_permuted is the PMNIST stand-in, digits_iid is IID.
+  lines = grid.paper_claims([_row("digits_permuted", "virtual", 0.8, 0.8),
+                             _row("digits_permuted", "fedavg", 0.9, 0.9),
+                             _row("digits_iid", "virtual", 0.8, 0.8)])
+  assert [x.split(":")[0] for x in lines if x.startswith("(a)")] == [
+      "(a) VIRTUAL (w_S=1) MT >= FedAvg MT on non-IID data, digits_permuted"]
+  assert any(x.startswith("(c)") and "digits_permuted: held" in x for x in lines)

@@ -58,7 +58,7 @@ def _flat_posterior(state):
 def _linear_config(num_clients, **kw):
   base = dict(input_dim=3, num_classes=1, num_clients=num_clients, hidden_units=(),
               private=False, likelihood="gaussian", noise_scale=0.5, prior_scale=2.0,
-              init_scale=0.3, kl_weight=1.0, server_lr=1.0, damping=1.0,
+              init_scale=0.3, kl_weight=1.0, server_lr=1.0,
               local_solver="conjugate", server_loss_weight=0.0)
   base.update(kw)
   return virtual.VirtualConfig(**base)
@@ -223,8 +223,17 @@ def test_digits_learns_above_per_client_majority(tff_runtime, tmp_path):
     rows = list(csv.DictReader(f))
   assert len(rows) == 4
   for col in ("round", "server_accuracy", "server_loss", "mt_accuracy", "mt_loss",
-              "train_loss", "wall_time_s", "bytes_up", "bytes_down"):
+              "train_loss", "wall_time_s", "bytes_up", "bytes_down", "server_ece", "mt_ece",
+              "cavity_floored", "server_floored"):
     assert col in rows[0]
+  # At the shipped defaults (damped EP, one step for server and factors) the server
+  # posterior is the product of the stored factors on every row.
+  assert all(float(r["factor_gap"]) <= 1e-5 for r in rows), [r["factor_gap"] for r in rows]
+  log_prec = [float(r["mean_shared_log_precision"]) for r in rows]
+  assert np.all(np.isfinite(log_prec)) and len(set(log_prec)) == len(log_prec)
+  for key in ("final_server_nll", "final_mt_nll", "final_server_ece", "final_mt_ece"):
+    assert np.isfinite(summary[key]), key
+  assert 0.0 <= summary["final_mt_ece"] <= 1.0
 
 
 def test_resume_gives_identical_metrics(tff_runtime, tmp_path):
@@ -264,10 +273,11 @@ def test_bad_flags_are_clear_errors(bad, match):
 
 
 def test_config_validation():
-  with pytest.raises(ValueError, match="damping"):
-    virtual.VirtualConfig(input_dim=2, num_classes=2, num_clients=2, damping=1.5)
+  with pytest.raises(ValueError, match="server_lr"):
+    virtual.VirtualConfig(input_dim=2, num_classes=2, num_clients=2, server_lr=1.5)
   with pytest.raises(ValueError, match="conjugate"):
     virtual.VirtualConfig(input_dim=2, num_classes=2, num_clients=2, local_solver="conjugate")
-  cfg = virtual.VirtualConfig(input_dim=2, num_classes=2, num_clients=2, server_lr=1.0,
-                              tie_damping=True)
-  assert cfg.client_damping == 0.0  # frozen factors, but the server still moves
+  with pytest.raises(ValueError, match="scale_lr"):
+    virtual.VirtualConfig(input_dim=2, num_classes=2, num_clients=2, scale_lr=float("inf"))
+  cfg = virtual.VirtualConfig(input_dim=2, num_classes=2, num_clients=2, server_lr=0.3)
+  assert cfg.step == 0.3 and cfg.effective_scale_lr == cfg.client_lr

@@ -37,7 +37,8 @@ fully determined by `seed`. Metrics are weighted by client test-set size:
 
 Outputs in `output_dir`: `metrics.csv` (one row per evaluated round),
 `client_metrics.csv` (per-client MT accuracy per evaluated round), `summary.json`,
-TensorBoard event files under `tb/`, `curves.png`, and `checkpoint.pkl`. Every file
+TensorBoard event files under `tb/`, `curves.png`, and `checkpoint.npz` (a
+`tfbfl.state_io` file: arrays + a JSON manifest, never a pickle). Every file
 is written to a temporary name and renamed, so an interrupted run never leaves a
 half-written file, and a resumed run reproduces the uninterrupted one.
 """
@@ -49,7 +50,6 @@ import dataclasses
 import io
 import json
 import os
-import pickle
 import sys
 import tempfile
 import time
@@ -58,9 +58,13 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import numpy as np
 
 from tfbfl import client_store as client_store_lib
+from tfbfl import run_dir as run_dir_lib
+from tfbfl import state_io
+from tfbfl import metrics as metrics_lib
 from tfbfl.data import FederatedData
 
-CHECKPOINT = "checkpoint.pkl"
+CHECKPOINT = "checkpoint.npz"  # tfbfl.state_io format; see _save_checkpoint
+LEGACY_CHECKPOINT = "checkpoint.pkl"  # pickles of older versions: never loaded
 BASE_COLUMNS = ("round", "server_accuracy", "server_loss", "mt_accuracy", "mt_loss",
                 "train_loss", "train_accuracy", "wall_time_s")
 
@@ -78,6 +82,8 @@ class RunConfig:
   verbose: bool = True
   client_store: str = "memory"           # or "disk"
   client_store_dir: Optional[str] = None  # disk: default <output_dir>/client_states
+  overwrite: bool = False  # clear a previous run's outputs in output_dir first
+  data_fingerprint: Optional[str] = None  # tfbfl.run_dir.data_fingerprint; None: computed
 
   def validate(self, num_clients: int) -> None:
     if self.rounds < 1:
@@ -92,6 +98,9 @@ class RunConfig:
       raise ValueError(f"--checkpoint_every must be >= 0, got {self.checkpoint_every}.")
     if self.resume and not self.output_dir:
       raise ValueError("--resume needs --output_dir (where the checkpoint is).")
+    if self.resume and self.overwrite:
+      raise ValueError("--resume and --overwrite exclude each other (continue the run in "
+                       "--output_dir, or replace it).")
     if self.client_store not in ("memory", "disk"):
       raise ValueError(f"--client_store must be 'memory' or 'disk', got {self.client_store!r}.")
     if self.client_store == "disk" and not (self.output_dir or self.client_store_dir):
@@ -181,11 +190,17 @@ def aggregate_evaluation(per_client: Sequence[Dict[str, Any]]) -> Dict[str, Any]
   if n <= 0:
     raise ValueError("evaluation needs at least one test example over all clients.")
   total = lambda k: float(sum(float(c[k]) for c in per_client))
-  return dict(
+  out = dict(
       server_accuracy=total("server_correct") / n, server_loss=total("server_loss") / n,
       mt_accuracy=total("mt_correct") / n, mt_loss=total("mt_loss") / n,
       client_mt_accuracy=[float(c["mt_correct"]) / max(float(c["num_examples"]), 1.0)
                           for c in per_client])
+  # Calibration bins add over clients: the ECE of the pooled test set.
+  for key in ("server", "mt"):
+    if all(f"{key}_calibration" in c for c in per_client):
+      bins = sum(np.asarray(c[f"{key}_calibration"], np.float64) for c in per_client)
+      out[f"{key}_ece"] = metrics_lib.expected_calibration_error(bins)
+  return out
 
 
 def _flatten_metrics(metrics: Any) -> Dict[str, float]:
@@ -254,38 +269,158 @@ class ExperimentRunner:
   def _checkpoint_path(self):
     return os.path.join(self.config.output_dir, CHECKPOINT)
 
+  def _data_fingerprint(self) -> str:
+    if self.config.data_fingerprint is None:
+      self.config.data_fingerprint = run_dir_lib.data_fingerprint(self.data)
+    return self.config.data_fingerprint
+
   def _save_checkpoint(self, state):
-    payload = dict(state, flags=self._checkpoint_flags())
+    """Writes `checkpoint.npz` atomically (`tfbfl.state_io`: arrays + a JSON
+    manifest with the flags, the data fingerprint and per-array checksums).
+    A disk client store is saved as a hard-linked snapshot directory that the
+    checkpoint names; older snapshots are pruned only after the checkpoint
+    that replaces them is on disk."""
+    tree = {k: v for k, v in state.items() if k != "clients"}
     snapshot = None
     if isinstance(state["clients"], client_store_lib.DiskClientStore):
       snapshot = client_store_lib.save_snapshot(state["clients"], self.config.output_dir,
                                                 state["round"])
-      payload["client_snapshot"] = snapshot
-    atomic_write_bytes(self._checkpoint_path(), pickle.dumps(payload, protocol=4))
+      tree["client_snapshot"] = snapshot
+    else:
+      tree["clients"] = dict(state["clients"])
+    meta = dict(kind="checkpoint", round=int(state["round"]), flags=self._checkpoint_flags(),
+                data_fingerprint=self._data_fingerprint(),
+                client_store=getattr(state["clients"], "kind", "memory"))
+    state_io.save(self._checkpoint_path(), tree, meta=meta)
     if snapshot is not None:
       client_store_lib.prune_snapshots(self.config.output_dir, keep=snapshot)
 
   def _checkpoint_flags(self):
-    ignore = {"rounds", "resume", "checkpoint_every", "output_dir", "eval_every",
-              "executor", "workers", "call_timeout_s"}
-    return {k: v for k, v in self.flags.items() if k not in ignore}
+    return self._comparable_flags(self.flags)
+
+  @staticmethod
+  def _comparable_flags(flags):
+    """The flags a checkpoint must share with a run that resumes it."""
+    ignore = {"rounds", "resume", "overwrite", "checkpoint_every", "output_dir", "eval_every",
+              "executor", "workers", "call_timeout_s", "verbose"}
+    return {k: _plain_flag(v) for k, v in flags.items() if k not in ignore}
+
+  @classmethod
+  def check_resumable(cls, output_dir: str, flags: Dict[str, Any],
+                      data_fingerprint: str) -> int:
+    """Cheap check, before any start-up, that `--resume` into `output_dir` can
+    work: its checkpoint exists and has a valid manifest written with the same
+    flags and data. Returns the checkpoint's round. `run` checks everything
+    again (and every array's checksum) when it loads the checkpoint.
+
+    Raises:
+      FileNotFoundError, ValueError: one line naming the checkpoint.
+    """
+    path = os.path.join(output_dir, CHECKPOINT)
+    cls._refuse_legacy(output_dir, path)
+    try:
+      meta = state_io.read_meta(path)
+    except FileNotFoundError:
+      raise FileNotFoundError(f"--resume: no checkpoint at {path}.") from None
+    except ValueError as e:
+      raise ValueError(f"--resume: {e}") from None
+    cls._check_meta(path, meta, cls._comparable_flags(flags), data_fingerprint)
+    return int(meta["round"])
+
+  @staticmethod
+  def _refuse_legacy(output_dir, path):
+    legacy = os.path.join(output_dir, LEGACY_CHECKPOINT)
+    if not os.path.exists(path) and os.path.exists(legacy):
+      raise ValueError(
+          f"--resume: {legacy} is a pickle checkpoint of an older tfbfl, which is never "
+          "loaded (a pickle can execute code); start afresh with --overwrite.")
+
+  @staticmethod
+  def _check_meta(path, meta, want_flags, data_fingerprint):
+    if meta.get("kind") != "checkpoint" or not isinstance(meta.get("round"), int):
+      raise ValueError(f"--resume: {path} is a tfbfl state file but not a checkpoint.")
+    saved = meta.get("flags", {})
+    if saved != want_flags:
+      diff = sorted(k for k in set(saved) | set(want_flags) if saved.get(k) != want_flags.get(k))
+      raise ValueError(f"--resume: checkpoint {path} was written with other flags: {diff}.")
+    if meta.get("data_fingerprint") != data_fingerprint:
+      raise ValueError(
+          f"--resume: the data changed since checkpoint {path} was written (data fingerprint "
+          f"{str(meta.get('data_fingerprint'))[:12]}..., now {data_fingerprint[:12]}...); "
+          "pass --overwrite to start afresh on the new data.")
 
   def _load_checkpoint(self):
+    """The state saved by `_save_checkpoint`, after checking (in this order)
+    the file (`tfbfl.state_io.load`: format, version, checksums, structure),
+    the flags and the data fingerprint; raises one `ValueError` line (or
+    `FileNotFoundError`) naming the checkpoint otherwise. Never unpickles."""
     path = self._checkpoint_path()
+    self._refuse_legacy(self.config.output_dir, path)
     if not os.path.exists(path):
       raise FileNotFoundError(f"--resume: no checkpoint at {path}.")
-    with open(path, "rb") as f:
-      state = pickle.load(f)
-    saved = state.pop("flags", {})
-    if saved != self._checkpoint_flags():
-      diff = sorted(k for k in set(saved) | set(self._checkpoint_flags())
-                    if saved.get(k) != self._checkpoint_flags().get(k))
-      raise ValueError(f"--resume: checkpoint {path} was written with other flags: {diff}.")
+    try:
+      state, meta = state_io.load(path)
+    except ValueError as e:
+      raise ValueError(f"--resume: {e}") from None
+    self._check_meta(path, meta, self._checkpoint_flags(), self._data_fingerprint())
+    if (not isinstance(state, dict) or state.get("round") != meta["round"]
+        or "server_state" not in state):
+      raise ValueError(f"--resume: {path} is a tfbfl state file but not a checkpoint.")
+    if "clients" in state:
+      state["clients"] = client_store_lib.MemoryClientStore(state["clients"])
     snapshot = state.pop("client_snapshot", None)
     if snapshot is not None:  # disk store: its files as of the checkpoint
+      if not isinstance(snapshot, str) or snapshot != client_store_lib.snapshot_name(
+          state["round"]):
+        raise ValueError(f"--resume: {path} names a bad client-state snapshot {snapshot!r:.60}.")
       state["clients"] = self._new_client_store()
-      state["clients"].restore(os.path.join(self.config.output_dir, snapshot))
+      try:
+        state["clients"].restore(os.path.join(self.config.output_dir, snapshot))
+      except FileNotFoundError as e:
+        raise FileNotFoundError(f"--resume: {e}") from None
+      except ValueError as e:
+        raise ValueError(f"--resume: {e}") from None
+    if "clients" not in state:
+      raise ValueError(f"--resume: {path} holds no client states.")
     return state
+
+  def _start_state(self):
+    """Takes `output_dir` for this run and returns the state to start from.
+
+    With an `output_dir`: creates it, takes its lock (`tfbfl.run_dir.RunLock`,
+    held until `close()`; a directory in use by another run is refused at
+    once), removes stale `.tmp-*` files of interrupted writes, then refuses a
+    directory holding another run unless `resume` (its checkpoint is then
+    checked) or `overwrite` (its outputs are removed first). Returns the
+    checkpoint's state with `resume`, else a fresh one.
+    """
+    cfg = self.config
+    if not cfg.output_dir:
+      return self._load_checkpoint() if cfg.resume else self._fresh_state()
+    run_dir_lib.prepare(cfg.output_dir)
+    if getattr(self, "_lock", None) is None:
+      self._lock = run_dir_lib.RunLock(cfg.output_dir)
+    self._lock.acquire(owner=self)
+    try:
+      store_dir = cfg.client_store_dir or os.path.join(cfg.output_dir, "client_states")
+      for directory in (cfg.output_dir, store_dir):
+        state_io.remove_stale_temporaries(directory)
+      removed = run_dir_lib.refuse_or_clear(cfg.output_dir, resume=cfg.resume,
+                                            overwrite=cfg.overwrite)
+      if removed and cfg.verbose:
+        print(f"--overwrite: removed {', '.join(removed)} from {cfg.output_dir}", flush=True)
+      return self._load_checkpoint() if cfg.resume else self._fresh_state()
+    except BaseException:
+      self.close()
+      raise
+
+  def close(self) -> None:
+    """Releases the lock on `output_dir` (idempotent). `training.run_training`
+    calls it when the run ends; the lock also goes with the runner object or
+    the process."""
+    lock = getattr(self, "_lock", None)
+    if lock is not None:
+      lock.release()
 
   @staticmethod
   def _rekey(selected, results, what="client states"):
@@ -335,8 +470,16 @@ class ExperimentRunner:
 
   # ------------------------------------------------------------------ run
   def run(self) -> Dict[str, Any]:
+    """Runs the rounds; the output directory's lock is released when it returns
+    or raises."""
+    try:
+      return self._run()
+    finally:
+      self.close()
+
+  def _run(self) -> Dict[str, Any]:
     cfg = self.config
-    state = self._load_checkpoint() if cfg.resume else self._fresh_state()
+    state = self._start_state()  # lock, ownership of output_dir, checkpoint or fresh
     if cfg.resume and self.config.verbose:
       print(f"resumed from {self._checkpoint_path()} at round {state['round']}", flush=True)
     k = len(self.client_ids)
@@ -367,6 +510,9 @@ class ExperimentRunner:
         self.round_hook(r, flat)
       state["wall_time_s"] = time.time() - clock
       if r % cfg.eval_every == 0 or r == cfg.rounds:
+        diagnostics = getattr(self.algorithm, "factor_diagnostics", None)
+        if diagnostics is not None:
+          flat.update(diagnostics(state["server_state"], state["clients"]))
         ev = self.evaluate(state)
         row = dict(round=r, **{k2: v for k2, v in ev.items() if k2 != "client_mt_accuracy"},
                    **flat, wall_time_s=time.time() - clock)
@@ -405,6 +551,9 @@ class ExperimentRunner:
         best_global_accuracy=best("server_accuracy"),
         final_server_accuracy=rows[-1]["server_accuracy"], final_mt_accuracy=rows[-1]["mt_accuracy"],
         final_server_loss=rows[-1]["server_loss"], final_mt_loss=rows[-1]["mt_loss"],
+        # NLL = the test cross-entropy of the evaluated predictive (metrics.csv's losses).
+        final_server_nll=rows[-1]["server_loss"], final_mt_nll=rows[-1]["mt_loss"],
+        final_server_ece=rows[-1].get("server_ece"), final_mt_ece=rows[-1].get("mt_ece"),
         wall_time_s=state["wall_time_s"],
         bytes_up_total=state.get("bytes_up_total"), bytes_down_total=state.get("bytes_down_total"))
 
@@ -420,7 +569,7 @@ class ExperimentRunner:
     self._write_tensorboard(rows[-1])
     if final:
       atomic_write_text(os.path.join(out, "summary.json"),
-                        json.dumps(summary, indent=2, sort_keys=True, default=json_default))
+                        json.dumps(strict_json(summary), indent=2, sort_keys=True, allow_nan=False))
       plot_curves(os.path.join(out, "curves.png"), rows, title=self.algorithm.name)
 
   def _write_tensorboard(self, row):
@@ -435,6 +584,26 @@ class ExperimentRunner:
     self._tb_writer.flush()
 
 
+def strict_json(o):
+  """`o` as strict JSON values: numpy scalars as Python numbers, tuples and sets
+  as lists, non-finite floats as the strings "nan", "inf", "-inf" (JSON has no
+  NaN or Infinity), anything else unknown as its `str`."""
+  if isinstance(o, dict):
+    return {str(k): strict_json(v) for k, v in o.items()}
+  if isinstance(o, (list, tuple, set)):
+    return [strict_json(v) for v in o]
+  if isinstance(o, (bool, np.bool_)):
+    return bool(o)
+  if isinstance(o, (int, np.integer)):
+    return int(o)
+  if isinstance(o, (float, np.floating)):
+    v = float(o)
+    return v if np.isfinite(v) else ("nan" if np.isnan(v) else ("inf" if v > 0 else "-inf"))
+  if o is None or isinstance(o, str):
+    return o
+  return str(o)
+
+
 def json_default(o):
   if isinstance(o, (np.integer,)):
     return int(o)
@@ -443,3 +612,17 @@ def json_default(o):
   if isinstance(o, (tuple, set)):
     return list(o)
   return str(o)
+
+
+def _plain_flag(v):
+  """A flag value as plain Python (numpy scalars -> numbers, tuples -> lists),
+  as stored in a checkpoint's JSON manifest and compared on `--resume`."""
+  if isinstance(v, np.generic):
+    return v.item()
+  if isinstance(v, (list, tuple)):
+    return [_plain_flag(x) for x in v]
+  if isinstance(v, dict):
+    return {str(k): _plain_flag(x) for k, x in v.items()}
+  if v is None or isinstance(v, (bool, int, float, str)):
+    return v
+  return str(v)

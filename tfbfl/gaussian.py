@@ -56,6 +56,11 @@ such entries silently and never produces NaN; it follows `on_nonpositive`:
   `(eta1, eta2) = (min_precision * eta1_num / eta2_num, min_precision)`
   (mean 0 when the numerator itself is flat). `ratio_with_count` also returns
   the number of entries replaced, so callers can log or react to it.
+* `"allow"`: the ratio is returned as is. For EP *site factors* and deltas
+  (VIRTUAL's `s_i` and `Delta_i`), which are unnormalised and may legitimately
+  have non-positive precision entries; only their products with a proper
+  factor are densities. `ratio_with_count` still counts the entries with
+  `eta2 <= min_precision`.
 
 `check_valid` applies the same kind of check (positive, finite) to any factor.
 
@@ -115,7 +120,7 @@ __all__ = [
     "variance",
 ]
 
-_POLICIES = ("raise", "floor")
+_POLICIES = ("raise", "floor", "allow")
 
 
 class NaturalGaussian(
@@ -465,6 +470,10 @@ def ratio_with_count(numerator, denominator, *, on_nonpositive="floor",
   eta1 = _map(tf.math.subtract, num.eta1, den.eta1)
   eta2 = _map(tf.math.subtract, num.eta2, den.eta2)
 
+  if on_nonpositive == "allow":
+    count = _count(lambda x: tf.math.logical_not(x > _scalar(min_precision, x.dtype)), eta2)
+    return NaturalGaussian(eta1, eta2), count
+
   if on_nonpositive == "raise":
     # `not (x > 0)` also catches NaN.
     bad = _count(lambda x: tf.math.logical_not(x > 0), eta2)
@@ -503,7 +512,7 @@ def ratio(numerator, denominator, *, on_nonpositive="raise",
   Args:
     numerator: A `NaturalGaussian`.
     denominator: A `NaturalGaussian` of the same structure.
-    on_nonpositive: `"raise"` (default) or `"floor"`.
+    on_nonpositive: `"raise"` (default), `"floor"` or `"allow"`.
     min_precision: Positive precision floor used by `"floor"`.
 
   Returns:

@@ -11,7 +11,7 @@ are thin absl shells around this module.
   per round (non-zero entries of `Delta_i` and bytes, `tfbfl.communication`) and
   the max (over evaluated rounds) MT and S test accuracy of each variant.
 * `run_snr_cdf`: trains (or reuses) the two variants, loads the final client
-  states from the run's `checkpoint.pkl` and computes, per dense layer (kernel
+  states from the run's `checkpoint.npz` and computes, per dense layer (kernel
   tensor of the shared network), the empirical CDF of `log10 SNR` pooled over the
   clients' posteriors `q_i(theta)` (`ClientState.shared_posterior`), with
   `SNR = |mu| / sigma = |eta1| / sqrt(eta2)` (`tfbfl.sparsity.snr`). Writes
@@ -32,14 +32,15 @@ import csv
 import io
 import json
 import os
-import pickle
 import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from tfbfl import client_store
 from tfbfl import experiment
+from tfbfl import state_io
 from tfbfl import training
 
 __all__ = [
@@ -63,7 +64,7 @@ TABLE_COLUMNS = (
     "delta_nonzeros_virtual_fedavg_init", "delta_nonzeros_virtual",
     "delta_bytes_virtual_fedavg_init", "delta_bytes_virtual")
 # Flags that decide where/how a run is written, not its result.
-_NOT_COMPARED = ("output_dir", "checkpoint_every", "resume", "verbose")
+_NOT_COMPARED = ("output_dir", "checkpoint_every", "resume", "overwrite", "verbose")
 
 # Training flags the launchers pass through to `training.run_training` unchanged
 # (VIRTUAL-specific ones are ignored by FedProx and vice versa).
@@ -71,7 +72,7 @@ PASS_THROUGH = (
     "dataset", "data_dir", "partition", "alpha", "min_size", "classes_per_client",
     "test_fraction", "num_clients", "clients_per_round", "rounds", "epochs_per_round",
     "batch_size", "client_lr", "server_lr", "hidden_units", "seed", "eval_every",
-    "damping", "tie_damping", "kl_weight", "prior_scale", "init_scale",
+    "scale_lr", "kl_weight", "prior_scale", "init_scale",
     "server_loss_weight", "gate_init", "eval_samples", "prune_per_layer", "architecture",
     "image_shape", "filters", "lstm_units", "mu")
 
@@ -115,12 +116,12 @@ def define_training_flags(flag_values=None) -> None:
   define("integer", "batch_size", "Client minibatch size B.")
   define("float", "client_lr", "Client SGD learning rate.")
   define("float", "fedprox_client_lr", "FedProx client learning rate (default: --client_lr).")
-  define("float", "server_lr", "Server learning rate (default: 1/C for VIRTUAL, 1 for FedProx).")
+  define("float", "server_lr", "VIRTUAL: damped-EP step alpha in (0, 1] of server and client "
+         "factors alike (default training.VIRTUAL_DEFAULT_STEP); FedProx: server learning rate (1).")
   define("list", "hidden_units", "Hidden layer widths.", int_list("hidden_units"))
   define("integer", "seed", "Seed of the split, client sampling and initialisation.")
   define("integer", "eval_every", "Evaluate S and MT every this many rounds.")
-  define("float", "damping", "VIRTUAL: damping gamma of the client factors (1 = none).")
-  define("bool", "tie_damping", "VIRTUAL: gamma = 1 - server_lr (paper, App. D).")
+  define("float", "scale_lr", "VIRTUAL: SGD step of the posterior scales' softplus parameters.")
   define("float", "kl_weight", "VIRTUAL: KL multiplier beta.")
   define("float", "prior_scale", "VIRTUAL: std of the N(0, s^2) priors.")
   define("float", "init_scale", "VIRTUAL: initial posterior std.")
@@ -233,16 +234,16 @@ def _checkpoint_round(run_dir: str) -> Optional[int]:
   if not os.path.exists(path):
     return None
   try:
-    with open(path, "rb") as f:
-      return int(pickle.load(f)["round"])
-  except Exception:  # pylint: disable=broad-except  (unreadable: start afresh)
+    return int(state_io.read_meta(path)["round"])
+  except (ValueError, KeyError, TypeError):  # unreadable or not a checkpoint: start afresh
     return None
 
 
 def _run_params(spec: RunSpec, output_dir: str, round_progress: bool = False):
   """(`run_training` params of `spec`, the flags a matching summary.json holds)."""
+  # A run trained (again) replaces what its directory holds; a resumed one keeps it.
   params = dict(spec.params, output_dir=os.path.join(output_dir, spec.name),
-                verbose=round_progress, resume=False)
+                verbose=round_progress, resume=False, overwrite=True)
   params["checkpoint_every"] = int(params.get("rounds") or training.DEFAULTS["rounds"])
   return params, _comparable(_jsonable(training.resolve_params(params)))
 
@@ -255,7 +256,7 @@ def ensure_run(spec: RunSpec, output_dir: str, *, log: Optional[_Log] = None,
 
   `how` is 'reused' (summary.json with the same flags), 'resumed' (from a
   checkpoint of the same flags with fewer rounds) or 'trained'. Every run
-  checkpoints its final round (`checkpoint.pkl`, read by `load_final_state`).
+  checkpoints its final round (`checkpoint.npz`, read by `load_final_state`).
   `round_progress`: print the driver's line per round. `require_checkpoint`: a
   finished run counts only if its checkpoint holds the final round.
   """
@@ -278,7 +279,7 @@ def ensure_run(spec: RunSpec, output_dir: str, *, log: Optional[_Log] = None,
     if ((summary is None and ckpt_round <= resolved["rounds"])
         or (same_but_rounds and ckpt_round < resolved["rounds"])):
       try:
-        return runner(dict(params, resume=True)), "resumed"
+        return runner(dict(params, resume=True, overwrite=False)), "resumed"
       except ValueError as e:  # checkpoint written with other flags
         log(f"  {spec.name}: cannot resume ({e}); training afresh")
   if summary is not None:
@@ -488,11 +489,17 @@ def run_sparsity_table(base: Dict[str, Any], percentiles: Sequence[float], outpu
 
 # ------------------------------------------------------------------- SNR CDF
 def load_final_state(run_dir: str) -> Dict[str, Any]:
-  """The driver state pickled in `<run_dir>/checkpoint.pkl` (incl. `clients`)."""
+  """The driver state in `<run_dir>/checkpoint.npz` (incl. `clients`, a dict
+  client index -> state; a disk store's snapshot is read into it), read with
+  `tfbfl.state_io.load` (checked; never unpickled)."""
   path = os.path.join(run_dir, experiment.CHECKPOINT)
   import tfbfl.algorithms.virtual  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
-  with open(path, "rb") as f:
-    return pickle.load(f)
+  state, _ = state_io.load(path)
+  snapshot = state.pop("client_snapshot", None)
+  if snapshot is not None:
+    snap = client_store.DiskClientStore(os.path.join(run_dir, snapshot))
+    state["clients"] = dict(snap.items())
+  return state
 
 
 def _leaves(structure) -> List[np.ndarray]:

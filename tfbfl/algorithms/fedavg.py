@@ -82,6 +82,7 @@ import tensorflow_federated as tff
 
 from tfbfl import architectures
 from tfbfl import communication
+from tfbfl import metrics as metrics_lib
 from tfbfl import models
 from tfbfl import training
 from tfbfl.algorithms import rounds
@@ -319,10 +320,12 @@ class ModelComputations:
     return run()
 
   def _score(self, weights, x, y):
+    """Summed cross-entropy, correct count, n and calibration bins (`tfbfl.metrics`)."""
     logits = self._logits(weights, x)
     loss = tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
     correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=y.dtype), y), tf.float32))
-    return loss, correct, tf.cast(tf.shape(y)[0], tf.float32)
+    calibration = metrics_lib.calibration_sums(tf.nn.softmax(logits), y)
+    return loss, correct, tf.cast(tf.shape(y)[0], tf.float32), calibration
 
   # -------------------------------------------------- federated evaluation
   def build_evaluate(self):
@@ -332,10 +335,11 @@ class ModelComputations:
     `tfbfl.experiment`)."""
     @tff.tensorflow.computation(self.weights_type, self.weights_type, self.data_type)
     def client_eval(server_weights, own_weights, data):
-      s_loss, s_correct, n = self._score(_as_model_weights(server_weights), *data)
-      m_loss, m_correct, _ = self._score(_as_model_weights(own_weights), *data)
+      s_loss, s_correct, n, s_cal = self._score(_as_model_weights(server_weights), *data)
+      m_loss, m_correct, _, m_cal = self._score(_as_model_weights(own_weights), *data)
       return collections.OrderedDict(server_loss=s_loss, server_correct=s_correct,
-                                     mt_loss=m_loss, mt_correct=m_correct, num_examples=n)
+                                     mt_loss=m_loss, mt_correct=m_correct, num_examples=n,
+                                     server_calibration=s_cal, mt_calibration=m_cal)
 
     @tff.federated_computation(
         tff.FederatedType(self.weights_type, tff.SERVER),

@@ -941,8 +941,9 @@ def learning_curves(base_params: Dict[str, Any], methods: Sequence[str], alphas:
   for alpha in alphas:
     for method in methods:
       run_dir = os.path.join(output_dir, method, f"alpha_{alpha:g}")
+      # Each figure run owns its directory and re-runs afresh.
       p = dict(base_params, algorithm=method, alpha=float(alpha), partition="label_dirichlet",
-               output_dir=run_dir)
+               output_dir=run_dir, overwrite=True)
       p["clients_per_round"] = p.get("num_clients", training.DEFAULTS["num_clients"])
       try:
         if method in EXTRA_METHODS:
@@ -975,7 +976,8 @@ def _run_extra(params):
   algorithm = build_method(fd, p)
   run_config = experiment.RunConfig(
       rounds=p["rounds"], clients_per_round=p["clients_per_round"], eval_every=p["eval_every"],
-      seed=p["seed"], output_dir=p["output_dir"], verbose=p["verbose"])
+      seed=p["seed"], output_dir=p["output_dir"], verbose=p["verbose"],
+      overwrite=p.get("overwrite", False))
   flags = {k: (list(v) if isinstance(v, tuple) else v) for k, v in p.items()}
   return experiment.ExperimentRunner(algorithm, fd, run_config, flags=flags).run()
 

@@ -17,34 +17,90 @@ proxy `s(theta) = prod_i s_i(theta)`, private client weights `phi_i` with poster
    sampling activations by local reparameterization;
 3. sends `Delta_i = s_i^new / s_i^(t-1)` with `s_i^new = q_i / cav_i`
    (natural-parameter difference; equals `q_i / s^(t)` when nothing is floored);
-4. keeps `s_i <- s_i^(t-1) * Delta_i^gamma` (damping `gamma`, Appendix D).
+4. keeps `s_i <- s_i^(t-1) * Delta_i^alpha`.
 
 The server only receives the aggregate `Delta = prod_i Delta_i` (a
 `tfbfl.aggregators.GaussianProductFactory` sum) and applies
-`s^(t+1) = s^(t) * Delta^eta_s` (server learning rate `eta_s`). Information of
-clients not selected stays in `s` (no averaging).
+`s^(t+1) = s^(t) * Delta^alpha`. Information of clients not selected stays in `s`
+(no averaging).
 
-Choices this implementation makes explicit:
+#### One step for server and clients (damped EP)
 
-* Damping acts on the client's stored factor only; the transmitted delta is
-  undamped. The paper ties `gamma = 1 - eta_s` (`tie_damping=True`); with
-  `eta_s = 1` this freezes the client factors but still applies the full server
-  update, so it is never a zero update (the public code's default was).
+Server and client factors take the *same* step `alpha` (`server_lr`, in (0, 1]):
+Appendix D's damping `s_i <- (s_i^new)^gamma (s_i^old)^(1-gamma)` with
+`gamma = alpha`, and the server's learning rate `eta_s = alpha`. Then
+
+    s^(t+1) - sum_i s_i^(t+1) = s^(t) - sum_i s_i^(t) + alpha (sum_i Delta_i - sum_i Delta_i)
+
+(natural parameters), so the server posterior stays the product of all K stored
+client factors after every round, for any alpha, any C < K, and with SNR pruning
+(the masked `Delta_i` is what both sides apply). `factor_diagnostics` measures it
+(`factor_gap` in metrics.csv; float rounding, ~1e-7 on digits). On the conjugate
+model the exact local solver makes every `s_i^new` the true site, so the server
+reaches the closed-form posterior geometrically, `(1 - alpha)^visits`
+(`tests/test_virtual_ep.py`). The paper's tie `gamma = 1 - eta_s` (and the
+reference code's default) breaks this product whenever `alpha != 1/2`; so did
+this module's earlier `server_lr = 1/C` with undamped factors (after 6 conjugate
+rounds: mean error 0.47, precision error 70%).
+
+Why `1/C` was tempting and what is real: each `Delta_i` replaces only client i's
+own factor, so the product of C deltas counts nothing twice. What does happen is a
+*mean overshoot*: local SGD moves the means but hardly the precisions, so summing
+C natural-parameter deltas moves the server mean about C times the average
+client move (see "The default step" below for what that does on digits).
+
+#### The default step, the objective and the scales (measured)
+
+Measured on the bundled digits at the launcher defaults (K = C = 10, class
+Dirichlet(0.5), E = 20, B = 20, client lr 0.05, beta 1e-4, 15 rounds, seed 0;
+`/tmp`-style runs of `launchers.train`, numbers in the README and the issue note):
+
+* **Step.** Algorithm 1's `alpha = 1` is not stable here with the server loss
+  below: S loss 16.3 after round 1, the server posterior NaN in round 2; `alpha =
+  0.5` NaN as well; `alpha = 1/C = 0.1` stable (best S 0.949, MT 0.940; FedAvg
+  0.938 / 0.962). The C client mean moves add up (the overshoot above), so the
+  default is `alpha = 1/C` (`training.virtual_default_step`), now taken by server
+  and factors alike; `--server_lr=1` is Algorithm 1.
+* **Objective.** With eq. (3) alone (`server_loss_weight = 0`) the server network
+  is only ever trained through the lateral adapters, so it alone predicts nothing:
+  best S 0.13 / 0.17 / 0.12 at alpha 1 / 0.5 / 0.1 (chance 0.1) while MT is 0.94.
+  `server_loss_weight` therefore defaults to 1 (adds `CE(y, server(x))`, which
+  counts the data a second time for the shared weights); the Table II launcher
+  reports both settings, labelled (`virtual` and `virtual_eq3`).
+* **Scales.** With one SGD step size for means and softplus scales, the shared
+  precisions hardly move: `mean_shared_log_precision` 5.9916 -> 5.9926 over 15
+  rounds (1/init_scale^2 = 400 is 5.9915): the scale gradient is
+  `O(sigma^2 * curvature)` and `beta/N_i` ~ 1e-6 makes the KL pull negligible.
+  `--scale_lr` gives the scales their own step: 1 moves them 5.994 -> 6.013,
+  10 moves them 6.019 -> 6.154 with the same S/MT/NLL/ECE within seed noise
+  (posterior-mean evaluation does not see the variances). 10 is not the default:
+  on the conjugate model (beta = 1, N_i ~ 12, so the KL curvature on the scales is
+  ~1e5 times larger) it diverges to NaN; a step that is stable in both regimes
+  (an implicit KL step for the scales, or a natural-gradient precision step) is
+  the open follow-up.
+
+Other choices made explicit:
+
 * The client trains its factor `s_i`, so each round's optimisation over `theta`
   starts at `q_i = s_i^(t-1) * cav_i = s^(t)`. `fedavg_init=True` ("VIRTUAL +
   FedAvg init", Sec. IV-F) resets the factor to the server posterior first,
   `s_i^(t-1) := s^(t)`: the cavity is then flat, the KL target is `p^(1/K)`, and the
-  delta is `q_i / s^(t)`. The client keeps its trained `q_i` (with its private
-  weights) as its deployed model, which the MT metric evaluates.
-* Non-positive precisions: the cavity is floored at `min_precision` (it is
-  multiplied by the proper prior `p^(1/K)`, so the KL target stays proper); the
-  server posterior is floored at the prior precision `1/prior_scale^2` keeping the
-  previous mean for floored entries; the number of floored entries is a metric.
+  delta is `q_i / s^(t)`. The factor reset is not an EP move, so the product
+  invariant (and `factor_gap`) does not apply to that variant. The client keeps its
+  trained `q_i` (with its private weights) as its deployed model, which the MT
+  metric evaluates; a client never trained is evaluated with its initial model
+  (`s^(0)` and its seeded private network), as for every algorithm.
+* Non-positive precisions: the cavity is floored at `min_precision` and counted
+  (`cavity_floored`; it is multiplied by the proper prior `p^(1/K)`, so the KL
+  target stays proper, and the floored cavity is what both `s_i^new` and the
+  server see, so the product invariant holds); the server posterior is floored at
+  the prior precision `1/prior_scale^2` keeping the previous mean for floored
+  entries and counted (`server_floored`; this does break the product, and
+  `factor_gap` shows it). Site factors and deltas may have negative precisions
+  (`gaussian.ratio(..., on_nonpositive="allow")`): only their products with
+  proper factors are densities.
 * Initial factors: `s^(0) = N(mu_init, init_scale^2)` (Glorot means, seeded) and
   `s_i^(0) = s^(0)^(1/K)`, so that `s^(0) = prod_i s_i^(0)`.
-* `server_loss_weight` (default 1) adds the server network's own cross-entropy to
-  the likelihood term, because metric S evaluates the server network alone; set it
-  to 0 for the paper's eq. (3) likelihood on the client output only.
 * Client data enter each round as in-memory tensors `(x, y)`; minibatches are
   drawn with stateless shuffles from the per-client seed, so a run is fully
   determined by `--seed`.
@@ -63,6 +119,7 @@ import tensorflow_federated as tff
 from tfbfl import architectures
 from tfbfl import communication
 from tfbfl import gaussian
+from tfbfl import metrics as metrics_lib
 from tfbfl import models
 from tfbfl import sparsity
 from tfbfl import training
@@ -75,7 +132,8 @@ ServerState = collections.namedtuple("ServerState", ["posterior", "aggregator_st
 ClientState = collections.namedtuple(
     "ClientState", ["shared_factor", "shared_posterior", "private", "trained", "client_index"])
 ClientOutput = collections.namedtuple(
-    "ClientOutput", ["delta", "client_state", "metrics", "num_examples", "delta_nonzeros"])
+    "ClientOutput", ["delta", "client_state", "metrics", "num_examples", "delta_nonzeros",
+                     "cavity_floored"])
 
 _CAVITY_MIN_PRECISION = 1e-8
 
@@ -91,14 +149,13 @@ class VirtualConfig:
   epochs: int = 20
   batch_size: int = 20
   client_lr: float = 0.05
-  server_lr: float = 1.0
-  damping: float = 1.0
-  tie_damping: bool = False
+  server_lr: float = 1.0           # the EP step alpha, server and client factors alike
+  scale_lr: Optional[float] = None  # SGD step of the untransformed scales (None: client_lr)
   kl_weight: float = 1e-4          # beta; the paper finds 1e-6..1e-3 harmless (Fig. 2)
   prior_scale: float = 1.0
   init_scale: float = 0.05
   fedavg_init: bool = False
-  server_loss_weight: float = 1.0
+  server_loss_weight: float = 1.0   # 0: the paper's eq. (3); measured, see the module docstring
   private: bool = True
   likelihood: str = "categorical"   # or "gaussian" (regression, noise_scale)
   noise_scale: float = 1.0
@@ -130,12 +187,17 @@ class VirtualConfig:
     for name in ("input_dim", "num_classes", "num_clients", "epochs", "batch_size",
                  "client_lr", "server_lr", "prior_scale", "init_scale", "noise_scale"):
       positive(name)
+    if self.scale_lr is not None:
+      positive("scale_lr")
+    for name in ("client_lr", "server_lr", "scale_lr", "kl_weight", "prior_scale", "init_scale",
+                 "server_loss_weight", "noise_scale"):
+      v = getattr(self, name)
+      if v is not None and not np.isfinite(v):
+        raise ValueError(f"{name} must be finite, got {v}.")
     for name in ("kl_weight", "server_loss_weight", "eval_samples"):
       positive(name, strict=False)
-    if not 0.0 <= self.damping <= 1.0:
-      raise ValueError(f"damping must be in [0, 1], got {self.damping}.")
-    if self.tie_damping and self.server_lr > 1.0:
-      raise ValueError(f"tie_damping needs server_lr <= 1, got {self.server_lr}.")
+    if self.server_lr > 1.0:
+      raise ValueError(f"server_lr (the EP step alpha) must be in (0, 1], got {self.server_lr}.")
     if self.likelihood not in ("categorical", "gaussian"):
       raise ValueError(f"likelihood must be 'categorical' or 'gaussian', got {self.likelihood!r}.")
     if self.architecture not in ("mlp", "conv", "lstm"):
@@ -154,8 +216,14 @@ class VirtualConfig:
       raise ValueError(f"hidden_units must be positive, got {tuple(self.hidden_units)}.")
 
   @property
-  def client_damping(self) -> float:
-    return 1.0 - self.server_lr if self.tie_damping else self.damping
+  def step(self) -> float:
+    """The damped-EP step alpha taken by the server posterior and the client
+    factor alike (Appendix D's damping gamma equals it; see the module docstring)."""
+    return self.server_lr
+
+  @property
+  def effective_scale_lr(self) -> float:
+    return self.client_lr if self.scale_lr is None else self.scale_lr
 
 
 def _prior_natural(like: gaussian.NaturalGaussian, prior_scale: float, power: float):
@@ -166,16 +234,10 @@ def _prior_natural(like: gaussian.NaturalGaussian, prior_scale: float, power: fl
       tf.nest.map_structure(lambda e: tf.fill(tf.shape(e), tf.constant(prec, e.dtype)), like.eta2))
 
 
-def _sub(a, b):
-  return gaussian.NaturalGaussian(
-      tf.nest.map_structure(tf.subtract, a.eta1, b.eta1),
-      tf.nest.map_structure(tf.subtract, a.eta2, b.eta2))
-
-
-def _add_scaled(a, b, scale):
-  return gaussian.NaturalGaussian(
-      tf.nest.map_structure(lambda x, y: x + scale * y, a.eta1, b.eta1),
-      tf.nest.map_structure(lambda x, y: x + scale * y, a.eta2, b.eta2))
+def mean_log_precision(g: gaussian.NaturalGaussian):
+  """Mean over every entry of `log eta2` (the `mean_shared_log_precision` metric)."""
+  leaves = [tf.reshape(t, [-1]) for t in tf.nest.flatten(g.eta2)]
+  return tf.reduce_mean(tf.math.log(tf.concat(leaves, 0)))
 
 
 def floor_precision(g, fallback, min_precision):
@@ -301,6 +363,9 @@ def client_update(cfg: VirtualConfig, server_posterior, state: ClientState, seed
   train_vars = net.shared_trainable_variables + (
       net.private_trainable_variables if cfg.private else [])
   x = _flatten_for_mlp(cfg, x)
+  # The untransformed scales take their own step (`scale_lr`, see VirtualConfig).
+  step_sizes = [cfg.effective_scale_lr if "untransformed_scale" in v.name else cfg.client_lr
+                for v in train_vars]
 
   def loss_terms(xb, yb, mask, step_seed, kl_scale):
     """Masked mean data loss, correct count, and the eq. (3) objective."""
@@ -333,9 +398,9 @@ def client_update(cfg: VirtualConfig, server_posterior, state: ClientState, seed
     for j, precision in enumerate(net.shared_prior().eta2):
       if grads[2 * j] is not None:  # shared_trainable_variables: [loc, u] per param
         grads[2 * j] = grads[2 * j] / (1.0 + cfg.client_lr * kl_scale * precision)
-    for v, g in zip(train_vars, grads):
+    for v, g, lr in zip(train_vars, grads, step_sizes):
       if g is not None:
-        v.assign_sub(cfg.client_lr * g)
+        v.assign_sub(lr * g)
     return data_loss * tf.reduce_sum(mask), correct
 
   def sgd_epochs(n):
@@ -361,7 +426,7 @@ def client_update(cfg: VirtualConfig, server_posterior, state: ClientState, seed
     # FedAvg init resets the client's factor to the server posterior, so its
     # cavity is flat and the KL target is p^(1/K) alone.
     old_factor = server_posterior if cfg.fedavg_init else state.shared_factor
-    cavity, _ = gaussian.ratio_with_count(
+    cavity, cavity_floored = gaussian.ratio_with_count(
         server_posterior, old_factor, on_nonpositive="floor",
         min_precision=_CAVITY_MIN_PRECISION)
     prior = gaussian.product(_prior_natural(cavity, cfg.prior_scale, 1.0 / cfg.num_clients), cavity)
@@ -378,18 +443,21 @@ def client_update(cfg: VirtualConfig, server_posterior, state: ClientState, seed
       loss_sum, correct_sum = sgd_epochs(n)
       q_new = net.shared_posterior()
       seen *= cfg.epochs
-    new_factor = _sub(q_new, cavity)                     # s_i^new = q_i / cav_i
-    delta = _sub(new_factor, old_factor)                 # Delta_i = s_i^new / s_i^old
+    # Site factors and deltas are unnormalised and may have negative precisions.
+    new_factor = gaussian.ratio(q_new, cavity, on_nonpositive="allow")   # s_i^new = q_i / cav_i
+    delta = gaussian.ratio(new_factor, old_factor, on_nonpositive="allow")  # Delta_i = s_i^new / s_i^old
     if cfg.prune_percentile > 0:
       delta = sparsity.apply_mask(delta, sparsity.keep_mask(
           sparsity.snr(q_new), cfg.prune_percentile, cfg.prune_per_layer))
-    stored = _add_scaled(old_factor, delta, cfg.client_damping)
+    # Damped EP: the factor takes the step the server takes, s_i <- s_i * Delta_i^alpha,
+    # so the server posterior stays the product of the stored factors.
+    stored = gaussian.product(old_factor, gaussian.power(delta, cfg.step))
     new_state = ClientState(stored, q_new, net.get_private_weights(), tf.constant(True),
                             state.client_index)
     metrics = collections.OrderedDict(
         train_loss=loss_sum / seen, train_accuracy=correct_sum / seen)
     return ClientOutput(delta, new_state, metrics, tf.cast(n, tf.float32),
-                        sparsity.count_nonzero(delta))
+                        sparsity.count_nonzero(delta), tf.cast(cavity_floored, tf.float32))
 
   return train()
 
@@ -400,8 +468,9 @@ def evaluate_client(cfg: VirtualConfig, server_posterior, state: ClientState, se
 
   @tf.function
   def run():
-    own = gaussian.NaturalGaussian(*tf.nest.map_structure(
-        lambda o, s: tf.where(state.trained, o, s), state.shared_posterior, server_posterior))
+    # MT: the client's own q_i, which for a client never trained is its initial
+    # model (s^(0) and its seeded private network), as for every algorithm.
+    own = state.shared_posterior
 
     def predict(posterior, head):
       """Log predictive probabilities (categorical) or predictive mean (gaussian):
@@ -427,11 +496,17 @@ def evaluate_client(cfg: VirtualConfig, server_posterior, state: ClientState, se
       return nll, correct
 
     net.set_private_weights(state.private)
-    s_loss, s_correct = score(predict(server_posterior, 0))
-    m_loss, m_correct = score(predict(own, 1 if cfg.private else 0))
-    return collections.OrderedDict(
+    s_pred = predict(server_posterior, 0)
+    m_pred = predict(own, 1 if cfg.private else 0)
+    s_loss, s_correct = score(s_pred)
+    m_loss, m_correct = score(m_pred)
+    out = collections.OrderedDict(
         server_loss=s_loss, server_correct=s_correct, mt_loss=m_loss, mt_correct=m_correct,
         num_examples=tf.cast(tf.shape(y)[0], tf.float32), client_index=state.client_index)
+    if cfg.likelihood == "categorical":
+      out["server_calibration"] = metrics_lib.calibration_sums(tf.exp(s_pred), y)
+      out["mt_calibration"] = metrics_lib.calibration_sums(tf.exp(m_pred), y)
+    return out
 
   return run()
 
@@ -472,6 +547,34 @@ class VirtualAlgorithm:
 
   def initial_client_state(self, client_index: int) -> ClientState:
     return initial_client_state(self.config, client_index, self._init_posterior)
+
+  def factor_diagnostics(self, server_state: ServerState, clients) -> dict:
+    """`factor_gap`: how far the server posterior is from the product of all K
+    stored client factors, `max |eta(s) - sum_i eta(s_i)| / max |eta(s)|` over
+    both natural parameters (float64). Damped EP keeps it at float rounding;
+    a server floor (`server_floored`) shows up here. `clients` maps client index
+    to state; a client without one holds its initial factor `s^(0)^(1/K)`.
+    Not defined for `fedavg_init`, whose factor reset is not an EP move ({})."""
+    if self.config.fedavg_init:
+      return {}
+    k = self.config.num_clients
+    init = self.initial_client_state(0).shared_factor
+    flat = lambda parts: np.concatenate([np.reshape(np.asarray(t, np.float64), [-1]) for t in parts])
+    total = [np.zeros_like(flat(init.eta1)), np.zeros_like(flat(init.eta2))]
+    missing = 0
+    for i in range(k):
+      state = clients.get(i) if hasattr(clients, "get") else None
+      if state is None:
+        missing += 1
+        continue
+      total[0] += flat(state.shared_factor.eta1)
+      total[1] += flat(state.shared_factor.eta2)
+    total[0] += missing * flat(init.eta1)
+    total[1] += missing * flat(init.eta2)
+    server = [flat(server_state.posterior.eta1), flat(server_state.posterior.eta2)]
+    scale = max(np.max(np.abs(server[0])), np.max(np.abs(server[1])))
+    gap = max(np.max(np.abs(server[0] - total[0])), np.max(np.abs(server[1] - total[1])))
+    return dict(factor_gap=float(gap / scale))
 
   def round_bytes(self, num_selected: int, metrics) -> tuple:
     """Each selected client downloads s (dense) and uploads Delta_i: dense, or,
@@ -514,20 +617,23 @@ class VirtualAlgorithm:
     @tff.tensorflow.computation(server_state_type.posterior, posterior_type, tff.TensorType(np.int32))
     def server_update(posterior, delta_sum, round_num):
       posterior = gaussian.NaturalGaussian(*posterior)
-      moved = _add_scaled(posterior, gaussian.NaturalGaussian(*delta_sum), cfg.server_lr)
+      # s <- s * Delta^alpha, the step each client factor took too.
+      moved = gaussian.product(posterior, gaussian.power(gaussian.NaturalGaussian(*delta_sum),
+                                                         cfg.step))
       floored, count = floor_precision(moved, posterior, 1.0 / cfg.prior_scale**2)
-      return floored, round_num + 1, count
+      return floored, round_num + 1, count, mean_log_precision(floored)
 
-    def finish_round(server_state, delta, metrics, num_examples, delta_nonzeros):
+    def finish_round(server_state, delta, metrics, num_examples, delta_nonzeros, cavity_floored):
       """Aggregation of the deltas and the server update (the round's only
       aggregation stage), shared by `next` and `server_phase`."""
       agg = aggregation.next(server_state.aggregator_state, delta)
-      posterior, round_num, floored = tff.federated_map(
+      posterior, round_num, floored, log_prec = tff.federated_map(
           server_update, (server_state.posterior, agg.result, server_state.round_num))
       new_state = tff.federated_zip(ServerState(posterior, agg.state, round_num))
       train = tff.federated_mean(metrics, weight=num_examples)
       round_metrics = tff.federated_zip(collections.OrderedDict(
-          train=train, server_floored=floored, num_examples=tff.federated_sum(num_examples),
+          train=train, server_floored=floored, cavity_floored=tff.federated_sum(cavity_floored),
+          mean_shared_log_precision=log_prec, num_examples=tff.federated_sum(num_examples),
           delta_nonzeros=tff.federated_sum(delta_nonzeros)))
       return new_state, round_metrics
 
@@ -536,7 +642,7 @@ class VirtualAlgorithm:
       out = tff.federated_map(client_update_comp, (
           tff.federated_broadcast(server_state.posterior), client_states, seeds, data))
       new_state, metrics = finish_round(server_state, out.delta, out.metrics, out.num_examples,
-                                        out.delta_nonzeros)
+                                        out.delta_nonzeros, out.cavity_floored)
       return new_state, out.client_state, metrics
 
     # The same round as two computations, for multi-worker (mergeable) contexts:
@@ -550,13 +656,13 @@ class VirtualAlgorithm:
     out_type = client_update_comp.type_signature.result
     upload_type = tff.to_type(collections.OrderedDict(
         delta=out_type.delta, metrics=out_type.metrics, num_examples=out_type.num_examples,
-        delta_nonzeros=out_type.delta_nonzeros))
+        delta_nonzeros=out_type.delta_nonzeros, cavity_floored=out_type.cavity_floored))
 
     @tff.federated_computation(tff.FederatedType(server_state_type, tff.SERVER),
                                tff.FederatedType(upload_type, tff.CLIENTS))
     def server_phase(server_state, uploads):
       return finish_round(server_state, uploads.delta, uploads.metrics, uploads.num_examples,
-                          uploads.delta_nonzeros)
+                          uploads.delta_nonzeros, uploads.cavity_floored)
 
     @tff.tensorflow.computation(posterior_type, client_state_type, seed_type, data_type)
     def client_eval_comp(server_posterior, state, seed, data):
@@ -586,7 +692,8 @@ class VirtualAlgorithm:
     completion order, each with its `client_index`."""
     outputs = self.client_phase(server_state, client_states, seeds, data)
     uploads = [collections.OrderedDict(delta=o.delta, metrics=o.metrics, num_examples=o.num_examples,
-                                       delta_nonzeros=o.delta_nonzeros) for o in outputs]
+                                       delta_nonzeros=o.delta_nonzeros,
+                                       cavity_floored=o.cavity_floored) for o in outputs]
     server_state, metrics = self.server_phase(server_state, uploads)
     return server_state, [o.client_state for o in outputs], metrics
 
@@ -598,7 +705,7 @@ def config_from_params(data, p) -> VirtualConfig:
       num_classes=data.num_classes, num_clients=len(data.client_ids),
       hidden_units=tuple(p["hidden_units"]), epochs=p["epochs_per_round"],
       batch_size=p["batch_size"], client_lr=p["client_lr"], server_lr=p["server_lr"],
-      damping=p["damping"], tie_damping=p["tie_damping"], kl_weight=p["kl_weight"],
+      scale_lr=p["scale_lr"], kl_weight=p["kl_weight"],
       prior_scale=p["prior_scale"], init_scale=p["init_scale"], fedavg_init=p["fedavg_init"],
       server_loss_weight=p["server_loss_weight"], gate_init=p["gate_init"],
       eval_samples=p["eval_samples"], seed=p["seed"],

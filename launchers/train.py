@@ -13,6 +13,7 @@ import sys
 from absl import app
 from absl import flags
 
+from tfbfl import experiment
 from tfbfl import training
 from tfbfl.data import DATASETS, PARTITIONS
 
@@ -32,6 +33,9 @@ flags.DEFINE_integer("rounds", _D["rounds"], "Communication rounds.")
 flags.DEFINE_integer("epochs_per_round", _D["epochs_per_round"], "Local epochs E per round.")
 flags.DEFINE_integer("batch_size", _D["batch_size"], "Client minibatch size B.")
 flags.DEFINE_float("client_lr", _D["client_lr"], "Client SGD learning rate.")
+flags.DEFINE_float("max_update_ratio", _D["max_update_ratio"],
+                   "Robust rounds: drop a client update that is non-finite or whose norm exceeds "
+                   "this times max(norm of the server value it updates, 1) (inf: finiteness only).")
 flags.DEFINE_float("server_lr", None,
                    "VIRTUAL: the damped-EP step alpha in (0, 1], taken by the server posterior "
                    "and each client factor alike (default 1/clients_per_round, measured); "
@@ -66,9 +70,9 @@ flags.DEFINE_enum("client_store", _D["client_store"], ["memory", "disk"],
                   "Where the controller keeps client states: memory, or one file per client "
                   "under <output_dir>/client_states.")
 # VIRTUAL
-flags.DEFINE_float("scale_lr", _D["scale_lr"],
-                   "VIRTUAL: SGD step of the posterior scales' softplus parameters (default: --client_lr; "
-                   "larger values make the precisions learn but can diverge when beta/N_i is large).")
+flags.DEFINE_float("precision_step", _D["precision_step"],
+                   "VIRTUAL: natural-gradient step rho in [0, 1] of the shared posterior's "
+                   "precisions (0: plain SGD on the softplus scales, as the paper).")
 flags.DEFINE_float("kl_weight", _D["kl_weight"], "VIRTUAL: KL multiplier beta.")
 flags.DEFINE_float("prior_scale", _D["prior_scale"], "VIRTUAL: std of the N(0, s^2) priors.")
 flags.DEFINE_float("init_scale", _D["init_scale"], "VIRTUAL: initial posterior std.")
@@ -109,6 +113,8 @@ def main(argv):
   try:
     summary = training.run_training(params_from_flags())
   except (ValueError, FileNotFoundError) as e:
+    fail(str(e))
+  except experiment.NonFiniteServerStateError as e:  # robust rounds: one line, no traceback
     fail(str(e))
   print(f"{summary['algorithm']}: best S accuracy {summary['best_server_accuracy']:.4f}, "
         f"best MT accuracy {summary['best_mt_accuracy']:.4f}, "

@@ -277,7 +277,9 @@ def test_config_validation():
     virtual.VirtualConfig(input_dim=2, num_classes=2, num_clients=2, server_lr=1.5)
   with pytest.raises(ValueError, match="conjugate"):
     virtual.VirtualConfig(input_dim=2, num_classes=2, num_clients=2, local_solver="conjugate")
-  with pytest.raises(ValueError, match="scale_lr"):
-    virtual.VirtualConfig(input_dim=2, num_classes=2, num_clients=2, scale_lr=float("inf"))
+  with pytest.raises(ValueError, match="precision_step"):
+    virtual.VirtualConfig(input_dim=2, num_classes=2, num_clients=2, precision_step=1.5)
   cfg = virtual.VirtualConfig(input_dim=2, num_classes=2, num_clients=2, server_lr=0.3)
-  assert cfg.step == 0.3 and cfg.effective_scale_lr == cfg.client_lr
+  assert cfg.step == 0.3
+  assert not virtual.VirtualConfig(input_dim=2, num_classes=2, num_clients=2, precision_step=0.1,
+                                   kl_weight=0.0).natural_precision_step

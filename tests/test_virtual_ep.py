@@ -98,3 +98,28 @@ def test_sgd_path_at_default_step_keeps_the_product_and_lands_near_closed_form(t
   assert worst_gap <= 1e-5, worst_gap
   mean, _ = _flat_posterior(server)
   np.testing.assert_allclose(mean, want_mean, atol=0.2)
+
+
+def test_natural_precision_step_reaches_the_conjugate_precision(tff_runtime):
+  """With the natural-gradient precision step the SGD path learns the
+  *precisions* too: on the linear-Gaussian model its curvature estimate is
+  unbiased, so the server precision lands near the closed form, within the
+  upward bias of clipping noisy targets (measured +7..+35% here, 12-row clients);
+  plain SGD on the softplus scale stays far off (second assertion)."""
+  precision_step = 0.05
+  clients = _orthogonal_regression_clients(K, 3, 0.5, seed=3)
+  want_mean, want_prec = _closed_form_posterior(clients, 2.0, 0.5)
+  kw = dict(local_solver="sgd", epochs=100, batch_size=64, client_lr=0.02, server_lr=1.0)
+  alg = virtual.VirtualAlgorithm(_linear_config(K, precision_step=precision_step, **kw))
+  server, worst_gap = _run(alg, clients, 3, K, client_store.MemoryClientStore())
+  assert worst_gap <= 1e-5, worst_gap
+  mean, prec = _flat_posterior(server)
+  np.testing.assert_allclose(mean, want_mean, atol=0.2)
+  np.testing.assert_allclose(prec, want_prec, rtol=0.4)
+  assert np.all(prec >= 0.9 * want_prec)
+  sgd = virtual.VirtualAlgorithm(_linear_config(K, precision_step=0.0, **kw))
+  _, sgd_prec = _flat_posterior(_run(sgd, clients, 3, K, client_store.MemoryClientStore())[0])
+  # Measured: natural 1.07..1.35 x the closed form, SGD 0.60..0.65 x.
+  natural_error = np.mean(np.abs(prec / want_prec - 1))
+  sgd_error = np.mean(np.abs(sgd_prec / want_prec - 1))
+  assert natural_error < 0.7 * sgd_error, (prec / want_prec, sgd_prec / want_prec)

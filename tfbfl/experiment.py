@@ -220,6 +220,27 @@ def _flatten_metrics(metrics: Any) -> Dict[str, float]:
   return {(p[-1] if names.count(p[-1]) == 1 else "/".join(p)): v for p, v in leaves}
 
 
+class NonFiniteServerStateError(RuntimeError):
+  """A round made the server state non-finite; the run stops before saving it."""
+
+
+def non_finite_leaves(tree, path="server_state"):
+  """Paths of the floating-point leaves of `tree` (namedtuples, lists, dicts,
+  TFF structs of numpy values) that hold a NaN or an infinity."""
+  if isinstance(tree, dict):
+    items = [(f"{path}.{k}", v) for k, v in tree.items()]
+  elif hasattr(tree, "_fields"):
+    items = [(f"{path}.{k}", getattr(tree, k)) for k in tree._fields]
+  elif isinstance(tree, (list, tuple)) or (
+      hasattr(tree, "__iter__") and not isinstance(tree, (str, bytes, np.ndarray, np.generic))):
+    items = [(f"{path}[{i}]", v) for i, v in enumerate(tree)]
+  else:
+    a = np.asarray(tree)
+    floating = np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.complexfloating)
+    return [path] if floating and not np.all(np.isfinite(a)) else []
+  return [bad for p, v in items for bad in non_finite_leaves(v, p)]
+
+
 class ExperimentRunner:
   """Runs `rounds` rounds of `algorithm` on `data`; see the module docstring.
 
@@ -493,12 +514,25 @@ class ExperimentRunner:
       seeds = [client_seed(cfg.seed, r, i) for i in selected]
       data = [self._train[i] for i in selected]
       server_state, new_states, metrics = round_fn(state["server_state"], states, seeds, data)
+      # Robust rounds: a non-finite server state stops the run before this round
+      # is stored anywhere (outputs and the last checkpoint stay as they were).
+      bad = non_finite_leaves(server_state)
+      if bad:
+        raise NonFiniteServerStateError(
+            f"[{self.algorithm.name}] round {r}: the server state became non-finite "
+            f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}); stopped without writing "
+            f"anything of round {r} (the last checkpoint is intact). "
+            "Try a smaller --client_lr or --server_lr.")
       state["server_state"] = server_state
       for i, s in zip(selected, self._rekey(selected, new_states)):
         state["clients"][i] = s
       state["round"] = r
       session_rounds += 1
       flat = _flatten_metrics(metrics)
+      if cfg.verbose and flat.get("clients_dropped", 0) >= len(selected):
+        print(f"[{self.algorithm.name}] round {r}: all {len(selected)} client updates were dropped "
+              "(non-finite, or norm above --max_update_ratio); the server model is unchanged.",
+              flush=True)
       round_bytes = getattr(self.algorithm, "round_bytes", None)
       if round_bytes is not None:
         up, down = round_bytes(len(selected), flat)
@@ -539,7 +573,9 @@ class ExperimentRunner:
           f"S acc {row['server_accuracy']:.4f} loss {row['server_loss']:.4f}  "
           f"MT acc {row['mt_accuracy']:.4f} loss {row['mt_loss']:.4f}  "
           f"train loss {row.get('train_loss', float('nan')):.4f}  "
-          f"{per_round:.2f} s/round  ETA {int(eta // 60)}:{int(eta % 60):02d}",
+          + (f"dropped {int(row['clients_dropped'])}/{self.config.clients_per_round}  "
+             if "clients_dropped" in row else "")
+          + f"{per_round:.2f} s/round  ETA {int(eta // 60)}:{int(eta % 60):02d}",
           file=sys.stdout, flush=True)
 
   def summary(self, state) -> Dict[str, Any]:

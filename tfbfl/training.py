@@ -48,12 +48,14 @@ DEFAULTS: Dict[str, Any] = dict(
     alpha=0.5, min_size=10, classes_per_client=2, test_fraction=0.25,
     num_clients=10, clients_per_round=10, rounds=20, epochs_per_round=20, batch_size=20,
     client_lr=0.05, server_lr=None, hidden_units=(100, 100), seed=0, eval_every=1,
+    # Robust rounds: drop bound of tfbfl.algorithms.robust (mirrors DEFAULT_MAX_UPDATE_RATIO)
+    max_update_ratio=100.0,
     output_dir=None, checkpoint_every=0, resume=False, overwrite=False, verbose=True,
     # Runtime (tfbfl.runtime) and client-state store (tfbfl.client_store)
     executor="local", workers=None, call_timeout_s=600.0, client_store="memory",
     tls_ca=None, tls_cert=None, tls_key=None,
     # VIRTUAL
-    scale_lr=None, kl_weight=1e-4, prior_scale=1.0, init_scale=0.05,
+    precision_step=0.0, kl_weight=1e-4, prior_scale=1.0, init_scale=0.05,
     fedavg_init=False, server_loss_weight=1.0, gate_init=1.0, eval_samples=0,
     prune_percentile=0.0, prune_per_layer=True,
     architecture="mlp", image_shape=None, filters=(32, 64), lstm_units=(100, 100),
@@ -164,7 +166,8 @@ _INT_FLAGS = dict(
 # name -> (low, high, low is exclusive, +inf allowed): every float flag.
 _REAL_FLAGS = dict(
     client_lr=(0.0, MAX_RATE, True, False), server_lr=(0.0, MAX_RATE, True, False),
-    scale_lr=(0.0, MAX_RATE, True, False),
+    max_update_ratio=(0.0, math.inf, True, True),
+    precision_step=(0.0, 1.0, False, False),
     prior_scale=(0.0, MAX_RATE, True, False), init_scale=(0.0, MAX_RATE, True, False),
     kl_weight=(0.0, MAX_WEIGHT, False, False), mu=(0.0, MAX_WEIGHT, False, False),
     server_loss_weight=(0.0, MAX_WEIGHT, False, False), gate_init=(-MAX_RATE, MAX_RATE, False, False),
@@ -208,7 +211,7 @@ def _check_integers(p: Dict[str, Any]) -> None:
 
 
 def _check_reals(p: Dict[str, Any]) -> None:
-  """Every float flag is a finite number (fola_gamma may be +inf) in its range."""
+  """Every float flag is a finite number (fola_gamma, max_update_ratio may be +inf) in its range."""
   for name, (low, high, low_open, inf_ok) in _REAL_FLAGS.items():
     if name not in p or p[name] is None:
       continue

@@ -72,7 +72,7 @@ PASS_THROUGH = (
     "dataset", "data_dir", "partition", "alpha", "min_size", "classes_per_client",
     "test_fraction", "num_clients", "clients_per_round", "rounds", "epochs_per_round",
     "batch_size", "client_lr", "server_lr", "hidden_units", "seed", "eval_every",
-    "scale_lr", "kl_weight", "prior_scale", "init_scale",
+    "precision_step", "kl_weight", "prior_scale", "init_scale",
     "server_loss_weight", "gate_init", "eval_samples", "prune_per_layer", "architecture",
     "image_shape", "filters", "lstm_units", "mu")
 
@@ -121,7 +121,8 @@ def define_training_flags(flag_values=None) -> None:
   define("list", "hidden_units", "Hidden layer widths.", int_list("hidden_units"))
   define("integer", "seed", "Seed of the split, client sampling and initialisation.")
   define("integer", "eval_every", "Evaluate S and MT every this many rounds.")
-  define("float", "scale_lr", "VIRTUAL: SGD step of the posterior scales' softplus parameters.")
+  define("float", "precision_step", "VIRTUAL: natural-gradient step rho of the shared "
+         "precisions (0: plain SGD on the softplus scales).")
   define("float", "kl_weight", "VIRTUAL: KL multiplier beta.")
   define("float", "prior_scale", "VIRTUAL: std of the N(0, s^2) priors.")
   define("float", "init_scale", "VIRTUAL: initial posterior std.")

@@ -12,8 +12,10 @@ holds weights `w^(t)`; each selected client i (n_i training examples):
    i.e. `w_i <- w_i - client_lr * (grad CE_batch(w_i) + mu * (w_i - w^(t)))`
    (`mu = 0` is FedAvg);
 2. sends `Delta_i = w^(t) - w_i` (TFF's sign convention: a pseudo-gradient) with
-   weight n_i; a client whose `Delta_i` has a non-finite entry sends zeros with
-   weight 0 (as `tff.learning`'s client work does);
+   weight n_i, unless the update is dropped (`tfbfl.algorithms.robust`): a
+   client whose `Delta_i` has a non-finite entry or whose norm exceeds
+   `max_update_ratio * max(||w^(t)||, 1)` sends zeros with weight 0, keeps its
+   previous client state (deployed model) and is counted in `clients_dropped`;
 
 and the server applies one step of SGD with learning rate `server_lr` to the
 weighted mean `Delta = sum_i n_i Delta_i / sum_i n_i`:
@@ -21,6 +23,8 @@ weighted mean `Delta = sum_i n_i Delta_i / sum_i n_i`:
     w^(t+1) = w^(t) - server_lr * Delta
 
 (`server_lr = 1` is plain model averaging), rejecting a non-finite `Delta`.
+If every client of the round is dropped, the mean is 0 (`MeanFactory` with
+`no_nan_division`) and the server weights do not move.
 
 Pieces and why:
 
@@ -85,12 +89,14 @@ from tfbfl import communication
 from tfbfl import metrics as metrics_lib
 from tfbfl import models
 from tfbfl import training
+from tfbfl.algorithms import robust
 from tfbfl.algorithms import rounds
 
 ServerState = collections.namedtuple(
     "ServerState", ["model_weights", "finalizer_state", "aggregator_state", "round_num"])
 ClientOutput = collections.namedtuple(
-    "ClientOutput", ["update", "model_weights", "metrics", "num_examples"])
+    "ClientOutput", ["update", "model_weights", "metrics", "num_examples", "dropped",
+                     "update_ratio"])
 
 
 ARCHITECTURES = ("mlp", "conv")
@@ -104,6 +110,7 @@ class ModelConfig:
   "conv" (`architectures.build_deterministic_conv`, VIRTUAL's FEMNIST conv net, on
   `image_shape` images; `filters` per conv stage). `mu` is FedProx's proximal
   strength (0 = FedAvg); `server_lr` is unused by Local and Global.
+  `max_update_ratio` is the drop rule's bound (`tfbfl.algorithms.robust`).
   """
   input_dim: int
   num_classes: int
@@ -119,6 +126,7 @@ class ModelConfig:
   architecture: str = "mlp"
   image_shape: Optional[Sequence[int]] = None   # conv: (H, W[, C]); None: input_shape
   filters: Sequence[int] = (32, 64)
+  max_update_ratio: float = robust.DEFAULT_MAX_UPDATE_RATIO
 
   @property
   def example_shape(self):
@@ -132,6 +140,7 @@ class ModelConfig:
              ("client_lr", self.client_lr, self.client_lr > 0, "> 0"),
              ("server_lr", self.server_lr, self.server_lr > 0, "> 0"),
              ("mu", self.mu, self.mu >= 0, ">= 0"),
+             ("max_update_ratio", self.max_update_ratio, self.max_update_ratio > 0, "> 0"),
              ("hidden_units", tuple(self.hidden_units),
               all(int(h) >= 1 for h in self.hidden_units), "positive"),
              ("architecture", self.architecture, self.architecture in ARCHITECTURES,
@@ -149,7 +158,8 @@ def config_from_params(data, p, mu: float = 0.0) -> ModelConfig:
       epochs=p["epochs_per_round"], batch_size=p["batch_size"], client_lr=p["client_lr"],
       server_lr=p["server_lr"], mu=mu, seed=p["seed"], architecture=p["architecture"],
       image_shape=tuple(p["image_shape"]) if p["image_shape"] else None,
-      filters=tuple(p["filters"]))
+      filters=tuple(p["filters"]),
+      max_update_ratio=float(p.get("max_update_ratio", robust.DEFAULT_MAX_UPDATE_RATIO)))
 
 
 def epoch_permutations(seed, epochs: int, n):
@@ -170,10 +180,6 @@ def _as_model_weights(weights) -> tff.learning.models.ModelWeights:
   return tff.learning.models.ModelWeights(list(weights.trainable), list(weights.non_trainable))
 
 
-def _all_finite(tensors):
-  return tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in tf.nest.flatten(tensors)])
-
-
 def increment_round():
   """`tff.tensorflow.computation(int32) -> int32`: the round counter's `r + 1`."""
   return tff.tensorflow.computation(lambda r: r + 1, tff.TensorType(np.int32))
@@ -181,11 +187,12 @@ def increment_round():
 
 def train_metrics(client_output):
   """In a federated computation: {train: example-weighted mean of the clients'
-  train metrics, num_examples: their sum}, both at SERVER (a client whose update
-  was non-finite has weight 0)."""
+  train metrics, num_examples: their sum, clients_dropped, update_ratio_max},
+  all at SERVER (a dropped client has weight 0; 0 if all are dropped)."""
   return collections.OrderedDict(
-      train=tff.federated_mean(client_output.metrics, weight=client_output.num_examples),
-      num_examples=tff.federated_sum(client_output.num_examples))
+      train=robust.federated_weighted_mean(client_output.metrics, client_output.num_examples),
+      num_examples=tff.federated_sum(client_output.num_examples),
+      **robust.drop_metrics(client_output.dropped, client_output.update_ratio))
 
 
 class ModelComputations:
@@ -197,18 +204,22 @@ class ModelComputations:
       or the conv net).
     weights_type, seed_type, data_type: TFF types of the arguments below.
     client_update: `tff.tensorflow.computation(weights, seed, (x, y)) ->
-      ClientOutput(update, model_weights, metrics, num_examples)`: E epochs of
-      SGD from `weights` (the proximal anchor is `weights` too); `update` =
-      `weights.trainable - new.trainable` (zeros if non-finite), `num_examples`
-      = n (0 if non-finite), `metrics` = {train_loss, train_accuracy}, means over
-      the n * E examples visited (before each step's update).
+      ClientOutput(update, model_weights, metrics, num_examples, dropped,
+      update_ratio)`: E epochs of SGD from `weights` (the proximal anchor is
+      `weights` too); `update` = `weights.trainable - new.trainable`,
+      `num_examples` = n, `metrics` = {train_loss, train_accuracy}, means over
+      the n * E examples visited (before each step's update). A dropped update
+      (`tfbfl.algorithms.robust`; with `check_norm=False` only a non-finite
+      one) gives `update` = 0, `model_weights` = `weights`, `num_examples` = 0,
+      zero metrics and `dropped` = 1.
     score: `tff.tensorflow.computation(weights, (x, y)) -> (loss_sum, correct,
       num_examples)`: summed cross-entropy and number of correct predictions.
     predict_proba: `tff.tensorflow.computation(weights, x) -> p(y | x)` [n, classes].
   """
 
-  def __init__(self, config: ModelConfig):
+  def __init__(self, config: ModelConfig, check_norm: bool = True):
     self.config = cfg = config
+    self.check_norm = check_norm
 
     @tff.tensorflow.computation
     def initial_weights_fn():
@@ -297,12 +308,18 @@ class ModelComputations:
           [tf.identity(v) for v in model.trainable_weights],
           [tf.identity(v) for v in model.non_trainable_weights])
       update = [w0 - w for w0, w in zip(weights.trainable, new_weights.trainable)]
-      finite = _all_finite(update)
-      update = [tf.where(finite, u, tf.zeros_like(u)) for u in update]
+      # Robust rounds: drop a non-finite or outlying update (robust.check_update).
+      ok, ratio = robust.check_update(update, weights.trainable, cfg.max_update_ratio,
+                                      check_norm=self.check_norm)
+      ok = tf.logical_and(ok, robust.all_finite(new_weights.non_trainable))
+      update = robust.zeros_unless(ok, update)
+      new_weights = robust.keep_if(ok, new_weights, weights)
       seen = tf.maximum(tf.cast(n * cfg.epochs, tf.float32), 1.0)   # n = 0: metrics 0, not NaN
-      metrics = collections.OrderedDict(train_loss=loss_sum / seen, train_accuracy=correct_sum / seen)
-      num_examples = tf.where(finite, tf.cast(n, tf.float32), 0.0)
-      return ClientOutput(update, new_weights, metrics, num_examples)
+      metrics = robust.zeros_unless(ok, collections.OrderedDict(
+          train_loss=loss_sum / seen, train_accuracy=correct_sum / seen))
+      num_examples = tf.where(ok, tf.cast(n, tf.float32), 0.0)
+      return ClientOutput(update, new_weights, metrics, num_examples,
+                          1.0 - tf.cast(ok, tf.float32), ratio)
 
     return train()
 
@@ -390,7 +407,8 @@ class FedAvgAlgorithm:
     self.computations = comps = ModelComputations(config)
     weights_type = comps.weights_type
     distributor = tff.learning.templates.build_broadcast_process(weights_type)
-    aggregation = tff.aggregators.MeanFactory().create(
+    # no_nan_division: a round whose clients were all dropped averages to 0.
+    aggregation = tff.aggregators.MeanFactory(no_nan_division=True).create(
         weights_type.trainable, tff.TensorType(np.float32))
     finalizer = tff.learning.templates.build_apply_optimizer_finalizer(
         tff.learning.optimizers.build_sgdm(learning_rate=config.server_lr), weights_type)
@@ -400,18 +418,25 @@ class FedAvgAlgorithm:
         aggregation.initialize.type_signature.result.member, tff.TensorType(np.int32)))
     client_update = comps.client_update
 
+    @tff.tensorflow.computation(tff.TensorType(np.float32), weights_type, weights_type)
+    def keep_previous_if_dropped(dropped, new, previous):
+      return robust.keep_if(dropped < 0.5, _as_model_weights(new), _as_model_weights(previous))
+
     @rounds.round_computation(server_state_type, weights_type, comps.seed_type, comps.data_type)
     def next_fn(server_state, client_states, seeds, data):
-      del client_states  # every selected client starts from the server model
+      # Every selected client starts from the server model; a dropped one keeps
+      # its previous state (deployed model).
       dist = distributor.next(distributor.initialize(), server_state.model_weights)
       out = tff.federated_map(client_update, (dist.result, seeds, data))
+      kept = tff.federated_map(keep_previous_if_dropped, (out.dropped, out.model_weights,
+                                                          client_states))
       agg = aggregation.next(server_state.aggregator_state, out.update, out.num_examples)
       fin = finalizer.next(server_state.finalizer_state, server_state.model_weights, agg.result)
       new_state = tff.federated_zip(ServerState(
           fin.result, fin.state, agg.state, tff.federated_map(increment_round(), server_state.round_num)))
       metrics = tff.federated_zip(collections.OrderedDict(
           **train_metrics(out), update_non_finite=fin.measurements.update_non_finite))
-      return new_state, out.model_weights, metrics
+      return new_state, kept, metrics
 
     self.next = next_fn
     self._evaluate = comps.build_evaluate()

@@ -49,7 +49,13 @@ precision (below), the Bayesian prior of eq. (11) on a mean loss over `n_k`
 examples is `lambda = N / n_k` (about the number of clients); the default is 10.
 Plain SGD on the penalty is stable only while `lr * lambda * max(Lambda_S) < 2`;
 a client whose weights become non-finite uploads nothing (weight 0, metric
-`non_finite_clients`), and an all-diverged round leaves the server unchanged.
+`non_finite_clients`). More generally (robust rounds, `tfbfl.algorithms.robust`)
+a client is dropped, uploads nothing and keeps its previous state when any
+uploaded entry is non-finite or its mean moved too far,
+`||mu_n - mu_S|| > max_update_ratio * max(||mu_S||, 1)` (round metric
+`clients_dropped`); a round whose clients were all dropped leaves the server
+model (weights, precisions, prior mean) unchanged. FedCurv applies the same
+rule to `theta_s - theta`.
 
 Fisher normalisation (a choice; the paper is not consistent between eq. 15,
 which averages over steps and examples, and Algorithm 1, which sums `g g^T`).
@@ -156,6 +162,7 @@ from tfbfl import gaussian
 from tfbfl import models
 from tfbfl import training
 from tfbfl.aggregators import GaussianProductFactory
+from tfbfl.algorithms import robust
 from tfbfl.algorithms import rounds
 
 FISHER_MODES = ("online", "offline", "identity")
@@ -169,7 +176,8 @@ FedCurvServerState = collections.namedtuple(
     "FedCurvServerState", ["model", "mean_state", "curvature_state"])
 ClientState = collections.namedtuple("ClientState", ["weights", "fisher"])
 ClientOutput = collections.namedtuple(
-    "ClientOutput", ["upload", "client_state", "metrics", "num_examples", "non_finite"])
+    "ClientOutput", ["upload", "client_state", "metrics", "num_examples", "non_finite",
+                     "dropped", "update_ratio"])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,6 +199,7 @@ class LaplaceConfig:
   compress_p: float = 1.0
   fedcurv_lambda: float = 1.0
   seed: int = 0
+  max_update_ratio: float = robust.DEFAULT_MAX_UPDATE_RATIO
 
   def __post_init__(self):
     def check(flag, ok, want, value):
@@ -207,6 +216,7 @@ class LaplaceConfig:
     check("fola_gamma", self.fola_gamma > 0, "> 0 (the prior variance; inf: flat)", self.fola_gamma)
     check("fola_eps", self.eps > 0 and math.isfinite(self.eps), "> 0", self.eps)
     check("fola_clip_norm", self.clip_norm >= 0, ">= 0 (0: no clipping)", self.clip_norm)
+    check("max_update_ratio", self.max_update_ratio > 0, "> 0", self.max_update_ratio)
     compression.check_fraction(self.compress_p, "compress_p")
     check("architecture", self.model in MODELS, f"one of {MODELS}", self.model)
     check("fisher", self.fisher in FISHER_MODES, f"one of {FISHER_MODES}", self.fisher)
@@ -287,6 +297,21 @@ def drop_if_non_finite(upload, num_examples):
   finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in leaves])
   upload = tf.nest.map_structure(lambda t: tf.where(finite, t, tf.zeros_like(t)), upload)
   return upload, tf.where(finite, num_examples, 0.0), 1.0 - tf.cast(finite, tf.float32)
+
+
+def drop_if_outlier(upload, num_examples, weights, server_weights, max_ratio):
+  """Robust rounds (`tfbfl.algorithms.robust`): the client is dropped when any
+  entry of `upload` is non-finite or its mean moved too far,
+  `||weights - server_weights|| > max_ratio * max(||server_weights||, 1)`.
+  A dropped client sends zeros with weight 0. Returns `(upload, weight,
+  non_finite, dropped, ratio)` (`non_finite`, `dropped`: 1.0 or 0.0)."""
+  upload, num_examples, non_finite = drop_if_non_finite(upload, num_examples)
+  move = [w - s for w, s in zip(weights, server_weights)]
+  ok, ratio = robust.check_update(move, list(server_weights), max_ratio)
+  ok = tf.logical_and(ok, non_finite < 0.5)
+  upload = robust.zeros_unless(ok, upload)
+  return (upload, tf.where(ok, num_examples, 0.0), non_finite,
+          1.0 - tf.cast(ok, tf.float32), ratio)
 
 
 def list_natural(g):
@@ -527,9 +552,15 @@ class FolaAlgorithm(_LaplaceBase):
     upload = [f / r + (r - 1.0) / r * p for f, p in zip(fisher, precision)]     # eq. (17)
     upload = compression.top_p_mean_structure(upload, c.compress_p)             # Sec. 3.5
     natural = gaussian.NaturalGaussian([p * w for p, w in zip(upload, weights)], upload)
-    natural, num_examples, non_finite = drop_if_non_finite(
-        natural, tf.cast(tf.shape(y)[0], tf.float32))
-    return ClientOutput(natural, ClientState(weights, fisher), metrics, num_examples, non_finite)
+    natural, num_examples, non_finite, dropped, ratio = drop_if_outlier(
+        natural, tf.cast(tf.shape(y)[0], tf.float32), weights, list(server_model.weights),
+        c.max_update_ratio)
+    # A dropped client keeps its previous state; its metrics are left out.
+    ok = dropped < 0.5
+    new_state = robust.keep_if(ok, ClientState(weights, fisher),
+                               ClientState(list(state.weights), list(state.fisher)))
+    metrics = robust.zeros_unless(ok, metrics)
+    return ClientOutput(natural, new_state, metrics, num_examples, non_finite, dropped, ratio)
 
   def _build_computations(self):
     c = self.config
@@ -544,9 +575,15 @@ class FolaAlgorithm(_LaplaceBase):
     def client_update(server_model, state, seed, data):
       return self._client_update(server_model, state, seed, *data)
 
-    @tff.tensorflow.computation(self.weights_type, self.weights_type, tff.TensorType(np.int32))
-    def new_model(mean, precision, round_num):
-      return ServerModel(list(mean), list(precision), list(mean), round_num + 1)
+    @tff.tensorflow.computation(self.weights_type, self.weights_type, model_type,
+                                tff.TensorType(np.float32))
+    def new_model(mean, precision, previous, total_weight):
+      """The new server model; the previous one (round counter + 1) when every
+      client of the round was dropped (`total_weight` 0)."""
+      moved = total_weight > 0
+      keep = lambda new, old: [tf.where(moved, n, o) for n, o in zip(new, old)]
+      return ServerModel(keep(mean, previous.weights), keep(precision, previous.precision),
+                         keep(mean, previous.prior_mean), previous.round_num + 1)
 
     @rounds.round_computation(
         self.server_state_type, self.client_state_type, self.seed_type, self.data_type)
@@ -555,12 +592,13 @@ class FolaAlgorithm(_LaplaceBase):
       out = tff.federated_map(client_update, (tff.federated_broadcast(model), client_states, seeds, data))
       agg_state, mean, precision, weak = product(
           server_state.aggregator_state, out.upload, out.num_examples, model.weights)
-      updated = tff.federated_map(new_model, (mean, precision, model.round_num))
+      num_examples = tff.federated_sum(out.num_examples)
+      updated = tff.federated_map(new_model, (mean, precision, model, num_examples))
       new_state = tff.federated_zip(FolaServerState(updated, agg_state))
       metrics = tff.federated_zip(collections.OrderedDict(
-          train=tff.federated_mean(out.metrics, weight=out.num_examples),
+          train=robust.federated_weighted_mean(out.metrics, out.num_examples),
           weak_precision=weak, non_finite_clients=tff.federated_sum(out.non_finite),
-          num_examples=tff.federated_sum(out.num_examples)))
+          num_examples=num_examples, **robust.drop_metrics(out.dropped, out.update_ratio)))
       return new_state, out.client_state, metrics
 
     self.client_update = client_update
@@ -601,12 +639,15 @@ class FedCurvAlgorithm(_LaplaceBase):
         seed, x, y, "offline")
     new = gaussian.NaturalGaussian([f * w for f, w in zip(fisher, weights)], fisher)
     delta = list_natural(gaussian.product(new, gaussian.power(own, -1.0)))   # new / old
-    upload, num_examples, non_finite = drop_if_non_finite(
-        (weights, delta), tf.cast(tf.shape(y)[0], tf.float32))
-    # A diverged client keeps its old state: the server never received its new factor.
-    keep = lambda new_values, old: [tf.where(non_finite > 0, o, n) for n, o in zip(new_values, old)]
-    state = ClientState(keep(weights, state.weights), keep(fisher, state.fisher))
-    return ClientOutput(upload, state, metrics, num_examples, non_finite)
+    upload, num_examples, non_finite, dropped, ratio = drop_if_outlier(
+        (weights, delta), tf.cast(tf.shape(y)[0], tf.float32), weights,
+        list(server_model.weights), c.max_update_ratio)
+    # A dropped client keeps its old state: the server never received its new factor.
+    ok = dropped < 0.5
+    state = robust.keep_if(ok, ClientState(weights, fisher),
+                           ClientState(list(state.weights), list(state.fisher)))
+    metrics = robust.zeros_unless(ok, metrics)
+    return ClientOutput(upload, state, metrics, num_examples, non_finite, dropped, ratio)
 
   def _build_computations(self):
     natural_type = tff.to_type(gaussian.NaturalGaussian(self.weights_type, self.weights_type))
@@ -623,10 +664,14 @@ class FedCurvAlgorithm(_LaplaceBase):
     def client_update(server_model, state, seed, data):
       return self._client_update(server_model, state, seed, *data)
 
-    @tff.tensorflow.computation(self.weights_type, natural_type, natural_type, tff.TensorType(np.int32))
-    def new_model(weights, curvature, delta_sum, round_num):
-      curvature = gaussian.product(list_natural(curvature), list_natural(delta_sum))
-      return CurvModel(list(weights), list_natural(curvature), round_num + 1)
+    @tff.tensorflow.computation(self.weights_type, model_type, natural_type,
+                                tff.TensorType(np.float32))
+    def new_model(weights, previous, delta_sum, total_weight):
+      """Adds the factor deltas (0 for dropped clients); keeps the previous
+      weights when every client was dropped (`total_weight` 0)."""
+      curvature = gaussian.product(list_natural(previous.curvature), list_natural(delta_sum))
+      weights = [tf.where(total_weight > 0, w, o) for w, o in zip(weights, previous.weights)]
+      return CurvModel(weights, list_natural(curvature), previous.round_num + 1)
 
     @rounds.round_computation(
         self.server_state_type, self.client_state_type, self.seed_type, self.data_type)
@@ -636,12 +681,13 @@ class FedCurvAlgorithm(_LaplaceBase):
       weights, delta = out.upload[0], out.upload[1]
       mean = mean_process.next(server_state.mean_state, weights, out.num_examples)
       curv = curv_process.next(server_state.curvature_state, delta)
-      updated = tff.federated_map(new_model, (mean.result, model.curvature, curv.result, model.round_num))
+      num_examples = tff.federated_sum(out.num_examples)
+      updated = tff.federated_map(new_model, (mean.result, model, curv.result, num_examples))
       new_state = tff.federated_zip(FedCurvServerState(updated, mean.state, curv.state))
       metrics = tff.federated_zip(collections.OrderedDict(
-          train=tff.federated_mean(out.metrics, weight=out.num_examples),
+          train=robust.federated_weighted_mean(out.metrics, out.num_examples),
           non_finite_clients=tff.federated_sum(out.non_finite),
-          num_examples=tff.federated_sum(out.num_examples)))
+          num_examples=num_examples, **robust.drop_metrics(out.dropped, out.update_ratio)))
       return new_state, out.client_state, metrics
 
     self.client_update = client_update
@@ -663,7 +709,7 @@ def config_from_params(data, p, **overrides) -> LaplaceConfig:
       fola_lambda=float(get("fola_lambda")), fola_gamma=float(get("fola_gamma")),
       eps=float(get("fola_eps")), clip_norm=float(get("fola_clip_norm")),
       compress_p=float(get("compress_p")), fedcurv_lambda=float(get("fedcurv_lambda")),
-      seed=int(p["seed"]))
+      seed=int(p["seed"]), max_update_ratio=float(get("max_update_ratio")))
   values.update(overrides)
   return LaplaceConfig(**values)
 

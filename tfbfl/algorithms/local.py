@@ -32,6 +32,11 @@ Round t runs E epochs of SGD on `D` with the stateless seed
 identical minibatches). S = MT = `w` on each client's test data.
 
 Neither baseline transmits models: `round_bytes` is (0, 0).
+
+Neither aggregates anything, so the outlier rule of robust rounds
+(`tfbfl.algorithms.robust`) does not apply; only a model with a non-finite
+entry is never stored: the client (Global: the server) keeps its previous model
+and the round metric `clients_dropped` counts it.
 """
 
 from __future__ import annotations
@@ -85,7 +90,7 @@ class LocalAlgorithm:
     if config.mu != 0:
       raise ValueError(f"--mu must be 0 for the Local baseline, got {config.mu}.")
     self.config = config
-    self.computations = comps = fedavg.ModelComputations(config)
+    self.computations = comps = fedavg.ModelComputations(config, check_norm=False)
     client_update, score, predict_proba = comps.client_update, comps.score, comps.predict_proba
 
     @rounds.round_computation(np.int32, comps.weights_type, comps.seed_type, comps.data_type)
@@ -154,7 +159,7 @@ class GlobalAlgorithm:
     if len(y) == 0:
       raise ValueError("the Global baseline needs at least one training example.")
     self.config = config
-    self.computations = fedavg.ModelComputations(config)
+    self.computations = fedavg.ModelComputations(config, check_norm=False)
     self._pooled = (np.asarray(x, np.float32), np.asarray(y, np.int32))
     self._evaluate = self.computations.build_evaluate()
 
@@ -166,12 +171,15 @@ class GlobalAlgorithm:
     return ()   # clients hold no model of their own
 
   def next(self, server_state: GlobalState, client_states: Sequence, seeds, data):
-    """E epochs of SGD on the pooled data with seed `client_seed(seed, t, 0)`."""
+    """E epochs of SGD on the pooled data with seed `client_seed(seed, t, 0)`; a
+    non-finite result is not stored (the previous model stays, `clients_dropped` 1)."""
     del seeds, data  # the pooled data and the global seed stream are the algorithm's own
     round_num = int(server_state.round_num) + 1
     seed = experiment.client_seed(self.config.seed, round_num, 0)
     out = self.computations.client_update(server_state.model_weights, seed, self._pooled)
-    metrics = collections.OrderedDict(train=out.metrics, num_examples=out.num_examples)
+    # The pooled update stands for every selected client: dropped, it drops them all.
+    metrics = collections.OrderedDict(train=out.metrics, num_examples=out.num_examples,
+                                      clients_dropped=out.dropped * len(client_states))
     return GlobalState(out.model_weights, np.int32(round_num)), list(client_states), metrics
 
   def evaluate(self, server_state: GlobalState, client_states, seeds, test_data):

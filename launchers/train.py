@@ -49,6 +49,11 @@ flags.DEFINE_list("lstm_units", [str(u) for u in _D["lstm_units"]], "lstm: units
 flags.DEFINE_list("hidden_units", [str(h) for h in _D["hidden_units"]], "Hidden layer widths.")
 flags.DEFINE_integer("seed", _D["seed"], "Fixes client sampling, initialisation and data splits.")
 flags.DEFINE_integer("eval_every", _D["eval_every"], "Evaluate S and MT every this many rounds.")
+flags.DEFINE_integer("clients_per_group", _D["clients_per_group"], "virtual (MLP): stack this "
+                     "many of a round's clients into one batched client computation (1: one by one, "
+                     "the faster on CPU).")
+flags.DEFINE_integer("eval_chunk", _D["eval_chunk"], "Evaluate at most this many clients per "
+                     "call, MT cached per client where exact (0: every client in one call).")
 flags.DEFINE_string("output_dir", None, "Where metrics.csv, summary.json, curves.png go.")
 flags.DEFINE_integer("checkpoint_every", _D["checkpoint_every"], "Checkpoint every N rounds (0: never).")
 flags.DEFINE_bool("resume", False, "Continue from the checkpoint in --output_dir (same flags "

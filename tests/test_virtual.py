@@ -168,22 +168,24 @@ def _has_federated(type_spec):
 def test_server_only_receives_aggregates(tff_runtime):
   alg = virtual.VirtualAlgorithm(virtual.VirtualConfig(
       input_dim=6, num_classes=3, num_clients=4, hidden_units=(5,), epochs=1))
-  calls = _intrinsic_calls(alg.next.to_building_block(), [])
-  uris = {uri for uri, _ in calls}
-  assert "federated_sum" in uris
-  assert not uris & {"federated_collect", "federated_select", "federated_secure_select"}
-  delta_type = alg.server_update.type_signature.parameter[1]
-  summed = 0
-  for uri, arg_type in calls:
-    if uri not in _AGGREGATING:
-      continue
-    value_type = arg_type[0] if uri == "federated_weighted_mean" else arg_type
-    member = value_type.member
-    # Only the deltas (shaped like the shared posterior) and scalar metrics are
-    # aggregated: never a client's factor, posterior copy or private weights.
-    assert member.is_equivalent_to(delta_type) or _shapes(member) <= {()}, (uri, member)
-    summed += member.is_equivalent_to(delta_type)
-  assert summed == 1
+  # The per-client round and the client-batched one (groups of 2 stacked clients).
+  for round_fn in (alg.next_per_client, alg._group_round(2)):  # pylint: disable=protected-access
+    calls = _intrinsic_calls(round_fn.to_building_block(), [])
+    uris = {uri for uri, _ in calls}
+    assert "federated_sum" in uris
+    assert not uris & {"federated_collect", "federated_select", "federated_secure_select"}
+    delta_type = alg.server_update.type_signature.parameter[1]
+    summed = 0
+    for uri, arg_type in calls:
+      if uri not in _AGGREGATING:
+        continue
+      value_type = arg_type[0] if uri == "federated_weighted_mean" else arg_type
+      member = value_type.member
+      # Only the deltas (shaped like the shared posterior) and scalar metrics are
+      # aggregated: never a client's factor, posterior copy or private weights.
+      assert member.is_equivalent_to(delta_type) or _shapes(member) <= {()}, (uri, member)
+      summed += member.is_equivalent_to(delta_type)
+    assert summed == 1
   # The server-side update is a plain (unplaced) function of (s, aggregate, round).
   assert not _has_federated(alg.server_update.type_signature.parameter)
 

@@ -108,6 +108,11 @@ class GaussianProductFactory(tff.aggregators.UnweightedAggregationFactory,
   def weighted(self) -> bool:
     return self._weighted
 
+  @property
+  def value_sum_factory(self) -> tff.aggregators.UnweightedAggregationFactory:
+    """The inner factory that sums the natural parameters."""
+    return self._value_sum_factory
+
   def create(self, value_type, weight_type=None) -> tff.templates.AggregationProcess:
     _check_natural_type(value_type)
     if self._weighted:

@@ -84,6 +84,10 @@ class RunConfig:
   client_store_dir: Optional[str] = None  # disk: default <output_dir>/client_states
   overwrite: bool = False  # clear a previous run's outputs in output_dir first
   data_fingerprint: Optional[str] = None  # tfbfl.run_dir.data_fingerprint; None: computed
+  # Streamed evaluation (see `ExperimentRunner.evaluate`): at most this many clients
+  # per evaluation call; 0: one call with every client (`algorithm.evaluate`).
+  eval_chunk: int = 64
+  eval_cache: bool = True  # cache MT per client (streamed path, where exact)
 
   def validate(self, num_clients: int) -> None:
     if self.rounds < 1:
@@ -96,6 +100,8 @@ class RunConfig:
       raise ValueError(f"--eval_every must be >= 1, got {self.eval_every}.")
     if self.checkpoint_every < 0:
       raise ValueError(f"--checkpoint_every must be >= 0, got {self.checkpoint_every}.")
+    if self.eval_chunk < 0:
+      raise ValueError(f"--eval_chunk must be >= 0, got {self.eval_chunk}.")
     if self.resume and not self.output_dir:
       raise ValueError("--resume needs --output_dir (where the checkpoint is).")
     if self.resume and self.overwrite:
@@ -203,6 +209,13 @@ def aggregate_evaluation(per_client: Sequence[Dict[str, Any]]) -> Dict[str, Any]
   return out
 
 
+def _plain_sums(result) -> Dict[str, Any]:
+  """One client's evaluation sums (a dict or a struct of tensors) as a dict of
+  numpy values, without `client_index`."""
+  items = result.items() if hasattr(result, "items") else result._asdict().items()
+  return {k: np.asarray(v) for k, v in items if k != "client_index"}
+
+
 def _flatten_metrics(metrics: Any) -> Dict[str, float]:
   """Nested metric dicts -> flat {leaf name: float}; a path joined by '/' only
   where two leaves share a name."""
@@ -268,6 +281,10 @@ class ExperimentRunner:
     self.client_rows: List[Dict[str, Any]] = []
     self.state: Optional[Dict[str, Any]] = None
     self._tb_writer = None
+    # Streamed evaluation: client index -> its last MT sums (valid until the
+    # client trains again), and how many clients' MT / S each call computed.
+    self._mt_cache: Dict[int, Dict[str, Any]] = {}
+    self.eval_counts = dict(mt_clients=0, s_clients=0, calls=0)
 
   # ---------------------------------------------------------------- state
   def _new_client_store(self):
@@ -323,7 +340,8 @@ class ExperimentRunner:
   def _comparable_flags(flags):
     """The flags a checkpoint must share with a run that resumes it."""
     ignore = {"rounds", "resume", "overwrite", "checkpoint_every", "output_dir", "eval_every",
-              "executor", "workers", "call_timeout_s", "verbose"}
+              "executor", "workers", "call_timeout_s", "verbose", "eval_chunk",
+              "clients_per_group"}
     return {k: _plain_flag(v) for k, v in flags.items() if k not in ignore}
 
   @classmethod
@@ -482,12 +500,62 @@ class ExperimentRunner:
     return self.algorithm.next
 
   # ------------------------------------------------------------- evaluate
+  def _streamed(self) -> bool:
+    return self.config.eval_chunk > 0 and all(
+        hasattr(self.algorithm, m) for m in ("evaluate_server", "evaluate_clients"))
+
+  def _mt_cacheable(self) -> bool:
+    return self.config.eval_cache and bool(getattr(self.algorithm, "mt_cacheable", False))
+
   def evaluate(self, state) -> Dict[str, Any]:
+    """S and MT over all K clients (see the module docstring).
+
+    Algorithms with `evaluate_server` and `evaluate_clients` are evaluated
+    streamed, `eval_chunk` clients per call: S from the server state and the
+    clients' test data alone; MT from each client's state alone, loaded from
+    the store one chunk at a time (a client never trained is evaluated with
+    `initial_client_state`, which is not stored) and cached per client when the
+    algorithm says MT is a function of the state (`mt_cacheable`): only clients
+    trained since their last evaluation are recomputed. Others (and
+    `eval_chunk = 0`) send every client's state in one `algorithm.evaluate` call.
+    """
     k = len(self.client_ids)
-    states = [self._client_state(state, i) for i in range(k)]
     seeds = [client_seed(self.config.seed, -1 - state["round"], i) for i in range(k)]
-    per_client = self.algorithm.evaluate(state["server_state"], states, seeds, self._test)
-    return aggregate_evaluation(self._rekey(list(range(k)), per_client, "evaluation results"))
+    if not self._streamed():
+      states = [self._client_state(state, i) for i in range(k)]
+      per_client = self.algorithm.evaluate(state["server_state"], states, seeds, self._test)
+      self.eval_counts["calls"] += 1
+      self.eval_counts["mt_clients"] += k
+      self.eval_counts["s_clients"] += k
+      return aggregate_evaluation(self._rekey(list(range(k)), per_client, "evaluation results"))
+    chunk = self.config.eval_chunk
+    chunks = lambda indices: [indices[j:j + chunk] for j in range(0, len(indices), chunk)]
+    server_part: List[Dict[str, Any]] = []
+    for ids in chunks(list(range(k))):
+      out = self.algorithm.evaluate_server(state["server_state"], ids, [seeds[i] for i in ids],
+                                           [self._test[i] for i in ids])
+      server_part.extend(_plain_sums(r) for r in self._rekey(ids, out, "evaluation results"))
+      self.eval_counts["calls"] += 1
+      self.eval_counts["s_clients"] += len(ids)
+    if not self._mt_cacheable():
+      self._mt_cache = {}
+    clients = state["clients"]
+    for ids in chunks([i for i in range(k) if i not in self._mt_cache]):
+      states = []
+      for i in ids:   # a never-trained client: its initial state, rebuilt, not stored
+        s = clients.get(i)
+        states.append(self.algorithm.initial_client_state(i) if s is None else s)
+      out = self.algorithm.evaluate_clients(states, ids, [seeds[i] for i in ids],
+                                            [self._test[i] for i in ids])
+      del states   # disk store: one chunk of states in memory at a time
+      for i, r in zip(ids, self._rekey(ids, out, "evaluation results")):
+        self._mt_cache[i] = _plain_sums(r)
+      self.eval_counts["calls"] += 1
+      self.eval_counts["mt_clients"] += len(ids)
+    per_client = [{**server_part[i], **self._mt_cache[i]} for i in range(k)]
+    if not self._mt_cacheable():
+      self._mt_cache = {}
+    return aggregate_evaluation(per_client)
 
   # ------------------------------------------------------------------ run
   def run(self) -> Dict[str, Any]:
@@ -504,6 +572,7 @@ class ExperimentRunner:
     if cfg.resume and self.config.verbose:
       print(f"resumed from {self._checkpoint_path()} at round {state['round']}", flush=True)
     k = len(self.client_ids)
+    self._mt_cache = {}   # a resumed run recomputes every client's MT once
     start_round = state["round"] + 1
     clock = time.time() - state["wall_time_s"]
     session_start, session_rounds = time.time(), 0
@@ -526,6 +595,7 @@ class ExperimentRunner:
       state["server_state"] = server_state
       for i, s in zip(selected, self._rekey(selected, new_states)):
         state["clients"][i] = s
+        self._mt_cache.pop(i, None)   # trained: its MT is recomputed at the next evaluation
       state["round"] = r
       session_rounds += 1
       flat = _flatten_metrics(metrics)

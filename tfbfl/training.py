@@ -48,6 +48,11 @@ DEFAULTS: Dict[str, Any] = dict(
     alpha=0.5, min_size=10, classes_per_client=2, test_fraction=0.25,
     num_clients=10, clients_per_round=10, rounds=20, epochs_per_round=20, batch_size=20,
     client_lr=0.05, server_lr=None, hidden_units=(100, 100), seed=0, eval_every=1,
+    # Streamed evaluation: clients per evaluation call (0: all in one call); see tfbfl.experiment
+    eval_chunk=64,
+    # VIRTUAL (MLP): clients stacked per TFF client computation (1: one by one; see
+    # VirtualConfig.clients_per_group for the measurement behind the default)
+    clients_per_group=1,
     # Robust rounds: drop bound of tfbfl.algorithms.robust (mirrors DEFAULT_MAX_UPDATE_RATIO)
     max_update_ratio=100.0,
     output_dir=None, checkpoint_every=0, resume=False, overwrite=False, verbose=True,
@@ -159,7 +164,8 @@ MAX_SEED = 2**63 - 1
 _INT_FLAGS = dict(
     num_clients=(1, 10**7, False), clients_per_round=(1, 10**7, False),
     rounds=(1, 10**9, False), epochs_per_round=(1, 10**6, False),
-    batch_size=(1, 10**9, False), eval_every=(1, 10**9, False),
+    batch_size=(1, 10**9, False), eval_every=(1, 10**9, False), eval_chunk=(0, 10**9, False),
+    clients_per_group=(1, 10**6, False),
     checkpoint_every=(0, 10**9, False), seed=(0, MAX_SEED, False),
     min_size=(0, 10**9, False), classes_per_client=(1, 10**6, False),
     eval_samples=(0, 10**6, False))
@@ -304,7 +310,7 @@ def run_training(params: Dict[str, Any], *, round_hook=None) -> Dict[str, Any]:
       rounds=p["rounds"], clients_per_round=p["clients_per_round"], eval_every=p["eval_every"],
       seed=p["seed"], output_dir=p["output_dir"], checkpoint_every=p["checkpoint_every"],
       resume=p["resume"], verbose=p["verbose"], client_store=p["client_store"],
-      overwrite=p["overwrite"], data_fingerprint=fingerprint)
+      overwrite=p["overwrite"], data_fingerprint=fingerprint, eval_chunk=p["eval_chunk"])
   runner = experiment.ExperimentRunner(algorithm, fd, run_config, flags=flags, round_hook=round_hook)
   try:
     return runner.run()

@@ -89,6 +89,7 @@ from tfbfl import communication
 from tfbfl import metrics as metrics_lib
 from tfbfl import models
 from tfbfl import training
+from tfbfl.algorithms import client_batch
 from tfbfl.algorithms import robust
 from tfbfl.algorithms import rounds
 
@@ -162,18 +163,7 @@ def config_from_params(data, p, mu: float = 0.0) -> ModelConfig:
       max_update_ratio=float(p.get("max_update_ratio", robust.DEFAULT_MAX_UPDATE_RATIO)))
 
 
-def epoch_permutations(seed, epochs: int, n):
-  """The visiting order of each epoch: `argsort(U[e])`, `U ~ stateless_uniform([E, n], seed)`.
-
-  Args:
-    seed: int64/int32 tensor of shape [2] (the driver's per-client seed).
-    epochs: number of epochs E.
-    n: number of examples (scalar int32 tensor or int).
-
-  Returns:
-    int32 tensor [E, n]; row e is a permutation of range(n).
-  """
-  return tf.argsort(tf.random.stateless_uniform([epochs, n], seed=seed), axis=1)
+epoch_permutations = client_batch.epoch_permutations
 
 
 def _as_model_weights(weights) -> tff.learning.models.ModelWeights:
@@ -284,26 +274,31 @@ class ModelComputations:
       self._assign(model, weights)
       variables = model.trainable_weights
       n = tf.shape(y)[0]
-      steps_per_epoch = (n + cfg.batch_size - 1) // cfg.batch_size
-      order = epoch_permutations(seed, cfg.epochs, n)
-      loss_sum = tf.constant(0.0)
-      correct_sum = tf.constant(0.0)
-      for step in tf.range(cfg.epochs * steps_per_epoch):
-        epoch, i = step // steps_per_epoch, step % steps_per_epoch
-        idx = order[epoch, i * cfg.batch_size:(i + 1) * cfg.batch_size]
-        xb, yb = tf.gather(x, idx), tf.gather(y, idx)
+      # The shared minibatch schedule (one client): fixed-size batches, the last
+      # one of an epoch masked; the masked mean is the short batch's mean.
+      schedule = client_batch.MinibatchSchedule(seed[None], n[None], n, cfg.epochs,
+                                                cfg.batch_size)
+
+      def step_fn(params, xb, yb, mask, step):
+        del step
+        count = tf.maximum(tf.reduce_sum(mask), 1.0)
         with tf.GradientTape() as tape:
           logits = model(xb, training=True)
-          loss = tf.reduce_mean(
-              tf.nn.sparse_softmax_cross_entropy_with_logits(labels=yb, logits=logits))
+          ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=yb, logits=logits)
+          loss = tf.reduce_sum(mask * ce) / count
         grads = tape.gradient(loss, variables)
         if cfg.mu > 0:   # gradient of mu/2 ||w - w^(t)||^2
           grads = [g + cfg.mu * (v - w0) for g, v, w0 in zip(grads, variables, weights.trainable)]
-        for v, g in zip(variables, grads):
-          v.assign_sub(cfg.client_lr * g)
-        loss_sum += loss * tf.cast(tf.shape(yb)[0], tf.float32)
-        correct_sum += tf.reduce_sum(tf.cast(
-            tf.equal(tf.argmax(logits, -1, output_type=yb.dtype), yb), tf.float32))
+        with tf.control_dependencies(
+            [v.assign_sub(cfg.client_lr * g) for v, g in zip(variables, grads)]):
+          correct = tf.reduce_sum(mask * tf.cast(
+              tf.equal(tf.argmax(logits, -1, output_type=yb.dtype), yb), tf.float32))
+          return params, (loss * count, correct)
+
+      zero = tf.zeros([1])
+      _, (loss_sum, correct_sum) = client_batch.train_loop(
+          schedule, x[None], y[None], (), step_fn, (zero, zero))
+      loss_sum, correct_sum = loss_sum[0], correct_sum[0]
       new_weights = tff.learning.models.ModelWeights(
           [tf.identity(v) for v in model.trainable_weights],
           [tf.identity(v) for v in model.non_trainable_weights])
@@ -367,6 +362,50 @@ class ModelComputations:
           client_eval, (tff.federated_broadcast(server_weights), client_weights, data))
 
     return evaluate_fn
+
+  def build_streamed_evaluate(self):
+    """The driver's streamed evaluation (`tfbfl.experiment`), two federated
+    computations with the sums of `build_evaluate` split by model:
+
+    * `evaluate_server(server_weights@SERVER, client_index@CLIENTS,
+      seed@CLIENTS, test_data@CLIENTS)` -> {server_loss, server_correct,
+      num_examples, client_index, server_calibration}@CLIENTS;
+    * `evaluate_clients(client_weights@CLIENTS, client_index@CLIENTS,
+      seed@CLIENTS, test_data@CLIENTS)` -> {mt_loss, mt_correct, num_examples,
+      client_index, mt_calibration}@CLIENTS (a function of the client's weights
+      alone, so the driver may cache it). Seeds are not read (deterministic models).
+    """
+    index_type = tff.TensorType(np.int32)
+
+    def sums(prefix, weights, client_index, data):
+      loss, correct, n, cal = self._score(_as_model_weights(weights), *data)
+      return collections.OrderedDict([(f"{prefix}_loss", loss), (f"{prefix}_correct", correct),
+                                      ("num_examples", n), ("client_index", client_index),
+                                      (f"{prefix}_calibration", cal)])
+
+    @tff.tensorflow.computation(self.weights_type, index_type, self.data_type)
+    def server_eval(server_weights, client_index, data):
+      return sums("server", server_weights, client_index, data)
+
+    @tff.tensorflow.computation(self.weights_type, index_type, self.data_type)
+    def own_eval(own_weights, client_index, data):
+      return sums("mt", own_weights, client_index, data)
+
+    def over_clients(placement, comp):
+      """`comp` mapped over the clients, the weights at `placement` (SERVER: broadcast)."""
+      @tff.federated_computation(
+          tff.FederatedType(self.weights_type, placement),
+          tff.FederatedType(index_type, tff.CLIENTS),
+          tff.FederatedType(self.seed_type, tff.CLIENTS),
+          tff.FederatedType(self.data_type, tff.CLIENTS))
+      def run(weights, indices, seeds, data):
+        del seeds
+        if placement is tff.SERVER:
+          weights = tff.federated_broadcast(weights)
+        return tff.federated_map(comp, (weights, indices, data))
+      return run
+
+    return over_clients(tff.SERVER, server_eval), over_clients(tff.CLIENTS, own_eval)
 
   def dense_bytes(self) -> int:
     """Bytes of one dense copy of the model's weights."""
@@ -440,6 +479,7 @@ class FedAvgAlgorithm:
 
     self.next = next_fn
     self._evaluate = comps.build_evaluate()
+    self._evaluate_server_fn, self._evaluate_clients_fn = comps.build_streamed_evaluate()
 
   def initial_server_state(self) -> ServerState:
     return ServerState(self.computations.initial_weights, self._finalizer.initialize(),
@@ -453,6 +493,19 @@ class FedAvgAlgorithm:
   def evaluate(self, server_state, client_states, seeds, test_data):
     del seeds  # deterministic models
     return self._evaluate(server_state.model_weights, list(client_states), list(test_data))
+
+  # The driver's streamed evaluation (tfbfl.experiment): S from the server model
+  # alone, MT from each client's deployed weights alone (deterministic: cacheable).
+  mt_cacheable = True
+
+  def evaluate_server(self, server_state, client_indices, seeds, test_data):
+    return self._evaluate_server_fn(server_state.model_weights,
+                                    [np.int32(i) for i in client_indices], list(seeds),
+                                    list(test_data))
+
+  def evaluate_clients(self, client_states, client_indices, seeds, test_data):
+    return self._evaluate_clients_fn(list(client_states), [np.int32(i) for i in client_indices],
+                                     list(seeds), list(test_data))
 
   def round_bytes(self, num_selected: int, metrics) -> tuple:
     """Dense accounting: each selected client downloads w^(t) and uploads Delta_i."""

@@ -138,8 +138,10 @@ from tfbfl import models
 from tfbfl import sparsity
 from tfbfl import training
 from tfbfl.aggregators import GaussianProductFactory
+from tfbfl.algorithms import client_batch
 from tfbfl.algorithms import robust
 from tfbfl.algorithms import rounds
+from tfbfl.algorithms import virtual_step
 
 ServerState = collections.namedtuple("ServerState", ["posterior", "aggregator_state", "round_num"])
 # `client_index` travels with the state so the driver can re-key client outputs
@@ -151,6 +153,17 @@ ClientOutput = collections.namedtuple(
                      "cavity_floored", "dropped", "update_ratio"])
 
 _CAVITY_MIN_PRECISION = 1e-8
+
+
+def _as_client_state(state) -> ClientState:
+  """A `ClientState` of numpy leaves from a TFF result or a `ClientState`."""
+  if not isinstance(state, ClientState):
+    state = ClientState(*state)
+  g = lambda x: gaussian.NaturalGaussian([np.asarray(t) for t in x[0]],
+                                         [np.asarray(t) for t in x[1]])
+  return ClientState(g(state.shared_factor), g(state.shared_posterior),
+                     [np.asarray(w) for w in state.private], np.asarray(state.trained),
+                     np.asarray(state.client_index))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,7 +189,21 @@ class VirtualConfig:
   noise_scale: float = 1.0
   gate_init: float = 1.0
   local_solver: str = "sgd"         # or "conjugate" (exact, linear-Gaussian models only)
-  jit_compile: bool = True          # XLA-compile the client SGD step
+  # XLA for the client step. Off: inside TFF's worker `jit_compile` is not honoured (a
+  # jit_compile function with an op XLA cannot compile runs there without error), so
+  # the TFF path never was XLA; True only affects plain-TF callers of client_update.
+  jit_compile: bool = False
+  # MLP + SGD: train on flat parameter vectors with the analytic KL gradient
+  # (`tfbfl.algorithms.virtual_step`: same objective, minibatches and noise); False:
+  # the Keras layers step by step (conv and lstm always take that path).
+  lean_step: bool = True
+  # With the lean step, this many of a round's clients are stacked into one TFF
+  # client computation and train batched (`client_batch`). 1 (each client alone) is
+  # the default because batching was slower on 2 CPU cores (benchmarks/round_time.py,
+  # digits E=20, TFF, three runs: one by one 1.53-1.99 s/round, groups of 5 2.61-2.78,
+  # all 10 2.47-2.94; oneDNN's batched matmul and the [C, P] elementwise updates do not
+  # gain from C). Results equal the one-by-one run up to float summation order.
+  clients_per_group: int = 1
   architecture: str = "mlp"         # "mlp", "conv" (FEMNIST net) or "lstm" (Shakespeare)
   image_shape: Optional[Sequence[int]] = None   # conv: (H, W[, C]); default input_shape
   filters: Sequence[int] = (32, 64)
@@ -216,6 +243,8 @@ class VirtualConfig:
       raise ValueError(f"server_lr (the EP step alpha) must be in (0, 1], got {self.server_lr}.")
     if not self.max_update_ratio > 0:
       raise ValueError(f"max_update_ratio must be > 0, got {self.max_update_ratio}.")
+    if self.clients_per_group < 1:
+      raise ValueError(f"clients_per_group must be >= 1, got {self.clients_per_group}.")
     if self.likelihood not in ("categorical", "gaussian"):
       raise ValueError(f"likelihood must be 'categorical' or 'gaussian', got {self.likelihood!r}.")
     if self.architecture not in ("mlp", "conv", "lstm"):
@@ -328,32 +357,25 @@ def _natural_precision_step(u_var, grad_u, prior_precision, min_scale, kl_scale,
   the conjugate test's 4 weights with 12-row clients, less with more data).
   """
   u = tf.convert_to_tensor(u_var)
-  excess = tf.nn.softplus(u)
-  sigma = excess + min_scale
-  # dsigma/du = sigmoid(u); softplus and sigmoid agree for very negative u.
-  g_sigma = tf.math.divide_no_nan(grad_u, tf.math.sigmoid(u))
-  g_data = g_sigma - kl_scale * (sigma * prior_precision - 1.0 / sigma)
-  h = g_data / sigma
-  precision = 1.0 / tf.square(sigma)
-  # Signed h keeps the average unbiased; only a target below the KL target's
-  # own precision is clipped (minibatch noise), so the mix stays positive.
-  target = tf.maximum(prior_precision + h / kl_scale, prior_precision)
-  new_precision = (1.0 - rho) * precision + rho * target
-  tiny = np.finfo(np.float32).tiny
-  new_excess = tf.maximum(tf.math.rsqrt(new_precision) - min_scale, tiny)
-  u_var.assign(tfp.math.softplus_inverse(new_excess))
+  sigma = tf.nn.softplus(u) + min_scale
+  # The data part of the gradient: the total less the KL's (dsigma/du = sigmoid(u)).
+  grad_data_u = grad_u - kl_scale * (sigma * prior_precision - 1.0 / sigma) * tf.math.sigmoid(u)
+  u_var.assign(virtual_step.natural_precision_update(u, grad_data_u, prior_precision, min_scale,
+                                                     rho, kl_scale))
 
 
-def _data_loss(cfg: VirtualConfig, y, outputs, mask=None):
-  """Summed (masked) negative log-likelihood and number of correct predictions."""
+def _data_loss(cfg: VirtualConfig, y, outputs, mask=None, axis=None):
+  """Summed (masked) negative log-likelihood and number of correct predictions,
+  over every example (`axis=None`) or along `axis` (per client of a batch)."""
   if mask is None:
-    mask = tf.ones(tf.shape(outputs)[:1], tf.float32)
+    mask = tf.ones(tf.shape(outputs)[:-1], tf.float32)
   if cfg.likelihood == "categorical":
     nll = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=outputs)
     hit = tf.cast(tf.equal(tf.argmax(outputs, -1, output_type=y.dtype), y), tf.float32)
-    return tf.reduce_sum(mask * nll), tf.reduce_sum(mask * hit)
+    return tf.reduce_sum(mask * nll, axis=axis), tf.reduce_sum(mask * hit, axis=axis)
   err = tf.cast(y, outputs.dtype) - tf.squeeze(outputs, -1)
-  return tf.reduce_sum(mask * 0.5 * tf.square(err) / cfg.noise_scale**2), tf.constant(0.0)
+  loss = tf.reduce_sum(mask * 0.5 * tf.square(err) / cfg.noise_scale**2, axis=axis)
+  return loss, tf.zeros_like(loss)
 
 
 def _architecture(cfg: VirtualConfig):
@@ -408,15 +430,126 @@ def _flatten_for_mlp(cfg: VirtualConfig, x):
   return tf.reshape(x, [tf.shape(x)[0], cfg.input_dim]) if cfg.architecture == "mlp" else x
 
 
+def _client_prior(cfg: VirtualConfig, server_posterior, state: ClientState):
+  """`(old_factor, cavity, cavity_floored, prior)` of one client's round (step 1).
+
+  FedAvg init resets the client's factor to the server posterior, so its cavity
+  is flat and the KL target `p^(1/K) cav_i` is `p^(1/K)` alone.
+  """
+  old_factor = server_posterior if cfg.fedavg_init else state.shared_factor
+  cavity, cavity_floored = gaussian.ratio_with_count(
+      server_posterior, old_factor, on_nonpositive="floor",
+      min_precision=_CAVITY_MIN_PRECISION)
+  prior = gaussian.product(_prior_natural(cavity, cfg.prior_scale, 1.0 / cfg.num_clients), cavity)
+  return old_factor, cavity, cavity_floored, prior
+
+
+def _client_output(cfg: VirtualConfig, server_posterior, state: ClientState, old_factor, cavity,
+                   cavity_floored, q_new, private, loss_sum, correct_sum, n, seen) -> ClientOutput:
+  """Steps 3-4 of one client's round from its trained `q_new` and `private`
+  weights: the new factor, `Delta_i` (pruned), the damped factor step, and the
+  robust-round check."""
+  # Site factors and deltas are unnormalised and may have negative precisions.
+  new_factor = gaussian.ratio(q_new, cavity, on_nonpositive="allow")   # s_i^new = q_i / cav_i
+  delta = gaussian.ratio(new_factor, old_factor, on_nonpositive="allow")  # Delta_i = s_i^new / s_i^old
+  if cfg.prune_percentile > 0:
+    delta = sparsity.apply_mask(delta, sparsity.keep_mask(
+        sparsity.snr(q_new), cfg.prune_percentile, cfg.prune_per_layer))
+  # Damped EP: the factor takes the step the server takes, s_i <- s_i * Delta_i^alpha,
+  # so the server posterior stays the product of the stored factors.
+  stored = gaussian.product(old_factor, gaussian.power(delta, cfg.step))
+  new_state = ClientState(stored, q_new, list(private), tf.constant(True), state.client_index)
+  metrics = collections.OrderedDict(
+      train_loss=loss_sum / seen, train_accuracy=correct_sum / seen)
+  # Robust rounds: a non-finite or outlying Delta_i (vs the natural parameters of
+  # s^(t)) is dropped: identity factor sent, previous state kept, metrics left out.
+  ok, ratio = robust.check_update(delta, server_posterior, cfg.max_update_ratio)
+  ok = tf.logical_and(ok, robust.all_finite(new_state))
+  delta = robust.zeros_unless(ok, delta)
+  new_state = robust.keep_if(ok, new_state, state)
+  metrics = robust.zeros_unless(ok, metrics)
+  return ClientOutput(delta, new_state, metrics, tf.where(ok, tf.cast(n, tf.float32), 0.0),
+                      sparsity.count_nonzero(delta), tf.cast(cavity_floored, tf.float32),
+                      1.0 - tf.cast(ok, tf.float32), ratio)
+
+
+def batched(cfg: VirtualConfig) -> bool:
+  """Whether clients train with the lean, client-batched step
+  (`tfbfl.algorithms.virtual_step`): the MLP with SGD and `lean_step`."""
+  return cfg.lean_step and cfg.architecture == "mlp" and cfg.local_solver == "sgd"
+
+
+def client_update_batch(cfg: VirtualConfig, server_posterior, states: ClientState, seeds, x, y,
+                        n, net: Optional[models.VirtualNetworks] = None) -> ClientOutput:
+  """C clients' rounds in one computation (the lean step, `batched(cfg)`), plain TF.
+
+  `states`: a `ClientState` whose leaves carry a leading client axis; `seeds`
+  `[C, 2]` (C static); `x`, `y`: stacked data `[C, n_max, ...]`, `[C, n_max]`
+  padded past each client's `n` `[C]` (`client_batch.pack_data`). Returns a
+  `ClientOutput` whose leaves carry the client axis; client c's equals
+  `client_update` of client c alone up to float summation order. `net` (default:
+  built here) gives the layout only (no variable is read); pass one built outside
+  a `tf.function` that calls this.
+  """
+  if not batched(cfg):
+    raise ValueError("client_update_batch needs the MLP, local_solver='sgd' and lean_step.")
+  net = net or build_networks(cfg)
+  layout = virtual_step.Layout(net)
+  clients = int(seeds.shape[0])
+  x = tf.reshape(x, [clients, tf.shape(x)[1], cfg.input_dim])
+  unstacked = [tf.nest.map_structure(lambda t, c=c: t[c], states) for c in range(clients)]
+  unstacked = [ClientState(gaussian.NaturalGaussian(*s.shared_factor),
+                           gaussian.NaturalGaussian(*s.shared_posterior), list(s.private),
+                           s.trained, s.client_index) for s in unstacked]
+
+  @tf.function
+  def train():
+    priors = [_client_prior(cfg, server_posterior, s) for s in unstacked]
+    stack_g = lambda gs: gaussian.NaturalGaussian(
+        [tf.stack(t) for t in zip(*[g.eta1 for g in gs])],
+        [tf.stack(t) for t in zip(*[g.eta2 for g in gs])])
+    target = stack_g([p[3] for p in priors])
+    shared_prior = (virtual_step._flat(target.eta1, clients),   # pylint: disable=protected-access
+                    virtual_step._flat(target.eta2, clients))   # pylint: disable=protected-access
+    # Every client starts from s^(t): q_i = s_i * cavity with s_i = s^(t) / cavity.
+    start = stack_g([server_posterior] * clients)
+    shared_loc, shared_u = layout.shared_from_natural(start, clients)
+    params = virtual_step.Parameters(shared_loc, shared_u,
+                                     *layout.private_from_list(states.private, clients))
+    params, loss_sum, correct_sum = virtual_step.train_clients(
+        cfg, layout, params, shared_prior, x, y, n, seeds, _data_loss)
+    q_new = layout.shared_to_natural(params.shared_loc, params.shared_u)
+    private = (layout.private_to_list(params.private_loc, params.private_u, params.gates)
+               if cfg.private else list(states.private))
+    outputs = []
+    for c, s in enumerate(unstacked):
+      old_factor, cavity, cavity_floored, _ = priors[c]
+      q_c = gaussian.NaturalGaussian([t[c] for t in q_new.eta1], [t[c] for t in q_new.eta2])
+      seen = tf.cast(n[c] * cfg.epochs, tf.float32)
+      outputs.append(_client_output(cfg, server_posterior, s, old_factor, cavity, cavity_floored,
+                                    q_c, [w[c] for w in private], loss_sum[c], correct_sum[c],
+                                    n[c], seen))
+    return tf.nest.map_structure(lambda *t: tf.stack(t), *outputs)
+
+  return train()
+
+
 def client_update(cfg: VirtualConfig, server_posterior, state: ClientState, seed, x, y,
                   net: Optional[models.VirtualNetworks] = None) -> ClientOutput:
   """One client's round (steps 1-4 of the module docstring), plain TensorFlow.
 
   Used inside the TFF client computation; callable as is (eagerly or in a
   `tf.function`), which `benchmarks/round_time.py` uses to time TFF's overhead.
-  `net` (default: built here) holds the variables; pass one built outside a
-  `tf.function` that calls this.
+  With `batched(cfg)` it is `client_update_batch` of one client; otherwise the
+  Keras layers train step by step. `net` (default: built here) holds the
+  variables; pass one built outside a `tf.function` that calls this.
   """
+  if batched(cfg):
+    x = _flatten_for_mlp(cfg, x)
+    one = lambda t: tf.expand_dims(tf.convert_to_tensor(t), 0)
+    out = client_update_batch(cfg, server_posterior, tf.nest.map_structure(one, state),
+                              one(seed), one(x), one(y), one(tf.shape(y)[0]), net=net)
+    return tf.nest.map_structure(lambda t: t[0], out)
   net = net or build_networks(cfg)
   train_vars = net.shared_trainable_variables + (
       net.private_trainable_variables if cfg.private else [])
@@ -468,32 +601,23 @@ def client_update(cfg: VirtualConfig, server_posterior, state: ClientState, seed
     return data_loss * tf.reduce_sum(mask), correct
 
   def sgd_epochs(n):
-    """E epochs of plain SGD on eq. (3); returns summed data loss and correct."""
-    steps_per_epoch = (n + cfg.batch_size - 1) // cfg.batch_size
-    order = tf.argsort(tf.random.stateless_uniform([cfg.epochs, n], seed=seed), axis=1)
+    """E epochs of plain SGD on eq. (3) over the shared minibatch schedule
+    (`client_batch`, one client); returns summed data loss and correct."""
+    schedule = client_batch.MinibatchSchedule(seed[None], n[None], n, cfg.epochs, cfg.batch_size)
     kl_scale = cfg.kl_weight / tf.cast(n, tf.float32)
-    offsets = tf.range(cfg.batch_size)
-    loss_sum, correct_sum = tf.constant(0.0), tf.constant(0.0)
-    for step in tf.range(cfg.epochs * steps_per_epoch):
-      epoch, i = step // steps_per_epoch, step % steps_per_epoch
-      pos = i * cfg.batch_size + offsets
-      idx = tf.gather(order[epoch], tf.minimum(pos, n - 1))
-      mask = tf.cast(pos < n, tf.float32)
-      loss_b, correct_b = sgd_step(tf.gather(x, idx), tf.gather(y, idx), mask,
-                                   tf.random.experimental.stateless_fold_in(seed, step), kl_scale)
-      loss_sum += loss_b
-      correct_sum += correct_b
-    return loss_sum, correct_sum
+
+    def step_fn(params, xb, yb, mask, step):
+      return params, sgd_step(xb, yb, mask, tf.random.experimental.stateless_fold_in(seed, step),
+                              kl_scale)
+
+    zero = tf.zeros([1])
+    _, (loss_sum, correct_sum) = client_batch.train_loop(
+        schedule, x[None], y[None], (), step_fn, (zero, zero))
+    return loss_sum[0], correct_sum[0]
 
   @tf.function
   def train():
-    # FedAvg init resets the client's factor to the server posterior, so its
-    # cavity is flat and the KL target is p^(1/K) alone.
-    old_factor = server_posterior if cfg.fedavg_init else state.shared_factor
-    cavity, cavity_floored = gaussian.ratio_with_count(
-        server_posterior, old_factor, on_nonpositive="floor",
-        min_precision=_CAVITY_MIN_PRECISION)
-    prior = gaussian.product(_prior_natural(cavity, cfg.prior_scale, 1.0 / cfg.num_clients), cavity)
+    old_factor, cavity, cavity_floored, prior = _client_prior(cfg, server_posterior, state)
     # The factor s_i is what is trained: q_i = s_i * cavity starts at s^(t).
     net.set_shared_posterior(server_posterior)
     net.set_shared_prior(prior)
@@ -507,78 +631,102 @@ def client_update(cfg: VirtualConfig, server_posterior, state: ClientState, seed
       loss_sum, correct_sum = sgd_epochs(n)
       q_new = net.shared_posterior()
       seen *= cfg.epochs
-    # Site factors and deltas are unnormalised and may have negative precisions.
-    new_factor = gaussian.ratio(q_new, cavity, on_nonpositive="allow")   # s_i^new = q_i / cav_i
-    delta = gaussian.ratio(new_factor, old_factor, on_nonpositive="allow")  # Delta_i = s_i^new / s_i^old
-    if cfg.prune_percentile > 0:
-      delta = sparsity.apply_mask(delta, sparsity.keep_mask(
-          sparsity.snr(q_new), cfg.prune_percentile, cfg.prune_per_layer))
-    # Damped EP: the factor takes the step the server takes, s_i <- s_i * Delta_i^alpha,
-    # so the server posterior stays the product of the stored factors.
-    stored = gaussian.product(old_factor, gaussian.power(delta, cfg.step))
-    new_state = ClientState(stored, q_new, net.get_private_weights(), tf.constant(True),
-                            state.client_index)
-    metrics = collections.OrderedDict(
-        train_loss=loss_sum / seen, train_accuracy=correct_sum / seen)
-    # Robust rounds: a non-finite or outlying Delta_i (vs the natural parameters of
-    # s^(t)) is dropped: identity factor sent, previous state kept, metrics left out.
-    ok, ratio = robust.check_update(delta, server_posterior, cfg.max_update_ratio)
-    ok = tf.logical_and(ok, robust.all_finite(new_state))
-    delta = robust.zeros_unless(ok, delta)
-    new_state = robust.keep_if(ok, new_state, state)
-    metrics = robust.zeros_unless(ok, metrics)
-    return ClientOutput(delta, new_state, metrics, tf.where(ok, tf.cast(n, tf.float32), 0.0),
-                        sparsity.count_nonzero(delta), tf.cast(cavity_floored, tf.float32),
-                        1.0 - tf.cast(ok, tf.float32), ratio)
+    return _client_output(cfg, server_posterior, state, old_factor, cavity, cavity_floored, q_new,
+                          net.get_private_weights(), loss_sum, correct_sum, n, seen)
 
   return train()
 
+
+def _predictive_sums(cfg: VirtualConfig, net, posterior, head, seed, x, y, prefix):
+  """`{prefix}_loss`, `{prefix}_correct` (and `{prefix}_calibration` for a
+  categorical likelihood) of the predictive with shared `posterior` and the
+  network's current private weights: head 0 is the server network (S), head 1
+  the client network (MT). The posterior mean network (`eval_samples == 0`), or
+  an average over `eval_samples` forward passes seeded from `seed`. Runs in the
+  caller's `tf.function`."""
+  net.set_shared_posterior(posterior)
+  to_prob = tf.nn.softmax if cfg.likelihood == "categorical" else tf.identity
+  # server_logits(x, s) equals forward(x, s)[0] and reads no private weight.
+  out = (lambda s: net.server_logits(x, seed=s)) if head == 0 else (
+      lambda s: net.forward(x, seed=s)[head])
+  if cfg.eval_samples == 0:
+    avg = to_prob(out(None))
+  else:
+    avg = tf.zeros([tf.shape(x)[0], cfg.num_classes])
+    for s in tf.range(cfg.eval_samples):
+      avg += to_prob(out(tf.random.experimental.stateless_fold_in(seed, s))) / cfg.eval_samples
+  pred = tf.math.log(avg + 1e-12) if cfg.likelihood == "categorical" else avg
+  sums = collections.OrderedDict()
+  if cfg.likelihood == "gaussian":
+    err = tf.cast(y, tf.float32) - tf.squeeze(pred, -1)
+    sums[f"{prefix}_loss"] = tf.reduce_sum(0.5 * tf.square(err) / cfg.noise_scale**2)
+    sums[f"{prefix}_correct"] = tf.constant(0.0)
+    return sums
+  sums[f"{prefix}_loss"] = -tf.reduce_sum(tf.gather(pred, y, axis=1, batch_dims=1))
+  sums[f"{prefix}_correct"] = tf.reduce_sum(
+      tf.cast(tf.equal(tf.argmax(pred, -1, output_type=y.dtype), y), tf.float32))
+  sums[f"{prefix}_calibration"] = metrics_lib.calibration_sums(tf.exp(pred), y)
+  return sums
+
+
+def _order_sums(s, m, n, client_index):
+  out = collections.OrderedDict()
+  for key in ("server_loss", "server_correct", "mt_loss", "mt_correct"):
+    if key in s or key in m:
+      out[key] = s[key] if key in s else m[key]
+  out["num_examples"] = n
+  out["client_index"] = client_index
+  for key in ("server_calibration", "mt_calibration"):
+    if key in s or key in m:
+      out[key] = s[key] if key in s else m[key]
+  return out
+
+
 def evaluate_client(cfg: VirtualConfig, server_posterior, state: ClientState, seed, x, y):
-  """Per-client sums {server_loss, server_correct, mt_loss, mt_correct, num_examples}."""
+  """Per-client sums {server_loss, server_correct, mt_loss, mt_correct,
+  num_examples, client_index[, server_calibration, mt_calibration]}: S and MT in
+  one call (`VirtualAlgorithm.evaluate`; the driver's streamed path uses
+  `evaluate_server_client` and `evaluate_own_client`, which compute the same)."""
   net = build_networks(cfg)
   x = _flatten_for_mlp(cfg, x)
 
   @tf.function
   def run():
+    net.set_private_weights(state.private)
+    s = _predictive_sums(cfg, net, server_posterior, 0, seed, x, y, "server")
     # MT: the client's own q_i, which for a client never trained is its initial
     # model (s^(0) and its seeded private network), as for every algorithm.
-    own = state.shared_posterior
+    m = _predictive_sums(cfg, net, state.shared_posterior, 1 if cfg.private else 0, seed, x, y, "mt")
+    return _order_sums(s, m, tf.cast(tf.shape(y)[0], tf.float32), state.client_index)
 
-    def predict(posterior, head):
-      """Log predictive probabilities (categorical) or predictive mean (gaussian):
-      the posterior mean network, or an average over `eval_samples` samples."""
-      net.set_shared_posterior(posterior)
-      to_prob = tf.nn.softmax if cfg.likelihood == "categorical" else tf.identity
-      if cfg.eval_samples == 0:
-        avg = to_prob(net.forward(x)[head])
-      else:
-        avg = tf.zeros([tf.shape(x)[0], cfg.num_classes])
-        for s in tf.range(cfg.eval_samples):
-          out = net.forward(x, seed=tf.random.experimental.stateless_fold_in(seed, s))[head]
-          avg += to_prob(out) / cfg.eval_samples
-      return tf.math.log(avg + 1e-12) if cfg.likelihood == "categorical" else avg
+  return run()
 
-    def score(pred):
-      """Summed negative log-likelihood and number of correct predictions."""
-      if cfg.likelihood == "gaussian":
-        err = tf.cast(y, tf.float32) - tf.squeeze(pred, -1)
-        return tf.reduce_sum(0.5 * tf.square(err) / cfg.noise_scale**2), tf.constant(0.0)
-      nll = -tf.reduce_sum(tf.gather(pred, y, axis=1, batch_dims=1))
-      correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(pred, -1, output_type=y.dtype), y), tf.float32))
-      return nll, correct
 
+def evaluate_server_client(cfg: VirtualConfig, server_posterior, client_index, seed, x, y):
+  """S of one client: {server_loss, server_correct, num_examples, client_index[,
+  server_calibration]} from the server posterior alone (no client state)."""
+  net = build_networks(cfg)
+  x = _flatten_for_mlp(cfg, x)
+
+  @tf.function
+  def run():
+    s = _predictive_sums(cfg, net, server_posterior, 0, seed, x, y, "server")
+    return _order_sums(s, {}, tf.cast(tf.shape(y)[0], tf.float32), client_index)
+
+  return run()
+
+
+def evaluate_own_client(cfg: VirtualConfig, state: ClientState, seed, x, y):
+  """MT of one client: {mt_loss, mt_correct, num_examples, client_index[,
+  mt_calibration]} from its state alone (its q_i and private network)."""
+  net = build_networks(cfg)
+  x = _flatten_for_mlp(cfg, x)
+
+  @tf.function
+  def run():
     net.set_private_weights(state.private)
-    s_pred = predict(server_posterior, 0)
-    m_pred = predict(own, 1 if cfg.private else 0)
-    s_loss, s_correct = score(s_pred)
-    m_loss, m_correct = score(m_pred)
-    out = collections.OrderedDict(
-        server_loss=s_loss, server_correct=s_correct, mt_loss=m_loss, mt_correct=m_correct,
-        num_examples=tf.cast(tf.shape(y)[0], tf.float32), client_index=state.client_index)
-    if cfg.likelihood == "categorical":
-      out["server_calibration"] = metrics_lib.calibration_sums(tf.exp(s_pred), y)
-      out["mt_calibration"] = metrics_lib.calibration_sums(tf.exp(m_pred), y)
-    return out
+    m = _predictive_sums(cfg, net, state.shared_posterior, 1 if cfg.private else 0, seed, x, y, "mt")
+    return _order_sums({}, m, tf.cast(tf.shape(y)[0], tf.float32), state.client_index)
 
   return run()
 
@@ -607,6 +755,9 @@ class VirtualAlgorithm:
   def __init__(self, config: VirtualConfig, aggregator: Optional[GaussianProductFactory] = None):
     self.config = config
     self._aggregator = aggregator or GaussianProductFactory()
+    # Batched groups upload the sum of their clients' deltas: the same sum only
+    # where the aggregator is a plain sum (not, e.g., clipped or noised per upload).
+    self._plain_sum = isinstance(self._aggregator.value_sum_factory, tff.aggregators.SumFactory)
     if self._aggregator.weighted:
       raise ValueError("VIRTUAL needs an unweighted GaussianProductFactory (a product of deltas).")
     self._init_posterior = initial_posterior(config)
@@ -755,12 +906,162 @@ class VirtualAlgorithm:
       return tff.federated_map(
           client_eval_comp, (tff.federated_broadcast(server_state.posterior), client_states, seeds, data))
 
+    # The driver's streamed evaluation (`tfbfl.experiment`): S from the server
+    # posterior alone, MT from each client's state alone (so it can be cached).
+    index_type = tff.TensorType(np.int32)
+
+    @tff.tensorflow.computation(posterior_type, index_type, seed_type, data_type)
+    def server_eval_comp(server_posterior, client_index, seed, data):
+      return evaluate_server_client(cfg, gaussian.NaturalGaussian(*server_posterior), client_index,
+                                    seed, *data)
+
+    @tff.tensorflow.computation(client_state_type, index_type, seed_type, data_type)
+    def own_eval_comp(state, client_index, seed, data):
+      state = ClientState(gaussian.NaturalGaussian(*state.shared_factor),
+                          gaussian.NaturalGaussian(*state.shared_posterior),
+                          list(state.private), state.trained, client_index)
+      return evaluate_own_client(cfg, state, seed, *data)
+
+    @rounds.round_computation(server_state_type, index_type, seed_type, data_type)
+    def evaluate_server_fn(server_state, indices, seeds, data):
+      return tff.federated_map(
+          server_eval_comp, (tff.federated_broadcast(server_state.posterior), indices, seeds, data))
+
+    @tff.federated_computation(tff.FederatedType(client_state_type, tff.CLIENTS),
+                               tff.FederatedType(index_type, tff.CLIENTS),
+                               tff.FederatedType(seed_type, tff.CLIENTS),
+                               tff.FederatedType(data_type, tff.CLIENTS))
+    def evaluate_clients_fn(client_states, indices, seeds, data):
+      return tff.federated_map(own_eval_comp, (client_states, indices, seeds, data))
+
+    self._evaluate_server_fn = evaluate_server_fn
+    self._evaluate_clients_fn = evaluate_clients_fn
+
+    # Kept for the client-batched rounds (`_group_round`), built per group size.
+    self._types = dict(posterior=posterior_type, client_state=client_state_type,
+                       server_state=server_state_type, x_dtype=x_dtype, y_dtype=y_dtype)
+    self._finish_round = finish_round
+    self._group_rounds = {}
+
     self.client_update = client_update_comp
     self.server_update = server_update
-    self.next = next_fn
+    self.next_per_client = next_fn
     self.client_phase = client_phase
     self.server_phase = server_phase
     self.evaluate = evaluate_fn
+
+  # ------------------------------------------- streamed evaluation protocol
+  @property
+  def mt_cacheable(self) -> bool:
+    """MT is a function of the client's state alone only with posterior-mean
+    evaluation; Monte Carlo predictives (`eval_samples > 0`) draw from seeds
+    that change every evaluation, so the driver recomputes every client then."""
+    return self.config.eval_samples == 0
+
+  def evaluate_server(self, server_state, client_indices, seeds, test_data):
+    """S sums of the given clients {server_loss, server_correct, num_examples,
+    client_index[, server_calibration]}: only the server state and the clients'
+    test data travel (no client state)."""
+    return self._evaluate_server_fn(server_state, [np.int32(i) for i in client_indices],
+                                    list(seeds), list(test_data))
+
+  def evaluate_clients(self, client_states, client_indices, seeds, test_data):
+    """MT sums of the given clients {mt_loss, mt_correct, num_examples,
+    client_index[, mt_calibration]} from their states alone (no server state)."""
+    return self._evaluate_clients_fn(list(client_states), [np.int32(i) for i in client_indices],
+                                     list(seeds), list(test_data))
+
+  # ------------------------------------------------- client-batched rounds
+  def _group_round(self, size: int):
+    """`next` over groups of `size` stacked clients (`client_update_batch`): each
+    group is one TFF client that returns its clients' states and one upload,
+    the sum of its clients' deltas (the aggregator sums groups as it sums
+    clients), their example-weighted mean metrics and summed counts. Padding
+    clients (`n = 0`) upload nothing."""
+    if size in self._group_rounds:
+      return self._group_rounds[size]
+    cfg, types = self.config, self._types
+    leaf = lambda shape, dtype=np.float32: tff.TensorType(dtype, (size, *np.shape(shape)))
+    init = self.initial_client_state(0)
+    group_posterior = lambda g: gaussian.NaturalGaussian([leaf(t) for t in g.eta1],
+                                                         [leaf(t) for t in g.eta2])
+    group_state_type = tff.to_type(ClientState(
+        group_posterior(init.shared_factor), group_posterior(init.shared_posterior),
+        [leaf(w) for w in init.private], leaf(init.trained, np.bool_),
+        leaf(init.client_index, np.int32)))
+    seed_type = tff.TensorType(np.int64, (size, 2))
+    data_type = tff.to_type((tff.TensorType(types["x_dtype"], (size, None, *cfg.example_shape)),
+                             tff.TensorType(types["y_dtype"], (size, None)),
+                             tff.TensorType(np.int32, (size,))))
+
+    @tff.tensorflow.computation(types["posterior"], group_state_type, seed_type, data_type)
+    def group_update(server_posterior, states, seeds, data):
+      states = ClientState(gaussian.NaturalGaussian(*states.shared_factor),
+                           gaussian.NaturalGaussian(*states.shared_posterior),
+                           list(states.private), states.trained, states.client_index)
+      x, y, n = data
+      out = client_update_batch(cfg, gaussian.NaturalGaussian(*server_posterior), states, seeds,
+                                x, y, n)
+      real = tf.cast(n > 0, tf.float32)
+      per_client = lambda t: real if t.shape.rank == 1 else tf.reshape(real, [-1] + [1] * (t.shape.rank - 1))
+      delta = tf.nest.map_structure(lambda t: tf.reduce_sum(t * per_client(t), 0), out.delta)
+      weight = out.num_examples * real
+      total = tf.reduce_sum(weight)
+      # A padding client's metrics are 0/0: weight 0 must not carry its NaN.
+      metrics = tf.nest.map_structure(lambda t: tf.math.divide_no_nan(
+          tf.reduce_sum(tf.where(weight > 0, t * weight, 0.0)), total), out.metrics)
+      upload = collections.OrderedDict(
+          delta=delta, metrics=metrics, num_examples=total,
+          delta_nonzeros=tf.reduce_sum(out.delta_nonzeros * tf.cast(n > 0, tf.int32)),
+          cavity_floored=tf.reduce_sum(out.cavity_floored * real),
+          dropped=tf.reduce_sum(out.dropped * real),
+          update_ratio=tf.reduce_max(tf.where(n > 0, out.update_ratio, 0.0)))
+      return out.client_state, upload
+
+    @rounds.round_computation(types["server_state"], group_state_type, seed_type, data_type)
+    def next_groups(server_state, states, seeds, data):
+      out = tff.federated_map(group_update, (
+          tff.federated_broadcast(server_state.posterior), states, seeds, data))
+      up = out[1]
+      new_state, metrics = self._finish_round(
+          server_state, up.delta, up.metrics, up.num_examples, up.delta_nonzeros,
+          up.cavity_floored, up.dropped, up.update_ratio)
+      return new_state, out[0], metrics
+
+    self._group_rounds[size] = next_groups
+    return next_groups
+
+  def next(self, server_state, client_states, seeds, data):
+    """One round: `(server_state, client_states, metrics)` from the server state
+    and the selected clients' states, seeds and `(x, y)` data (lists).
+
+    With the lean step (`batched(config)`) and the plain-sum aggregator the
+    clients train in batched groups of `config.clients_per_group` (`_group_round`;
+    the last group padded with clients without data); otherwise one TFF client
+    computation per client (`next_per_client`). Both give the same results up to
+    float summation order."""
+    c = len(client_states)
+    if not (batched(self.config) and self._plain_sum and c > 0):
+      return self.next_per_client(server_state, client_states, seeds, data)
+    size = max(1, min(self.config.clients_per_group, c))
+    groups = -(-c // size)
+    pad = groups * size - c
+    # Padding clients: a copy of the first client with no data (n = 0).
+    states = list(client_states) + [client_states[0]] * pad
+    seeds = list(seeds) + [seeds[0]] * pad
+    data = list(data) + [(np.zeros((0,) + np.shape(data[0][0])[1:], np.asarray(data[0][0]).dtype),
+                          np.zeros((0,), np.asarray(data[0][1]).dtype))] * pad
+    group_states, group_seeds, group_data = [], [], []
+    for g in range(groups):
+      part = slice(g * size, (g + 1) * size)
+      group_states.append(client_batch.stack(
+          [_as_client_state(s) for s in states[part]]))
+      group_seeds.append(np.stack([np.asarray(s, np.int64) for s in seeds[part]]))
+      group_data.append(client_batch.pack_data(data[part]))
+    server_state, out_states, metrics = self._group_round(size)(
+        server_state, group_states, group_seeds, group_data)
+    new_states = [s for g in out_states for s in client_batch.unstack(_as_client_state(g), size)]
+    return server_state, [_as_client_state(s) for s in new_states[:c]], metrics
 
   def next_two_phase(self, server_state, client_states, seeds, data):
     """The round of `next` as two TFF calls, for multi-worker contexts (the
@@ -794,7 +1095,8 @@ def config_from_params(data, p) -> VirtualConfig:
       image_shape=tuple(p["image_shape"]) if p["image_shape"] else None,
       filters=tuple(p["filters"]), lstm_units=tuple(p["lstm_units"]),
       vocab_size=data.num_classes if p["architecture"] == "lstm" else 88,
-      max_update_ratio=float(p.get("max_update_ratio", robust.DEFAULT_MAX_UPDATE_RATIO)))
+      max_update_ratio=float(p.get("max_update_ratio", robust.DEFAULT_MAX_UPDATE_RATIO)),
+      clients_per_group=int(p.get("clients_per_group", 1)))
 
 
 training.register_algorithm("virtual", lambda data, p: VirtualAlgorithm(config_from_params(data, p)))

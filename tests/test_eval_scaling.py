@@ -1,0 +1,123 @@
+"""Streamed, cached evaluation (`tfbfl.experiment.ExperimentRunner.evaluate`).
+
+* The streamed path (S from the server state alone, MT per client in chunks of
+  `eval_chunk`, cached until the client trains again) writes the same
+  metrics.csv and client_metrics.csv as the single call with every client's
+  state (`eval_chunk = 0`), for VIRTUAL and FedAvg.
+* Only clients trained since the last evaluation have their MT recomputed
+  (observed by counting the clients each `evaluate_clients` call receives);
+  never-selected clients get no stored state; Monte Carlo evaluation
+  (`eval_samples > 0`) recomputes every client.
+"""
+
+import csv
+
+import numpy as np
+import pytest
+
+from tfbfl import experiment
+from tfbfl import training
+
+pytestmark = pytest.mark.usefixtures("tff_runtime")
+
+
+def _params(tmp_path, **kw):
+  p = dict(algorithm="virtual", num_clients=8, clients_per_round=3, rounds=3,
+           epochs_per_round=2, hidden_units=(16,), seed=5, output_dir=str(tmp_path),
+           verbose=False, client_lr=0.1)
+  p.update(kw)
+  return p
+
+
+def _read(path):
+  with open(path) as f:
+    return list(csv.DictReader(f))
+
+
+def _assert_same_csv(a, b, skip=("wall_time_s",)):
+  rows_a, rows_b = _read(a), _read(b)
+  assert len(rows_a) == len(rows_b) > 0
+  assert list(rows_a[0]) == list(rows_b[0])
+  for ra, rb in zip(rows_a, rows_b):
+    for key in ra:
+      if key in skip:
+        continue
+      va, vb = float(ra[key]), float(rb[key])
+      # the CSVs hold 6 significant digits
+      np.testing.assert_allclose(va, vb, rtol=2e-5, atol=1e-6, err_msg=f"{a}: {key}")
+
+
+@pytest.mark.parametrize("algorithm", ["virtual", "fedavg"])
+def test_streamed_cached_evaluation_equals_single_call(tmp_path, algorithm):
+  one = tmp_path / "one_call"
+  streamed = tmp_path / "streamed"
+  training.run_training(_params(one, algorithm=algorithm, eval_chunk=0))
+  # chunks of 3 over 8 clients (a short last chunk), disk store, cache on
+  training.run_training(_params(streamed, algorithm=algorithm, eval_chunk=3, client_store="disk"))
+  _assert_same_csv(one / "metrics.csv", streamed / "metrics.csv")
+  _assert_same_csv(one / "client_metrics.csv", streamed / "client_metrics.csv")
+  header = list(_read(one / "metrics.csv")[0])
+  assert {"server_ece", "mt_ece", "server_accuracy", "mt_loss"} <= set(header)
+
+
+class _Counting:
+  """The algorithm, with the client indices of every `evaluate_clients` and
+  `evaluate_server` call recorded (results untouched)."""
+
+  def __init__(self, algorithm):
+    self._algorithm = algorithm
+    self.mt_calls, self.s_calls = [], []
+
+  def __getattr__(self, name):
+    return getattr(self._algorithm, name)
+
+  def evaluate_clients(self, states, indices, seeds, test_data):
+    self.mt_calls.append(list(indices))
+    return self._algorithm.evaluate_clients(states, indices, seeds, test_data)
+
+  def evaluate_server(self, server_state, indices, seeds, test_data):
+    self.s_calls.append(list(indices))
+    return self._algorithm.evaluate_server(server_state, indices, seeds, test_data)
+
+
+def _runner(p, eval_chunk):
+  p = training.resolve_params(p)
+  data = training.load_data(p)
+  algorithm = _Counting(training.build_algorithm(data, p))
+  config = experiment.RunConfig(rounds=p["rounds"], clients_per_round=p["clients_per_round"],
+                                seed=p["seed"], verbose=False, eval_chunk=eval_chunk)
+  return experiment.ExperimentRunner(algorithm, data, config), algorithm
+
+
+def test_only_trained_clients_recomputed(tmp_path):
+  k, c = 8, 3
+  runner, algo = _runner(_params(None, num_clients=k, clients_per_round=c, rounds=3,
+                                 output_dir=None), eval_chunk=3)
+  runner.run()
+  rounds_mt = []   # clients whose MT each evaluation computed (chunks joined)
+  per_eval = (k + 2) // 3   # S calls per evaluation
+  assert len(algo.s_calls) == 3 * per_eval
+  assert all(len(ids) <= 3 for ids in algo.s_calls + algo.mt_calls)
+  # Evaluation 1 computes every client (cold cache): chunks over 0..7.
+  first = [i for ids in algo.mt_calls[:per_eval] for i in ids]
+  assert first == list(range(k))
+  rest = algo.mt_calls[per_eval:]
+  flat_rest = [i for ids in rest for i in ids]
+  selected = [experiment.sample_clients(5, r, k, c) for r in (2, 3)]
+  # Evaluations 2 and 3: exactly the clients trained in rounds 2 and 3.
+  assert flat_rest == selected[0] + selected[1], (flat_rest, selected)
+  untouched = set(range(k)) - set(selected[0]) - set(selected[1])
+  assert untouched and not untouched & set(flat_rest)
+  # Never-selected clients have no stored state (rebuilt from their seed).
+  ever = set().union(*[experiment.sample_clients(5, r, k, c) for r in (1, 2, 3)])
+  assert set(runner.state["clients"].keys()) == ever
+  assert runner.eval_counts["mt_clients"] == k + len(flat_rest)
+
+
+def test_monte_carlo_evaluation_recomputes_every_client(tmp_path):
+  k = 6
+  runner, algo = _runner(_params(None, num_clients=k, clients_per_round=2, rounds=2,
+                                 output_dir=None, eval_samples=2), eval_chunk=4)
+  assert not algo.mt_cacheable
+  runner.run()
+  assert [i for ids in algo.mt_calls for i in ids] == list(range(k)) * 2

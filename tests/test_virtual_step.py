@@ -1,0 +1,241 @@
+"""The lean VIRTUAL client step (`tfbfl.algorithms.virtual_step`) against the Keras path.
+
+The lean step draws its noise from the seeds the Keras network uses, so with the
+same step seed both paths see the same normals: one SGD step agrees to float
+rounding, with or without noise. Its data loss and gradient agree with the layers'
+for a fixed epsilon (and for the posterior-mean pass), its analytic KL gradient with
+autodiff of `kl_shared()`/`kl_private()`, and end to end it learns digits as the
+Keras path does.
+"""
+
+import csv
+import dataclasses
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfbfl import gaussian
+from tfbfl import training
+from tfbfl.algorithms import virtual
+from tfbfl.algorithms import virtual_step
+
+
+def _config(**kw):
+  base = dict(input_dim=8, num_classes=3, num_clients=4, hidden_units=(6, 5), epochs=1,
+              batch_size=16, jit_compile=False, kl_weight=0.5, init_scale=0.05)
+  base.update(kw)
+  return virtual.VirtualConfig(**base)
+
+
+def _data(n=13, seed=0):
+  rng = np.random.default_rng(seed)
+  return (rng.normal(size=(n, 8)).astype(np.float32),
+          rng.integers(0, 3, n).astype(np.int32))
+
+
+def _flat(parts):
+  return np.concatenate([np.reshape(np.asarray(t, np.float64), [-1]) for t in parts])
+
+
+def _both_paths(cfg, x, y, seed=(3, 4)):
+  post = virtual.initial_posterior(cfg)
+  # A client seen before: its factor differs from s^(0)^(1/K), so the cavity and
+  # the KL target are not flat.
+  state = virtual.initial_client_state(cfg, 1, post)
+  state = state._replace(shared_factor=gaussian.NaturalGaussian(
+      [0.7 * e for e in state.shared_factor.eta1], [0.7 * e for e in state.shared_factor.eta2]))
+  outs = []
+  for lean in (False, True):
+    c = dataclasses.replace(cfg, lean_step=lean)
+    outs.append(virtual.client_update(c, post, state, tf.constant(seed, tf.int64), x, y))
+  return outs
+
+
+def _assert_same_update(a, b, atol, rtol=1e-4):
+  # float32 summation order differs (flat vectors vs per-layer tensors); a stiff
+  # step (lr 0.5, beta 50) amplifies it to ~6e-5 relative on the private weights.
+  loc_a, scale_a = gaussian.to_loc_scale(a.client_state.shared_posterior)
+  loc_b, scale_b = gaussian.to_loc_scale(b.client_state.shared_posterior)
+  np.testing.assert_allclose(_flat(loc_b), _flat(loc_a), atol=atol, rtol=rtol)
+  np.testing.assert_allclose(_flat(scale_b), _flat(scale_a), atol=atol, rtol=rtol)
+  np.testing.assert_allclose(_flat(b.client_state.private), _flat(a.client_state.private),
+                             atol=atol, rtol=rtol)
+  for key in a.metrics:
+    np.testing.assert_allclose(float(b.metrics[key]), float(a.metrics[key]), rtol=1e-5)
+  assert float(a.dropped) == float(b.dropped) == 0.0
+
+
+@pytest.mark.parametrize("kw", [
+    dict(),                                     # the default objective, noise on
+    dict(precision_step=0.3),                   # natural precision step of the scales
+    dict(server_loss_weight=0.0),               # eq. (3) alone
+    dict(private=False),                        # server network only
+    dict(kl_weight=50.0, client_lr=0.5),        # stiff KL: proximal step matters
+])
+def test_one_step_matches_keras_path(kw):
+  cfg = _config(**kw)
+  x, y = _data(13)   # 13 < batch_size 16: one masked step
+  a, b = _both_paths(cfg, x, y)
+  _assert_same_update(a, b, atol=1e-5)
+  # The step moved the parameters (the comparison is not vacuous).
+  post = virtual.initial_posterior(cfg)
+  moved = _flat(gaussian.to_loc_scale(b.client_state.shared_posterior)[0]) - _flat(
+      gaussian.to_loc_scale(post)[0])
+  assert np.max(np.abs(moved)) > 1e-3
+
+
+def test_several_epochs_match_keras_path():
+  cfg = _config(epochs=3, batch_size=5)   # 3 steps an epoch, the last masked
+  x, y = _data(13)
+  a, b = _both_paths(cfg, x, y, seed=(5, 9))
+  _assert_same_update(a, b, atol=1e-4)
+
+
+def _net_and_layout(cfg, seed=0):
+  net = virtual.build_networks(cfg)
+  post = virtual.initial_posterior(cfg)
+  net.set_shared_posterior(post)
+  state = virtual.initial_client_state(cfg, 2, post)
+  net.set_private_weights(state.private)
+  rng = np.random.default_rng(seed)
+  # Random, distinct KL targets for both roles.
+  prior = net.shared_prior()
+  net.set_shared_prior(gaussian.NaturalGaussian(
+      [rng.normal(size=e.shape).astype(np.float32) for e in prior.eta1],
+      [rng.uniform(0.5, 50.0, size=e.shape).astype(np.float32) for e in prior.eta2]))
+  # Move the scales off their common initial value.
+  for v in net.shared_trainable_variables[1::2] + net.private_trainable_variables:
+    if "untransformed_scale" in v.name:
+      v.assign(v + rng.uniform(-1.0, 1.0, size=v.shape).astype(np.float32))
+  return net, virtual_step.Layout(net)
+
+
+def _keras_in_layout(layout, grads_by_var, role):
+  variables = {
+      "shared_loc": layout.shared_loc_vars, "shared_u": layout.shared_u_vars,
+      "private_loc": layout.private_loc_vars, "private_u": layout.private_u_vars,
+      "gates": layout.gate_vars}[role]
+  return _flat([grads_by_var[v.ref()] for v in variables])
+
+
+@pytest.mark.parametrize("noise", [True, False])
+def test_data_loss_and_gradient_match_keras_layers(noise):
+  cfg = _config()
+  net, layout = _net_and_layout(cfg)
+  x, y = _data(16, seed=1)
+  mask = tf.constant([1.0] * 12 + [0.0] * 4)
+  seed = tf.constant([7, 11], tf.int64)
+  variables = net.shared_trainable_variables + net.private_trainable_variables
+  with tf.GradientTape() as tape:
+    server_out, client_out = net.forward(x, seed=seed if noise else None)
+    count = tf.reduce_sum(mask)
+    keras_loss = (virtual._data_loss(cfg, y, client_out, mask)[0]
+                  + virtual._data_loss(cfg, y, server_out, mask)[0]) / count
+  keras_grads = tape.gradient(keras_loss, variables,
+                              unconnected_gradients=tf.UnconnectedGradients.ZERO)
+  by_var = {v.ref(): g for v, g in zip(variables, keras_grads)}
+  # The lean step is batched over clients: this is C = 1.
+  eps = virtual_step.draw_noise(layout, seed[None], 16) if noise else None
+  loss, _, grads = virtual_step.data_loss_and_gradients(
+      cfg, layout, layout.read_parameters(), x[None], y[None], mask[None], eps,
+      virtual._data_loss)
+  np.testing.assert_allclose(float(loss[0]), float(keras_loss), rtol=1e-6)
+  for role in virtual_step.Parameters._fields:
+    np.testing.assert_allclose(
+        _flat([getattr(grads, role)]), _keras_in_layout(layout, by_var, role),
+        atol=1e-6, rtol=1e-5, err_msg=role)
+  # A fixed epsilon given explicitly gives the same forward as the drawn one.
+  if noise:
+    zeros = [tf.zeros_like(e) for e in eps]
+    s0, c0 = virtual_step.forward(layout, layout.read_parameters(), x[None], zeros)
+    s_mean, c_mean = net.forward(x)
+    np.testing.assert_allclose(s0[0], s_mean, atol=1e-6)
+    np.testing.assert_allclose(c0[0], c_mean, atol=1e-6)
+
+
+def test_analytic_kl_gradient_equals_autodiff():
+  cfg = _config()
+  net, layout = _net_and_layout(cfg, seed=4)
+  params = layout.read_parameters()
+  for kl, role, prior in (
+      (net.kl_shared, "shared", layout.shared_prior()),
+      (net.kl_private, "private", layout.private_prior())):
+    loc_vars = getattr(layout, f"{role}_loc_vars")
+    u_vars = getattr(layout, f"{role}_u_vars")
+    with tf.GradientTape() as tape:
+      value = kl()
+    g_loc, g_u = tape.gradient(value, [loc_vars, u_vars])
+    a_loc, a_u = virtual_step.kl_gradients(
+        getattr(params, f"{role}_loc")[0], getattr(params, f"{role}_u")[0],
+        getattr(layout, f"{role}_min_scale"), *prior)
+    # float32: sigma prec_t - 1/sigma cancels (prec_t up to 50), ~1e-4 relative.
+    np.testing.assert_allclose(a_loc, _flat(g_loc), atol=1e-5, rtol=1e-5, err_msg=role)
+    np.testing.assert_allclose(a_u, _flat(g_u), atol=1e-4, rtol=5e-4, err_msg=role)
+
+
+def test_natural_precision_update_equals_keras_step():
+  rng = np.random.default_rng(0)
+  u = rng.normal(size=50).astype(np.float32)
+  prec_t = rng.uniform(1.0, 100.0, size=50).astype(np.float32)
+  g_data = rng.normal(scale=1e-3, size=50).astype(np.float32)
+  kl_scale, min_scale, rho = 1e-3, 1e-6, 0.2
+  sigma = tf.nn.softplus(u) + min_scale
+  grad_total = g_data + kl_scale * (sigma * prec_t - 1.0 / sigma) * tf.math.sigmoid(u)
+  var = tf.Variable(u)
+  virtual._natural_precision_step(var, grad_total, prec_t, min_scale, kl_scale, rho)
+  new_u = virtual_step.natural_precision_update(u, g_data, prec_t, min_scale, rho, kl_scale)
+  np.testing.assert_allclose(new_u, var.numpy(), atol=1e-4, rtol=1e-4)
+
+
+def test_layout_round_trips_network_values():
+  cfg = _config()
+  net, layout = _net_and_layout(cfg)
+  params = layout.read_parameters()
+  before = net.get_private_weights()
+  post = net.shared_posterior()
+  bumped = virtual_step.Parameters(*[p + 1.0 for p in params])
+  layout.write_parameters(bumped)
+  for w0, w1 in zip(before, net.get_private_weights()):
+    np.testing.assert_allclose(w1, np.asarray(w0) + 1.0, rtol=1e-6)
+  layout.write_parameters(params)
+  np.testing.assert_allclose(_flat(net.shared_posterior().eta1), _flat(post.eta1), rtol=1e-6)
+  # The state conversions the batched step uses agree with the network's.
+  stacked = [np.asarray(w)[None] for w in before]
+  flat = layout.private_from_list(stacked, 1)
+  for a, b in zip(flat, (params.private_loc, params.private_u, params.gates)):
+    np.testing.assert_array_equal(a, b)
+  for w0, w1 in zip(before, layout.private_to_list(*flat)):
+    np.testing.assert_array_equal(np.asarray(w1)[0], w0)
+  loc, u = layout.shared_from_natural(
+      tf.nest.map_structure(lambda t: tf.convert_to_tensor(t)[None], post), 1)
+  np.testing.assert_allclose(loc, params.shared_loc, rtol=1e-6, atol=1e-7)
+  np.testing.assert_allclose(u, params.shared_u, rtol=1e-4, atol=1e-5)
+  back = layout.shared_to_natural(loc, u)
+  np.testing.assert_allclose(_flat([t[0] for t in back.eta2]), _flat(post.eta2), rtol=1e-4)
+
+
+def _rows(tmp_path, lean, monkeypatch):
+  make = virtual.config_from_params
+  monkeypatch.setattr(virtual, "config_from_params",
+                      lambda data, p: dataclasses.replace(make(data, p), lean_step=lean))
+  out = tmp_path / ("lean" if lean else "keras")
+  p = dict(algorithm="virtual", num_clients=6, clients_per_round=6, rounds=3,
+           epochs_per_round=5, hidden_units=(32,), seed=3, output_dir=str(out),
+           verbose=False, client_lr=0.1)
+  summary = training.run_training(p)
+  with open(out / "metrics.csv") as f:
+    return summary, list(csv.DictReader(f))
+
+
+def test_digits_rounds_learn_as_the_keras_path(tff_runtime, tmp_path, monkeypatch):
+  lean_summary, lean_rows = _rows(tmp_path, True, monkeypatch)
+  keras_summary, keras_rows = _rows(tmp_path, False, monkeypatch)
+  # Same seed, same noise: S and MT agree far inside 0.03 (float rounding only).
+  for key in ("best_server_accuracy", "best_mt_accuracy"):
+    assert abs(lean_summary[key] - keras_summary[key]) <= 0.03, (key, lean_summary, keras_summary)
+  for a, b in zip(lean_rows, keras_rows):
+    for key in ("server_accuracy", "mt_accuracy"):
+      assert abs(float(a[key]) - float(b[key])) <= 0.03, (key, a[key], b[key])
+  assert all(float(r["factor_gap"]) <= 1e-5 for r in lean_rows)
+  assert lean_summary["best_mt_accuracy"] > 0.6 and lean_summary["best_server_accuracy"] > 0.4

@@ -500,3 +500,22 @@ def test_dtypes():
   assert mixed.eta1[0].dtype == tf.float32
   mixed = gaussian.from_loc_scale([np.zeros(2)], [tf.ones(2)])
   assert mixed.eta1[0].dtype == tf.float32 == mixed.eta2[0].dtype
+
+
+def test_isotropic_power_floor_precision_and_mean_log_precision():
+  like = gaussian.NaturalGaussian([np.ones((2, 3), np.float32), np.ones(3, np.float32)],
+                                  [np.ones((2, 3), np.float32), np.ones(3, np.float32)])
+  p = gaussian.isotropic_power(like, scale=0.5, power=0.25)
+  for e1, e2 in zip(p.eta1, p.eta2):
+    np.testing.assert_array_equal(e1, 0.0)
+    np.testing.assert_allclose(e2, 0.25 / 0.5**2)   # N(0, 0.25)^(1/4): precision 1
+  g = gaussian.NaturalGaussian([np.array([2.0, 3.0, -1.0], np.float32)],
+                               [np.array([4.0, 1e-3, -2.0], np.float32)])
+  fallback = gaussian.from_loc_scale([np.array([7.0, 8.0, 9.0], np.float32)],
+                                     [np.ones(3, np.float32)])
+  floored, count = gaussian.floor_precision(g, fallback, 0.5)
+  assert int(count) == 2
+  np.testing.assert_allclose(floored.eta2[0], [4.0, 0.5, 0.5])
+  np.testing.assert_allclose(floored.eta1[0], [2.0, 0.5 * 8.0, 0.5 * 9.0])
+  np.testing.assert_allclose(float(gaussian.mean_log_precision(floored)),
+                             np.mean(np.log([4.0, 0.5, 0.5])), rtol=1e-6)

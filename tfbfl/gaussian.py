@@ -104,10 +104,13 @@ __all__ = [
     "check_valid",
     "damp",
     "flat",
+    "floor_precision",
     "from_loc_scale",
+    "isotropic_power",
     "kl_divergence",
     "kl_divergence_elementwise",
     "mean",
+    "mean_log_precision",
     "power",
     "precision",
     "precision_weighted_mean",
@@ -403,6 +406,45 @@ def flat(like, dtype=None):
 
 # ---------------------------------------------------------------------------
 # Factor algebra.
+
+
+def isotropic_power(like, scale, power):
+  """`N(0, scale^2)^power` in natural parameters, shaped like `like`.
+
+  `(eta1, eta2) = (0, power / scale^2)` per entry: the prior `p(theta)` raised to
+  `power` (VIRTUAL's `p^(1/K)`), with the structure, shapes and dtypes of `like`
+  (a `NaturalGaussian`; its `eta2` leaves give them, dynamic shapes allowed).
+  """
+  prec = power / scale**2
+  return NaturalGaussian(
+      tf.nest.map_structure(tf.zeros_like, like.eta1),
+      tf.nest.map_structure(lambda e: tf.fill(tf.shape(e), tf.constant(prec, e.dtype)), like.eta2))
+
+
+def mean_log_precision(g):
+  """Mean of `log eta2` over every entry of every leaf of `g` (a scalar tensor)."""
+  leaves = [tf.reshape(t, [-1]) for t in tf.nest.flatten(g.eta2)]
+  return tf.reduce_mean(tf.math.log(tf.concat(leaves, 0)))
+
+
+def floor_precision(g, fallback, min_precision):
+  """Entries of `g` with precision below `min_precision` take that precision and
+  the mean of `fallback` (`eta1 = min_precision * mean(fallback)`); the others are
+  kept. Returns `(floored NaturalGaussian, number of floored entries)` (int32)."""
+  fallback_mean = mean(fallback)
+
+  def fix(e1, e2, m):
+    bad = e2 < min_precision
+    return (tf.where(bad, min_precision * m, e1), tf.where(bad, tf.ones_like(e2) * min_precision, e2),
+            tf.reduce_sum(tf.cast(bad, tf.int32)))
+
+  fixed = tf.nest.map_structure(fix, g.eta1, g.eta2, fallback_mean)
+  leaves = tf.nest.flatten(fixed)
+  eta1 = tf.nest.pack_sequence_as(g.eta1, leaves[0::3])
+  eta2 = tf.nest.pack_sequence_as(g.eta2, leaves[1::3])
+  return NaturalGaussian(eta1, eta2), tf.add_n(leaves[2::3])
+
+
 
 
 def product(*gs):

@@ -18,6 +18,10 @@ A step of an inactive client (`t >= S_c`, a client with fewer examples than the
 longest) must leave its parameters unchanged: `train_loop` keeps them with
 `tf.where(active, new, old)`, and its sums are masked out.
 
+One client is `C = 1` (`train_loop` then calls the step unbatched): the one
+masked-minibatch loop of VIRTUAL (lean and Keras steps), FedAvg/FedProx,
+Local/Global, FOLA/FedCurv and PFNM's local Adam.
+
 Host side, `pack_data` / `stack` / `unstack` turn the driver's per-client lists into
 the stacked arrays and back.
 """
@@ -156,24 +160,30 @@ def train_loop(schedule: MinibatchSchedule, x, y, params, step_fn: Callable, sum
     `(params, sums)` after `max_c S_c` steps; client c's parameters are those after
     its own `S_c` steps.
   """
-  if schedule.clients == 1:
+  # An explicit tf.while_loop (not autograph): callers run in plain graph mode too
+  # (a TFF computation body that is not a tf.function); one iteration at a time, so a
+  # step that assigns variables (FedAvg, FOLA, the Keras path) is never overtaken.
+  single = schedule.clients == 1
+  if single:
     # One client: unbatched (step_fn sees [B, ...] and [P]) and always active.
     params = tf.nest.map_structure(lambda t: t[0], params)
     sums = tf.nest.map_structure(lambda t: t[0], sums)
-    for step in tf.range(schedule.max_steps):
-      idx, mask, _ = schedule(step)
+
+  def body(step, params, sums):
+    idx, mask, active = schedule(step)
+    if single:
       new, step_sums = step_fn(params, tf.gather(x[0], idx[0]), tf.gather(y[0], idx[0]),
                                mask[0], step)
-      params = new
-      sums = tf.nest.map_structure(tf.add, sums, step_sums)
-    expand = lambda t: tf.expand_dims(t, 0)
-    return tf.nest.map_structure(expand, params), tf.nest.map_structure(expand, sums)
-  for step in tf.range(schedule.max_steps):
-    idx, mask, active = schedule(step)
-    xb = tf.gather(x, idx, batch_dims=1)
-    yb = tf.gather(y, idx, batch_dims=1)
-    new, step_sums = step_fn(params, xb, yb, mask, step)
-    params = _keep_active(active, new, params)
+      return step + 1, new, tf.nest.map_structure(tf.add, sums, step_sums)
+    new, step_sums = step_fn(params, tf.gather(x, idx, batch_dims=1),
+                             tf.gather(y, idx, batch_dims=1), mask, step)
     sums = tf.nest.map_structure(
         lambda s, d: s + tf.where(active, d, tf.zeros_like(d)), sums, step_sums)
+    return step + 1, _keep_active(active, new, params), sums
+
+  _, params, sums = tf.while_loop(lambda step, *_: step < schedule.max_steps, body,
+                                  (tf.constant(0), params, sums), parallel_iterations=1)
+  if single:
+    expand = lambda t: tf.expand_dims(t, 0)
+    params, sums = tf.nest.map_structure(expand, params), tf.nest.map_structure(expand, sums)
   return params, sums

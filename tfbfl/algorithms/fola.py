@@ -162,6 +162,7 @@ from tfbfl import gaussian
 from tfbfl import models
 from tfbfl import training
 from tfbfl.aggregators import GaussianProductFactory
+from tfbfl.algorithms import client_batch
 from tfbfl.algorithms import robust
 from tfbfl.algorithms import rounds
 
@@ -248,12 +249,11 @@ class LaplaceConfig:
 
 
 def shuffle_order(seed, epochs, num_examples):
-  """`[epochs, num_examples]` int32: a stateless random permutation per epoch.
-
-  Row e lists the order in which epoch e visits the examples; minibatch i of
-  epoch e is `order[e, i*B:(i+1)*B]` (the last one may be smaller).
-  """
-  return tf.argsort(tf.random.stateless_uniform([epochs, num_examples], seed=seed), axis=1)
+  """`[epochs, num_examples]` int32: a stateless random permutation per epoch
+  (`client_batch.epoch_permutations`). Row e lists the order in which epoch e
+  visits the examples; minibatch i of epoch e is `order[e, i*B:(i+1)*B]` (the last
+  one may be smaller)."""
+  return client_batch.epoch_permutations(seed, epochs, num_examples)
 
 
 def _cross_entropy(logits, y):
@@ -425,27 +425,38 @@ class _LaplaceBase:
         v.assign(w)
       n = tf.shape(y)[0]
       steps_per_epoch = (n + c.batch_size - 1) // c.batch_size
-      num_steps = c.epochs * steps_per_epoch
-      order = shuffle_order(seed, c.epochs, n)
-      fisher = [tf.zeros_like(v) for v in variables]
-      loss_sum, correct_sum = tf.constant(0.0), tf.constant(0.0)
-      for step in tf.range(num_steps):
-        epoch, i = step // steps_per_epoch, step % steps_per_epoch
-        idx = order[epoch, i * c.batch_size:(i + 1) * c.batch_size]
-        xb, yb = tf.gather(x, idx), tf.gather(y, idx)
-        grads, loss, correct = task_gradient(xb, yb)
-        size = tf.cast(tf.shape(yb)[0], tf.float32)
+      # The shared minibatch schedule (one client): `shuffle_order`'s batches, the
+      # last one of an epoch padded and masked (its masked mean is the short batch's).
+      schedule = client_batch.MinibatchSchedule(seed[None], n[None], n, c.epochs, c.batch_size)
+      num_steps = schedule.max_steps
+
+      def step_fn(fisher, xb, yb, mask, step):
+        del step
+        size = tf.reduce_sum(mask)
+        with tf.GradientTape() as tape:
+          logits = model(xb, training=True)
+          ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=yb, logits=logits)
+          loss = tf.reduce_sum(mask * ce) / tf.maximum(size, 1.0)
+        grads = tape.gradient(loss, variables)
+        correct = tf.reduce_sum(mask * tf.cast(
+            tf.equal(tf.argmax(logits, -1, output_type=yb.dtype), yb), tf.float32))
         if fisher_mode == "online":
-          fisher = [f + size * tf.square(g) for f, g in zip(fisher, grads)]
+          fisher = tuple(f + size * tf.square(g) for f, g in zip(fisher, grads))
         if use_penalty:
           grads = [g + penalty_scale * (p2 * v - p1)
                    for g, v, p1, p2 in zip(grads, variables, prior.eta1, prior.eta2)]
         if c.clip_norm > 0:
           grads, _ = tf.clip_by_global_norm(grads, c.clip_norm)
-        for v, g in zip(variables, grads):
-          v.assign_sub(c.client_lr * g)
-        loss_sum += loss * size
-        correct_sum += correct
+        with tf.control_dependencies(
+            [v.assign_sub(c.client_lr * g) for v, g in zip(variables, grads)]):
+          return tuple(tf.identity(f) for f in fisher), (loss * size, correct)
+
+      carried = tuple(tf.zeros_like(v)[None] for v in variables) if fisher_mode == "online" else ()
+      zero = tf.zeros([1])
+      fisher, (loss_sum, correct_sum) = client_batch.train_loop(
+          schedule, x[None], y[None], carried, step_fn, (zero, zero))
+      fisher = [f[0] for f in fisher]
+      loss_sum, correct_sum = loss_sum[0], correct_sum[0]
       if fisher_mode == "online":
         steps = tf.cast(tf.maximum(num_steps, 1), tf.float32)
         fisher = [f / steps for f in fisher]

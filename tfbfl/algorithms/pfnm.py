@@ -79,6 +79,7 @@ from typing import List, NamedTuple, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
+from tfbfl.algorithms import client_batch
 from tfbfl.matching import MatchingHyperparams, pfnm_multilayer, pfnm_single_layer
 
 __all__ = [
@@ -255,19 +256,18 @@ def train_tensors(cfg: LocalTrainingConfig, flat, seed, x, targets, epochs=None)
   epochs = cfg.epochs if epochs is None else int(epochs)
   flat = [tf.convert_to_tensor(t, tf.float32) for t in flat]
   n = tf.shape(x)[0]
-  bs = cfg.batch_size
-  steps_per_epoch = (n + bs - 1) // bs
-  total_steps = epochs * steps_per_epoch
-  order = tf.argsort(tf.random.stateless_uniform([epochs, n], seed=seed), axis=1)
+  # The shared minibatch schedule (one client): the per-epoch stateless shuffles,
+  # the last batch of an epoch padded and masked (its masked mean is the short batch's).
+  schedule = client_batch.MinibatchSchedule(
+      tf.convert_to_tensor(seed, tf.int64)[None], n[None], n, epochs, cfg.batch_size)
   b1, b2 = cfg.beta1, cfg.beta2
 
-  def body(step, ws, ms, vs):
-    epoch, i = step // steps_per_epoch, step % steps_per_epoch
-    idx = order[epoch, i * bs:(i + 1) * bs]
-    xb, tb = tf.gather(x, idx), tf.gather(targets, idx)
+  def step_fn(params, xb, tb, mask, step):
+    ws, ms, vs = params
     with tf.GradientTape() as tape:
       tape.watch(ws)
-      loss = _mean_ce(ws, xb, tb)
+      ce = tf.nn.softmax_cross_entropy_with_logits(labels=tb, logits=_logits(list(ws), xb))
+      loss = tf.reduce_sum(mask * ce) / tf.maximum(tf.reduce_sum(mask), 1.0)
     grads = tape.gradient(loss, ws)
     t = tf.cast(step + 1, tf.float32)
     corr1, corr2 = 1.0 - tf.pow(b1, t), 1.0 - tf.pow(b2, t)
@@ -281,13 +281,13 @@ def train_tensors(cfg: LocalTrainingConfig, flat, seed, x, targets, epochs=None)
       new_w.append(w)
       new_m.append(m)
       new_v.append(v)
-    return step + 1, new_w, new_m, new_v
+    return (tuple(new_w), tuple(new_m), tuple(new_v)), ()
 
+  one = lambda ts: tuple(t[None] for t in ts)
   zeros = [tf.zeros_like(w) for w in flat]
-  _, trained, _, _ = tf.while_loop(
-      lambda step, *_: step < total_steps, body,
-      (tf.constant(0), flat, zeros, list(zeros)), parallel_iterations=1)
-  return trained
+  (trained, _, _), _ = client_batch.train_loop(
+      schedule, x[None], targets[None], (one(flat), one(zeros), one(zeros)), step_fn, ())
+  return [w[0] for w in trained]
 
 
 # ------------------------------------------------------------------ TFF trainer

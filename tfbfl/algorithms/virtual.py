@@ -275,37 +275,6 @@ class VirtualConfig:
     return self.precision_step > 0 and self.kl_weight > 0
 
 
-def _prior_natural(like: gaussian.NaturalGaussian, prior_scale: float, power: float):
-  """`p(theta)^power` for `p = N(0, prior_scale^2)`, shaped like `like`."""
-  prec = power / prior_scale**2
-  return gaussian.NaturalGaussian(
-      tf.nest.map_structure(tf.zeros_like, like.eta1),
-      tf.nest.map_structure(lambda e: tf.fill(tf.shape(e), tf.constant(prec, e.dtype)), like.eta2))
-
-
-def mean_log_precision(g: gaussian.NaturalGaussian):
-  """Mean over every entry of `log eta2` (the `mean_shared_log_precision` metric)."""
-  leaves = [tf.reshape(t, [-1]) for t in tf.nest.flatten(g.eta2)]
-  return tf.reduce_mean(tf.math.log(tf.concat(leaves, 0)))
-
-
-def floor_precision(g, fallback, min_precision):
-  """Entries of `g` with precision < min_precision get that precision and the
-  mean of `fallback`. Returns (floored gaussian, number of floored entries)."""
-  fallback_mean = gaussian.mean(fallback)
-
-  def fix(e1, e2, m):
-    bad = e2 < min_precision
-    return (tf.where(bad, min_precision * m, e1), tf.where(bad, tf.ones_like(e2) * min_precision, e2),
-            tf.reduce_sum(tf.cast(bad, tf.int32)))
-
-  fixed = tf.nest.map_structure(fix, g.eta1, g.eta2, fallback_mean)
-  flat = tf.nest.flatten(fixed)
-  eta1 = tf.nest.pack_sequence_as(g.eta1, flat[0::3])
-  eta2 = tf.nest.pack_sequence_as(g.eta2, flat[1::3])
-  return gaussian.NaturalGaussian(eta1, eta2), tf.add_n(flat[2::3])
-
-
 def conjugate_linear_posterior(prior: gaussian.NaturalGaussian, x, y, noise_scale, kl_weight):
   """Exact minimiser of the client free energy for a linear-Gaussian model.
 
@@ -440,7 +409,8 @@ def _client_prior(cfg: VirtualConfig, server_posterior, state: ClientState):
   cavity, cavity_floored = gaussian.ratio_with_count(
       server_posterior, old_factor, on_nonpositive="floor",
       min_precision=_CAVITY_MIN_PRECISION)
-  prior = gaussian.product(_prior_natural(cavity, cfg.prior_scale, 1.0 / cfg.num_clients), cavity)
+  prior = gaussian.product(gaussian.isotropic_power(cavity, cfg.prior_scale, 1.0 / cfg.num_clients),
+                           cavity)
   return old_factor, cavity, cavity_floored, prior
 
 
@@ -843,8 +813,8 @@ class VirtualAlgorithm:
       # s <- s * Delta^alpha, the step each client factor took too.
       moved = gaussian.product(posterior, gaussian.power(gaussian.NaturalGaussian(*delta_sum),
                                                          cfg.step))
-      floored, count = floor_precision(moved, posterior, 1.0 / cfg.prior_scale**2)
-      return floored, round_num + 1, count, mean_log_precision(floored)
+      floored, count = gaussian.floor_precision(moved, posterior, 1.0 / cfg.prior_scale**2)
+      return floored, round_num + 1, count, gaussian.mean_log_precision(floored)
 
     def finish_round(server_state, delta, metrics, num_examples, delta_nonzeros, cavity_floored,
                      dropped, update_ratio):

@@ -515,8 +515,8 @@ class LocalRuntime:
   Args:
     max_concurrent_computation_calls: how many client computations the worker
       runs at once. Default: the number of CPU cores (more oversubscribes the cores:
-      on 2 cores, 10 concurrent XLA-compiled VIRTUAL clients ran 2.6x slower than
-      2). `-1`: unlimited.
+      on 2 cores, 10 concurrent VIRTUAL clients ran 2.6x slower than 2, measured
+      before issue 13, when the step was believed to be XLA-compiled; it is not). `-1`: unlimited.
     default_num_clients: cardinality used when a computation's arguments do not
       determine the number of clients.
     log_dir: where the worker writes its log (default: system temp dir).

@@ -541,8 +541,8 @@ def client_update(cfg: VirtualConfig, server_posterior, state: ClientState, seed
     return data_loss, correct, data_loss + kl_scale * kl
 
   # Every minibatch has the static shape [batch_size] (the last one of an epoch is
-  # masked), so XLA compiles the step once per process; the SGD trajectory is the
-  # same as with a short last batch.
+  # masked), so with `jit_compile` (plain-TF callers only) XLA compiles the step
+  # once per process; the SGD trajectory is the same as with a short last batch.
   @tf.function(jit_compile=cfg.jit_compile)
   def sgd_step(xb, yb, mask, step_seed, kl_scale):
     with tf.GradientTape() as tape:

@@ -21,10 +21,11 @@ from absl import app
 from absl import flags
 
 from tfbfl.algorithms import fola
+from tfbfl.experiments import fola_figures
 
 F = flags.FLAGS
-fola.define_launcher_flags()
-flags.adopt_module_key_flags(fola)
+fola_figures.define_launcher_flags()
+flags.adopt_module_key_flags(fola_figures)
 flags.DEFINE_string("output_dir", "runs/fola_curves", "Root of the run directories.")
 flags.DEFINE_integer("rounds", 20, "Communication rounds (paper CIFAR-10: 100).")
 flags.DEFINE_integer("num_clients", 10, "Number of clients N (all take part every round).")
@@ -42,15 +43,15 @@ def main(argv):
   model = F.architecture or ("cnn" if F.dataset == "cifar10" else "mlp")
   base = dict(dataset=F.dataset, rounds=F.rounds, num_clients=F.num_clients,
               batch_size=F.batch_size, epochs_per_round=F.epochs_per_round, client_lr=F.client_lr,
-              seed=F.seed, eval_every=F.eval_every, architecture=model, **fola.launcher_params(F))
+              seed=F.seed, eval_every=F.eval_every, architecture=model, **fola_figures.launcher_params(F))
   try:
-    rows = fola.learning_curves(base, F.methods, [float(a) for a in F.alphas], F.output_dir)
+    rows = fola_figures.learning_curves(base, F.methods, [float(a) for a in F.alphas], F.output_dir)
   except (ValueError, FileNotFoundError) as e:
     raise app.UsageError(str(e)) from e
   if not rows:
     raise app.UsageError(f"none of --methods={F.methods} could run.")
-  fola.write_rows_csv(os.path.join(F.output_dir, "curves_summary.csv"), rows)
-  fola.plot_learning_curves(os.path.join(F.output_dir, "curves_by_alpha.png"), rows)
+  fola_figures.write_rows_csv(os.path.join(F.output_dir, "curves_summary.csv"), rows)
+  fola_figures.plot_learning_curves(os.path.join(F.output_dir, "curves_by_alpha.png"), rows)
   for r in rows:
     print(f"{r['method']:>16s} alpha={r['alpha']:<6g} best GA {r['best_global_accuracy']:.4f} "
           f"final GA {r['final_global_accuracy']:.4f}")

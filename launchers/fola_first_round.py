@@ -24,12 +24,13 @@ from absl import flags
 
 from tfbfl import experiment
 from tfbfl.algorithms import fola
+from tfbfl.experiments import fola_figures
 
 F = flags.FLAGS
-fola.define_launcher_flags()
-flags.adopt_module_key_flags(fola)
+fola_figures.define_launcher_flags()
+flags.adopt_module_key_flags(fola_figures)
 flags.DEFINE_string("output_dir", "runs/fola_first_round", "Where the CSVs and the figure go.")
-flags.DEFINE_list("sweep", list(fola.SWEEP_AXES), f"Axes to sweep, among {fola.SWEEP_AXES}.")
+flags.DEFINE_list("sweep", list(fola_figures.SWEEP_AXES), f"Axes to sweep, among {fola_figures.SWEEP_AXES}.")
 flags.DEFINE_list("num_clients_list", ["5", "10", "20", "50", "100"], "Client counts N.")
 flags.DEFINE_list("batch_sizes", ["8", "32", "64", "128", "254"], "Batch sizes B.")
 flags.DEFINE_list("epochs_list", ["1", "5", "10", "15", "20"], "Local epochs E.")
@@ -52,20 +53,20 @@ def main(argv):
                client_lr=[float(v) for v in F.client_lrs])
   base = dict(dataset=F.dataset, seed=F.seed, alpha=F.alpha, num_clients=F.num_clients,
               batch_size=F.batch_size, epochs_per_round=F.epochs_per_round, client_lr=F.client_lr,
-              architecture=F.architecture, **fola.launcher_params(F))
+              architecture=F.architecture, **fola_figures.launcher_params(F))
   try:
     sweeps = {axis: lists[axis] for axis in F.sweep} if set(F.sweep) <= set(lists) else None
     if sweeps is None:
-      raise ValueError(f"--sweep must list axes among {fola.SWEEP_AXES}, got {F.sweep}.")
-    rows = fola.first_round_accuracy(base, F.methods, sweeps, repeats=F.repeats)
+      raise ValueError(f"--sweep must list axes among {fola_figures.SWEEP_AXES}, got {F.sweep}.")
+    rows = fola_figures.first_round_accuracy(base, F.methods, sweeps, repeats=F.repeats)
   except (ValueError, FileNotFoundError) as e:
     raise app.UsageError(str(e)) from e
   os.makedirs(F.output_dir, exist_ok=True)
-  fola.write_rows_csv(os.path.join(F.output_dir, "first_round.csv"), rows)
-  fola.write_rows_csv(os.path.join(F.output_dir, "first_round_summary.csv"), fola.summarise(rows))
-  fola.plot_first_round(os.path.join(F.output_dir, "first_round.png"), rows,
+  fola_figures.write_rows_csv(os.path.join(F.output_dir, "first_round.csv"), rows)
+  fola_figures.write_rows_csv(os.path.join(F.output_dir, "first_round_summary.csv"), fola_figures.summarise(rows))
+  fola_figures.plot_first_round(os.path.join(F.output_dir, "first_round.png"), rows,
                         title=f"{F.dataset}: global accuracy after round 1")
-  table = fola.format_first_round_table(rows)
+  table = fola_figures.format_first_round_table(rows)
   experiment.atomic_write_text(os.path.join(F.output_dir, "first_round.md"), table)
   print(table)
 

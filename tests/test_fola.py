@@ -22,6 +22,7 @@ from tfbfl import experiment  # noqa: E402
 from tfbfl import gaussian  # noqa: E402
 from tfbfl import training  # noqa: E402
 from tfbfl.algorithms import fola  # noqa: E402
+from tfbfl.experiments import fola_figures  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("tff_runtime")
 
@@ -320,7 +321,7 @@ def test_no_penalty_and_equal_precisions_matches_registered_fedavg(digits):
   p = training.resolve_params(dict(algorithm="fedavg", hidden_units=_HIDDEN, epochs_per_round=2,
                                    batch_size=64, client_lr=0.1, seed=1))
   fedavg = training.build_algorithm(digits, p)
-  ours = fola.EXTRA_METHODS["product_identity"](digits, p)
+  ours = fola_figures.EXTRA_METHODS["product_identity"](digits, p)
   (state, _, _), _, _ = _round(ours, digits, [0, 1, 2, 3])
   (ref, _, _), _, _ = _round(fedavg, digits, [0, 1, 2, 3])
   _close(state.model.weights, ref.model_weights.trainable, rtol=1e-5, atol=1e-6)
@@ -330,9 +331,9 @@ def test_first_round_accuracy_on_digits_alpha_0_1():
   base = dict(dataset="digits", num_clients=10, batch_size=32, epochs_per_round=1,
               client_lr=0.05, hidden_units=(32,), seed=0)
   lines = []
-  rows = fola.first_round_accuracy(base, ["fola", "fedavg", "fedcurv"],
+  rows = fola_figures.first_round_accuracy(base, ["fola", "fedavg", "fedcurv"],
                                    {"alpha": [0.1]}, repeats=2, log=lines.append)
-  stats = {s["method"]: s for s in fola.summarise(rows)}
+  stats = {s["method"]: s for s in fola_figures.summarise(rows)}
   want = {"fola", "fedcurv"} | ({"fedavg"} if _fedavg_available() else set())
   assert set(stats) == want
   if "fedavg" not in want:
@@ -357,7 +358,7 @@ def test_registry_run_writes_bytes_and_best_global_accuracy(tmp_path):
   assert summary["bytes_up_total"] > 0 and summary["bytes_down_total"] > 0
   header = (tmp_path / "metrics.csv").read_text().splitlines()[0].split(",")
   assert {"bytes_up", "bytes_down", "weak_precision"} <= set(header)
-  fola.add_best_global_accuracy(str(tmp_path))
+  fola_figures.add_best_global_accuracy(str(tmp_path))
   saved = json.loads((tmp_path / "summary.json").read_text())
   assert saved["best_global_accuracy"] == saved["best_server_accuracy"]
   assert saved["flags"]["compress_p"] == 0.1
@@ -377,7 +378,7 @@ def test_bad_flags_are_named(field, value, flag):
 def test_cifar10_path_names_the_missing_files(tmp_path):
   if "cifar10" not in data_lib.DATASETS:
     with pytest.raises(ValueError, match="data_batch_1"):
-      fola.check_dataset_available("cifar10")
+      fola_figures.check_dataset_available("cifar10")
   params = dict(dataset="cifar10", data_dir=str(tmp_path), architecture="cnn", rounds=1, verbose=False)
   with pytest.raises((ValueError, FileNotFoundError), match="data_batch_1"):
-    fola.learning_curves(params, ["fola"], [0.1], str(tmp_path / "out"))
+    fola_figures.learning_curves(params, ["fola"], [0.1], str(tmp_path / "out"))

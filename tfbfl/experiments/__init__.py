@@ -1,0 +1,1 @@
+"""Paper experiments over the library: sweeps, tables and figures."""

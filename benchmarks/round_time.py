@@ -73,6 +73,17 @@ def _timed(fn, rounds):
   return float(np.median(times))
 
 
+def _gflops(run, flops):
+  """GFLOP/s of `run()` doing `flops`: median of 3 timings after a warm-up call."""
+  run()
+  times = []
+  for _ in range(3):
+    t = time.perf_counter()
+    run()
+    times.append(time.perf_counter() - t)
+  return flops / float(np.median(times)) / 1e9
+
+
 def matmul_gflops(n=1024, repeats=20):
   """Large float32 matmul rate of this machine, GFLOP/s (median of 3 timings)."""
   a = tf.random.stateless_normal([n, n], seed=[1, 2])
@@ -84,13 +95,7 @@ def matmul_gflops(n=1024, repeats=20):
       x = tf.matmul(x, b) * (1.0 / n)
     return x
 
-  chain(a).numpy()
-  rates = []
-  for _ in range(3):
-    t = time.perf_counter()
-    chain(a).numpy()
-    rates.append(2.0 * n**3 * repeats / (time.perf_counter() - t) / 1e9)
-  return float(np.median(rates))
+  return _gflops(lambda: chain(a).numpy(), 2.0 * n**3 * repeats)
 
 
 def small_matmul_gflops(batch, n_in, n_out, clients=1, repeats=200):
@@ -106,13 +111,7 @@ def small_matmul_gflops(batch, n_in, n_out, clients=1, repeats=200):
       acc += tf.matmul(x, w) if clients > 1 else tf.matmul(x[0], w[0])[None]
     return acc
 
-  chain(x).numpy()
-  rates = []
-  for _ in range(3):
-    t = time.perf_counter()
-    chain(x).numpy()
-    rates.append(2.0 * clients * batch * n_in * n_out * repeats / (time.perf_counter() - t) / 1e9)
-  return float(np.median(rates))
+  return _gflops(lambda: chain(x).numpy(), 2.0 * clients * batch * n_in * n_out * repeats)
 
 
 def _dense_macs(layers):

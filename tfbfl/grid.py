@@ -599,33 +599,25 @@ def paper_claims(rows: Sequence[Dict[str, Any]], baseline: str = "fedavg") -> Li
     claim_c = f"(c) PMNIST the exception: {label} beats {base_label} on neither MT nor S"
     non_iid = [d for d in datasets if (d, a) in by_key and _is_non_iid(by_key[(d, a)])]
     permuted = [d for d in datasets if (d, a) in by_key and _is_permuted(by_key[(d, a)])]
+
+    def judge(claim, rows, rule, parts):
+      """One line per dataset of `rows`: the verdict of `rule(v, b)` on its numbers."""
+      for d in rows:
+        v, b = by_key[(d, a)], by_key.get((d, baseline))
+        if b is None:
+          lines.append(f"{claim}, {d}: cannot be judged: no {base_label} row.")
+        else:
+          lines.append(f"{claim}, {d}: {verdict(rule(v, b))}: {numbers(v, b, parts)}.")
+
     if not non_iid:
       lines.append(f"{claim_a}: cannot be judged: no non-IID dataset row.")
-    for d in non_iid:
-      v, b = by_key[(d, a)], by_key.get((d, baseline))
-      if b is None:
-        lines.append(f"{claim_a}, {d}: cannot be judged: no {base_label} row.")
-        continue
-      lines.append(f"{claim_a}, {d}: {verdict(v['mt_mean'] >= b['mt_mean'])}: "
-                   f"{numbers(v, b, ('MT',))}.")
-    for d in datasets:
-      if (d, a) not in by_key:
-        continue
-      v, b = by_key[(d, a)], by_key.get((d, baseline))
-      if b is None:
-        lines.append(f"{claim_b}, {d}: cannot be judged: no {base_label} row.")
-        continue
-      ok = 100 * v["s_mean"] >= 100 * b["s_mean"] - S_COMPARABLE_PP
-      lines.append(f"{claim_b}, {d}: {verdict(ok)}: {numbers(v, b, ('S',))}.")
+    judge(claim_a, non_iid, lambda v, b: v["mt_mean"] >= b["mt_mean"], ("MT",))
+    judge(claim_b, [d for d in datasets if (d, a) in by_key],
+          lambda v, b: 100 * v["s_mean"] >= 100 * b["s_mean"] - S_COMPARABLE_PP, ("S",))
     if not permuted:
       lines.append(f"{claim_c}: cannot be judged: no permuted-partition row.")
-    for d in permuted:
-      v, b = by_key[(d, a)], by_key.get((d, baseline))
-      if b is None:
-        lines.append(f"{claim_c}, {d}: cannot be judged: no {base_label} row.")
-        continue
-      ok = v["mt_mean"] <= b["mt_mean"] and v["s_mean"] <= b["s_mean"]
-      lines.append(f"{claim_c}, {d}: {verdict(ok)}: {numbers(v, b, ('MT', 'S'))}.")
+    judge(claim_c, permuted,
+          lambda v, b: v["mt_mean"] <= b["mt_mean"] and v["s_mean"] <= b["s_mean"], ("MT", "S"))
   return lines
 
 

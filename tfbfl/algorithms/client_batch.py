@@ -33,8 +33,8 @@ from typing import Any, Callable, List, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["epoch_permutations", "MinibatchSchedule", "pack_data", "stack", "train_loop",
-           "unstack"]
+__all__ = ["epoch_permutations", "masked_cross_entropy", "MinibatchSchedule", "pack_data",
+           "stack", "train_loop", "unstack"]
 
 
 def epoch_permutations(seed, epochs: int, n):
@@ -49,6 +49,16 @@ def epoch_permutations(seed, epochs: int, n):
     int32 tensor [E, n]; row e is a permutation of range(n).
   """
   return tf.argsort(tf.random.stateless_uniform([epochs, n], seed=seed), axis=1)
+
+
+def masked_cross_entropy(logits, labels, mask):
+  """`(mean, size, correct)` of a masked minibatch: the mean sparse cross-entropy
+  over its `size = sum(mask)` real examples (0 for an empty batch; the masked mean
+  is the short last batch's mean) and their number of correct predictions."""
+  size = tf.reduce_sum(mask)
+  ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+  hit = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=labels.dtype), labels), tf.float32)
+  return tf.reduce_sum(mask * ce) / tf.maximum(size, 1.0), size, tf.reduce_sum(mask * hit)
 
 
 # -- host side ------------------------------------------------------------------------

@@ -281,19 +281,15 @@ class ModelComputations:
 
       def step_fn(params, xb, yb, mask, step):
         del step
-        count = tf.maximum(tf.reduce_sum(mask), 1.0)
         with tf.GradientTape() as tape:
-          logits = model(xb, training=True)
-          ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=yb, logits=logits)
-          loss = tf.reduce_sum(mask * ce) / count
+          loss, size, correct = client_batch.masked_cross_entropy(
+              model(xb, training=True), yb, mask)
         grads = tape.gradient(loss, variables)
         if cfg.mu > 0:   # gradient of mu/2 ||w - w^(t)||^2
           grads = [g + cfg.mu * (v - w0) for g, v, w0 in zip(grads, variables, weights.trainable)]
         with tf.control_dependencies(
             [v.assign_sub(cfg.client_lr * g) for v, g in zip(variables, grads)]):
-          correct = tf.reduce_sum(mask * tf.cast(
-              tf.equal(tf.argmax(logits, -1, output_type=yb.dtype), yb), tf.float32))
-          return params, (loss * count, correct)
+          return params, (loss * size, tf.identity(correct))
 
       zero = tf.zeros([1])
       _, (loss_sum, correct_sum) = client_batch.train_loop(

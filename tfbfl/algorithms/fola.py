@@ -242,12 +242,9 @@ class LaplaceConfig:
     return (int(np.prod(self.input_shape)),)
 
 
-def shuffle_order(seed, epochs, num_examples):
-  """`[epochs, num_examples]` int32: a stateless random permutation per epoch
-  (`client_batch.epoch_permutations`). Row e lists the order in which epoch e
-  visits the examples; minibatch i of epoch e is `order[e, i*B:(i+1)*B]` (the last
-  one may be smaller)."""
-  return client_batch.epoch_permutations(seed, epochs, num_examples)
+# `[epochs, num_examples]` int32, a stateless random permutation per epoch: row e
+# lists the order in which epoch e visits the examples.
+shuffle_order = client_batch.epoch_permutations
 
 
 def _cross_entropy(logits, y):
@@ -426,14 +423,10 @@ class _LaplaceBase:
 
       def step_fn(fisher, xb, yb, mask, step):
         del step
-        size = tf.reduce_sum(mask)
         with tf.GradientTape() as tape:
-          logits = model(xb, training=True)
-          ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=yb, logits=logits)
-          loss = tf.reduce_sum(mask * ce) / tf.maximum(size, 1.0)
+          loss, size, correct = client_batch.masked_cross_entropy(
+              model(xb, training=True), yb, mask)
         grads = tape.gradient(loss, variables)
-        correct = tf.reduce_sum(mask * tf.cast(
-            tf.equal(tf.argmax(logits, -1, output_type=yb.dtype), yb), tf.float32))
         if fisher_mode == "online":
           fisher = tuple(f + size * tf.square(g) for f, g in zip(fisher, grads))
         if use_penalty:
@@ -443,7 +436,7 @@ class _LaplaceBase:
           grads, _ = tf.clip_by_global_norm(grads, c.clip_norm)
         with tf.control_dependencies(
             [v.assign_sub(c.client_lr * g) for v, g in zip(variables, grads)]):
-          return tuple(tf.identity(f) for f in fisher), (loss * size, correct)
+          return tuple(tf.identity(f) for f in fisher), (loss * size, tf.identity(correct))
 
       carried = tuple(tf.zeros_like(v)[None] for v in variables) if fisher_mode == "online" else ()
       zero = tf.zeros([1])

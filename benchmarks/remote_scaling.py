@@ -38,6 +38,7 @@ from tfbfl import communication
 from tfbfl import experiment
 from tfbfl import runtime
 from tfbfl import training
+from tfbfl.algorithms import registry
 from tfbfl.algorithms import virtual
 
 _CLIENTS = flags.DEFINE_integer("clients", 20, "Clients per round (= all clients).")
@@ -60,7 +61,7 @@ def main(argv):
   params = training.resolve_params(dict(num_clients=k, clients_per_round=k,
                                         epochs_per_round=_EPOCHS.value))
   fd = training.load_data(params)
-  cfg = virtual.config_from_params(fd, params)
+  cfg = registry.get("virtual").make_config(params, fd)
   data = [fd.train[c] for c in fd.client_ids]
   seeds = [experiment.client_seed(0, 1, i) for i in range(k)]
 

@@ -45,6 +45,7 @@ from tfbfl import communication
 from tfbfl import gaussian
 from tfbfl import runtime
 from tfbfl import training
+from tfbfl.algorithms import registry
 from tfbfl.algorithms import virtual
 from tfbfl.layers import BayesianDense
 
@@ -142,7 +143,7 @@ def main(argv):
   fd = training.load_data(params)
   data = [fd.train[c] for c in fd.client_ids]
   seeds = lambda r: [np.array([0, 1000 * r + i], np.int64) for i in range(k)]
-  cfg = virtual.config_from_params(fd, params)
+  cfg = registry.get("virtual").make_config(params, fd)
   batch = cfg.batch_size
   examples = sum(epochs * -(-len(y) // batch) * batch for _, y in data)  # padded minibatches
   load = os.getloadavg()[0]

@@ -99,7 +99,7 @@ class PeakRss:
 def run_one(k: int, rounds: int, epochs: int, eval_chunk: int) -> dict:
   rss = PeakRss()
   from tfbfl import client_store, experiment, runtime, training  # pylint: disable=g-import-not-at-top
-  from tfbfl.algorithms import virtual  # pylint: disable=g-import-not-at-top
+  from tfbfl.algorithms import registry, virtual  # pylint: disable=g-import-not-at-top
 
   runtime.set_local_runtime()
   t0 = time.time()
@@ -107,7 +107,7 @@ def run_one(k: int, rounds: int, epochs: int, eval_chunk: int) -> dict:
   c = min(100, k)
   p = training.resolve_params(dict(algorithm="virtual", num_clients=k, clients_per_round=c,
                                    epochs_per_round=epochs, rounds=rounds))
-  algorithm = virtual.VirtualAlgorithm(virtual.config_from_params(data, p))
+  algorithm = virtual.VirtualAlgorithm(registry.get("virtual").make_config(p, data))
   setup_s = time.time() - t0
   with tempfile.TemporaryDirectory(prefix="tfbfl-scale-") as out:
     config = experiment.RunConfig(rounds=rounds, clients_per_round=c, seed=0, output_dir=out,

@@ -20,30 +20,26 @@ import os
 from absl import app
 from absl import flags
 
+from tfbfl import training
 from tfbfl.algorithms import fola
+from tfbfl.experiments import _runs
 from tfbfl.experiments import fola_figures
 
 F = flags.FLAGS
 fola_figures.define_launcher_flags()
 flags.adopt_module_key_flags(fola_figures)
 flags.DEFINE_string("output_dir", "runs/fola_curves", "Root of the run directories.")
-flags.DEFINE_integer("rounds", 20, "Communication rounds (paper CIFAR-10: 100).")
-flags.DEFINE_integer("num_clients", 10, "Number of clients N (all take part every round).")
-flags.DEFINE_integer("batch_size", 32, "Client batch size B.")
-flags.DEFINE_integer("epochs_per_round", 5, "Local epochs E.")
-flags.DEFINE_float("client_lr", 0.05, "Client learning rate.")
-flags.DEFINE_integer("seed", 0, "Seed (partition, initialisation, minibatches).")
-flags.DEFINE_integer("eval_every", 1, "Evaluate every this many rounds.")
-flags.DEFINE_string("dataset", "digits", "digits, mnist, cifar10, ...")
+flags.DEFINE_integer("rounds", training.DEFAULTS["rounds"],
+                     _runs.flag_help("rounds", paper="100 on CIFAR-10"))
+flags.DEFINE_integer("eval_every", training.DEFAULTS["eval_every"], _runs.flag_help("eval_every"))
 flags.DEFINE_enum("architecture", None, list(fola.MODELS), "mlp or cnn (default: cnn for cifar10).")
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   model = F.architecture or ("cnn" if F.dataset == "cifar10" else "mlp")
-  base = dict(dataset=F.dataset, rounds=F.rounds, num_clients=F.num_clients,
-              batch_size=F.batch_size, epochs_per_round=F.epochs_per_round, client_lr=F.client_lr,
-              seed=F.seed, eval_every=F.eval_every, architecture=model, **fola_figures.launcher_params(F))
+  base = dict(rounds=F.rounds, eval_every=F.eval_every, architecture=model,
+              **fola_figures.launcher_params(F))
   try:
     rows = fola_figures.learning_curves(base, F.methods, [float(a) for a in F.alphas], F.output_dir)
   except (ValueError, FileNotFoundError) as e:

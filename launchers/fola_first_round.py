@@ -24,6 +24,7 @@ from absl import flags
 
 from tfbfl import experiment
 from tfbfl.algorithms import fola
+from tfbfl.experiments import _runs
 from tfbfl.experiments import fola_figures
 
 F = flags.FLAGS
@@ -35,14 +36,9 @@ flags.DEFINE_list("num_clients_list", ["5", "10", "20", "50", "100"], "Client co
 flags.DEFINE_list("batch_sizes", ["8", "32", "64", "128", "254"], "Batch sizes B.")
 flags.DEFINE_list("epochs_list", ["1", "5", "10", "15", "20"], "Local epochs E.")
 flags.DEFINE_list("client_lrs", ["1", "0.1", "0.01", "0.001", "0.0001"], "Client learning rates.")
-flags.DEFINE_float("alpha", 0.1, "Base alpha (when another axis is swept).")
-flags.DEFINE_integer("num_clients", 10, "Base N.")
-flags.DEFINE_integer("batch_size", 32, "Base B.")
-flags.DEFINE_integer("epochs_per_round", 5, "Base E.")
-flags.DEFINE_float("client_lr", 0.05, "Base client learning rate.")
+flags.DEFINE_float("alpha", 0.1, _runs.flag_help("alpha", note="the base value when another "
+                                                  "axis is swept"))
 flags.DEFINE_integer("repeats", 3, "Runs per point (the paper uses 30).")
-flags.DEFINE_integer("seed", 0, "First seed.")
-flags.DEFINE_string("dataset", "digits", "Dataset (mnist for the paper's 784-500-300-10).")
 flags.DEFINE_enum("architecture", "mlp", list(fola.MODELS), "mlp or cnn (McMahan et al.).")
 
 def main(argv):
@@ -51,9 +47,7 @@ def main(argv):
   lists = dict(alpha=[float(v) for v in F.alphas], num_clients=[int(v) for v in F.num_clients_list],
                batch_size=[int(v) for v in F.batch_sizes], epochs_per_round=[int(v) for v in F.epochs_list],
                client_lr=[float(v) for v in F.client_lrs])
-  base = dict(dataset=F.dataset, seed=F.seed, alpha=F.alpha, num_clients=F.num_clients,
-              batch_size=F.batch_size, epochs_per_round=F.epochs_per_round, client_lr=F.client_lr,
-              architecture=F.architecture, **fola_figures.launcher_params(F))
+  base = dict(alpha=F.alpha, architecture=F.architecture, **fola_figures.launcher_params(F))
   try:
     sweeps = {axis: lists[axis] for axis in F.sweep} if set(F.sweep) <= set(lists) else None
     if sweeps is None:

@@ -11,13 +11,10 @@ fig3_extra_resources.png into --output_dir.
 from absl import app
 from absl import flags
 
-from tfbfl import pfnm_experiments as px
+from tfbfl.experiments import pfnm as px
 
 FLAGS = flags.FLAGS
-px.define_data_flags()
-px.define_training_flags()
-px.define_matching_flags()
-px.define_baseline_flags(px.ONESHOT_METHODS)
+px.define_launcher_flags(px.ONESHOT_METHODS)
 flags.DEFINE_list("J", ["2", "5", "10", "15", "20", "25", "30"], "Numbers of batches (clients).")
 flags.DEFINE_integer("trials", 10, "Trials (data partitions) per J (paper: 10).")
 

@@ -9,13 +9,10 @@ into --output_dir.
 from absl import app
 from absl import flags
 
-from tfbfl import pfnm_experiments as px
+from tfbfl.experiments import pfnm as px
 
 FLAGS = flags.FLAGS
-px.define_data_flags()
-px.define_training_flags(hidden_units=False)
-px.define_matching_flags()
-px.define_baseline_flags(px.DEPTH_METHODS)
+px.define_launcher_flags(px.DEPTH_METHODS, hidden_units=False)
 flags.DEFINE_list("C", ["1", "2", "3", "4", "5", "6"], "Numbers of hidden layers.")
 flags.DEFINE_integer("J", 10, "Number of batches (paper: 10).")
 flags.DEFINE_integer("width", 100, "Neurons per hidden layer of every client network.")

@@ -11,12 +11,10 @@ and fig5_sigma.png into --output_dir.
 from absl import app
 from absl import flags
 
-from tfbfl import pfnm_experiments as px
+from tfbfl.experiments import pfnm as px
 
 FLAGS = flags.FLAGS
-px.define_data_flags()
-px.define_training_flags()
-px.define_matching_flags()
+px.define_launcher_flags()
 flags.DEFINE_list("J", ["25"], "Numbers of batches (paper: 25).")
 flags.DEFINE_integer("trials", 10, "Trials (data partitions) per J.")
 flags.DEFINE_list("sigma0_sq_grid", ["1", "10", "100"], "Values of sigma0^2.")

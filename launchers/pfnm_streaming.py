@@ -9,13 +9,10 @@ settings.json and fig_streaming.png into --output_dir.
 from absl import app
 from absl import flags
 
-from tfbfl import pfnm_experiments as px
+from tfbfl.experiments import pfnm as px
 
 FLAGS = flags.FLAGS
-px.define_data_flags()
-px.define_training_flags()
-px.define_matching_flags()
-px.define_baseline_flags(px.STREAMING_METHODS)
+px.define_launcher_flags(px.STREAMING_METHODS)
 flags.DEFINE_integer("J", 3, "Number of groups (paper: 3).")
 flags.DEFINE_integer("steps", 15, "Streaming steps S (paper: 15).")
 flags.DEFINE_integer("trials", 10, "Trials (data partitions).")

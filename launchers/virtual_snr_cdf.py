@@ -15,16 +15,13 @@ from absl import app
 from absl import flags
 
 from tfbfl import runtime
-from tfbfl import virtual_experiments as vx
+from tfbfl.experiments import virtual_tables as vx
 
 F = flags.FLAGS
-vx.define_training_flags()
+vx.define_launcher_flags()
 flags.DEFINE_float("prune_percentile", 0.0, "Pruning percentile of the runs whose posteriors "
                    "are plotted (Fig. 4: 0, no pruning).")
-flags.DEFINE_list("variants", list(vx.VARIANTS), f"VIRTUAL variants among {list(vx.VARIANTS)}.")
 flags.DEFINE_integer("num_points", 400, "Grid points of each CDF in the CSV and the plot.")
-flags.DEFINE_bool("round_progress", False, "Print one line per round of every run.")
-flags.mark_flag_as_required("output_dir")
 
 
 def main(argv):

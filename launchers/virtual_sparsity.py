@@ -20,17 +20,14 @@ from absl import app
 from absl import flags
 
 from tfbfl import runtime
-from tfbfl import virtual_experiments as vx
+from tfbfl.experiments import virtual_tables as vx
 
 F = flags.FLAGS
-vx.define_training_flags()
+vx.define_launcher_flags()
 flags.DEFINE_list("percentiles", [f"{p:g}" for p in vx.DEFAULT_PERCENTILES],
                   "SNR percentiles below which Delta_i entries are zeroed (paper: 0,50,75,90).")
-flags.DEFINE_list("variants", list(vx.VARIANTS), f"VIRTUAL variants among {list(vx.VARIANTS)}.")
 flags.DEFINE_bool("fedprox", True, "Also run the FedProx reference line.")
-flags.DEFINE_bool("round_progress", False, "Print one line per round of every run.")
 flags.DEFINE_bool("report_only", False, "Only write the table from the runs already finished.")
-flags.mark_flag_as_required("output_dir")
 
 
 def main(argv):

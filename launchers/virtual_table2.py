@@ -8,7 +8,7 @@ r"""VIRTUAL Table II and Figs. 2-3: the hyperparameter grid per dataset and algo
 Runs every cell (dataset x algorithm x hyperparameters x seed) that has no result
 yet under `--output_dir`, then writes `table2.md` (with the paper's claims judged
 "held" / "not held" below the table), `table2.csv`, `fig3.png` and `fig2.png`
-there (see `tfbfl/grid.py`). Re-running resumes an interrupted grid.
+there (see `tfbfl/experiments/table2.py`). Re-running resumes an interrupted grid.
 
 VIRTUAL runs twice: `virtual` ("VIRTUAL (w_S=1)": the server network's own loss
 added to the client loss) and `virtual_eq3` ("VIRTUAL eq. 3 (w_S=0)": the paper's
@@ -16,24 +16,25 @@ objective), tuned over the same values.
 
 `--quick`: digits homogeneous, class_dirichlet and permuted; seeds 0, 1, 2;
 virtual, virtual_eq3 and fedavg; one configuration each (client lr 0.05, beta 1e-4,
-VIRTUAL step `tfbfl.training.VIRTUAL_DEFAULT_STEP`, FedAvg server lr 1.0); 10
-rounds: 27 cells, about 15 minutes on a quiet 2-core machine. Any flag given
-explicitly still overrides.
+VIRTUAL step 0.1, i.e. VIRTUAL's default 1/C at the default C = 10, whatever
+--clients_per_round; FedAvg server lr 1.0); 10 rounds: 27 cells, about 15 minutes
+on a quiet 2-core machine. Any flag given explicitly still overrides.
 """
 
 from absl import app
 from absl import flags
 
-from tfbfl import grid
+from tfbfl.experiments import _runs
+from tfbfl.experiments import table2
 
 F = flags.FLAGS
 flags.DEFINE_string("output_dir", None, "Root of the cell directories and the report.")
 flags.DEFINE_list("datasets", None,
                   "Dataset specs name[:partition][:key=value...], e.g. digits:class_dirichlet "
-                  f"(default: {','.join(grid.DEFAULT_DATASETS)}).")
+                  f"(default: {','.join(table2.DEFAULT_DATASETS)}).")
 flags.DEFINE_list("algorithms", None,
-                  f"Among {grid.ALGORITHMS} (default: all; with --quick: "
-                  f"{','.join(grid.QUICK_ALGORITHMS)}).")
+                  f"Among {table2.ALGORITHMS} (default: all; with --quick: "
+                  f"{','.join(table2.QUICK_ALGORITHMS)}).")
 flags.DEFINE_list("seeds", None, "Seeds (repeats; each draws its own partition and split; "
                   "default 0; with --quick 0,1,2).")
 flags.DEFINE_bool("quick", False, "Seeded reduced protocol: one configuration per algorithm, "
@@ -45,11 +46,13 @@ flags.DEFINE_list("server_lrs", None, "FedAvg/FedProx server learning rates (def
 flags.DEFINE_list("virtual_server_lrs", None,
                   "VIRTUAL damped-EP steps in (0, 1], server and client factors alike "
                   "(default 0.2,0.4,0.6,0.8,1.0).")
-flags.DEFINE_integer("rounds", None, "Rounds per cell (default: tfbfl.training's; 10 with --quick).")
-flags.DEFINE_integer("epochs_per_round", None, "Local epochs E.")
-flags.DEFINE_integer("clients_per_round", None, "Clients per round C.")
-flags.DEFINE_integer("num_clients", None, "Number of clients K.")
-flags.DEFINE_integer("batch_size", None, "Client minibatch size B.")
+# Training flags shared by every cell; unset: the dataset preset's, else tfbfl.training's.
+_UNSET = "default: the dataset preset's, else tfbfl.training's"
+flags.DEFINE_integer("rounds", None, _runs.flag_help("rounds", note=_UNSET + "; 10 with --quick"))
+flags.DEFINE_integer("epochs_per_round", None, _runs.flag_help("epochs_per_round", note=_UNSET))
+flags.DEFINE_integer("clients_per_round", None, _runs.flag_help("clients_per_round", note=_UNSET))
+flags.DEFINE_integer("num_clients", None, _runs.flag_help("num_clients", note=_UNSET))
+flags.DEFINE_integer("batch_size", None, _runs.flag_help("batch_size", note=_UNSET))
 flags.DEFINE_multi_string("fixed", [], "Any other training flag for every cell, name=value.")
 flags.DEFINE_bool("report_only", False, "Only write the report from the cells already run.")
 flags.mark_flag_as_required("output_dir")
@@ -63,7 +66,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   try:
-    cells, fixed = grid.plan(
+    cells, fixed = table2.plan(
         F.quick, datasets=F.datasets, algorithms=F.algorithms, fixed_items=F.fixed,
         params=dict(rounds=F.rounds, epochs_per_round=F.epochs_per_round,
                     clients_per_round=F.clients_per_round, num_clients=F.num_clients,
@@ -75,11 +78,11 @@ def main(argv):
   except ValueError as e:
     raise app.UsageError(str(e)) from e
   if F.report_only:
-    results = [grid.load_result(c, F.output_dir) for c in cells]
+    results = [table2.load_result(c, F.output_dir) for c in cells]
   else:
-    results = grid.run_grid(cells, F.output_dir, fixed)
-  rows = grid.write_report(F.output_dir, results)
-  print(grid.format_table2_md(rows))   # the table and the paper's claims (held / not held)
+    results = table2.run_grid(cells, F.output_dir, fixed)
+  rows = table2.write_report(F.output_dir, results)
+  print(table2.format_table2_md(rows))   # the table and the paper's claims (held / not held)
 
 
 if __name__ == "__main__":

@@ -11,8 +11,8 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from gaussian_helpers import random_shared  # noqa: E402
-from tfbfl import architectures as arch  # noqa: E402
 from tfbfl import gaussian  # noqa: E402
+from tfbfl import networks  # noqa: E402
 
 _CONV = dict(input_shape=(8, 8), num_classes=5, filters=(3, 4), kernel_size=3,
              hidden_units=(6,))
@@ -24,9 +24,9 @@ class _Conv:
   name = "conv"
   dims = _CONV
   num_classes = 5
-  net = staticmethod(lambda **kw: arch.VirtualConvNetworks(**{**_CONV, **kw}))
-  shared0 = staticmethod(arch.initial_shared_posterior_conv)
-  private0 = staticmethod(arch.initial_private_weights_conv)
+  net = staticmethod(lambda **kw: networks.VirtualConvNetworks(**{**_CONV, **kw}))
+  shared0 = staticmethod(networks.initial_shared_posterior_conv)
+  private0 = staticmethod(networks.initial_private_weights_conv)
 
   @staticmethod
   def x(batch=_BATCH):  # flattened 8x8 images, as the digits dataset stores them
@@ -34,7 +34,7 @@ class _Conv:
 
   @staticmethod
   def deterministic(net):
-    model = arch.build_deterministic_conv(**_CONV, data_shape=(64,), seed=3)
+    model = networks.build_deterministic_conv(**_CONV, data_shape=(64,), seed=3)
     model.set_weights([v.numpy() for v in net.shared_trainable_variables[::2]])
     return model
 
@@ -43,9 +43,9 @@ class _Lstm:
   name = "lstm"
   dims = _LSTM
   num_classes = 12
-  net = staticmethod(lambda **kw: arch.VirtualLSTMNetworks(**{**_LSTM, **kw}))
-  shared0 = staticmethod(arch.initial_shared_posterior_lstm)
-  private0 = staticmethod(arch.initial_private_weights_lstm)
+  net = staticmethod(lambda **kw: networks.VirtualLSTMNetworks(**{**_LSTM, **kw}))
+  shared0 = staticmethod(networks.initial_shared_posterior_lstm)
+  private0 = staticmethod(networks.initial_private_weights_lstm)
 
   @staticmethod
   def x(batch=_BATCH):  # float ids, as a float32 dataset stores them
@@ -54,7 +54,7 @@ class _Lstm:
 
   @staticmethod
   def deterministic(net):
-    model = arch.build_deterministic_lstm(**_LSTM, seed=3)
+    model = networks.build_deterministic_lstm(**_LSTM, seed=3)
     weights = [v.numpy() for v in net.shared_trainable_variables[::2]]
     for i in (3, 6):  # LSTM biases: Keras folds in BayesianLSTM's forget_bias = 1
       weights[i] = weights[i] + np.repeat([0.0, 1.0, 0.0, 0.0], weights[i].size // 4)
@@ -160,11 +160,11 @@ def test_shared_round_trip_and_structure_check(a):
 
 
 def test_shared_structure_is_the_papers_layers():
-  conv = arch.VirtualConvNetworks(input_shape=(28, 28, 1), num_classes=10)
+  conv = networks.VirtualConvNetworks(input_shape=(28, 28, 1), num_classes=10)
   assert [tuple(t.shape) for t in conv.shared_posterior().eta1] == [
       (5, 5, 1, 32), (32,), (5, 5, 32, 64), (64,), (7 * 7 * 64, 100), (100,),
       (100, 100), (100,), (100, 10), (10,)]
-  lstm_shapes = [tuple(t.shape) for t in arch.initial_shared_posterior_lstm().eta1]
+  lstm_shapes = [tuple(t.shape) for t in networks.initial_shared_posterior_lstm().eta1]
   assert lstm_shapes == [(88, 8), (8, 400), (100, 400), (400,), (100, 400),
                          (100, 400), (400,), (100, 88), (88,)]
 
@@ -241,8 +241,8 @@ def test_sgd_steps_reduce_the_loss(a):
 
 @pytest.mark.parametrize("a", _ARCHS, ids=_IDS)
 def test_deterministic_builders_are_deterministic(a):
-  builder = {"conv": lambda s: arch.build_deterministic_conv(**_CONV, seed=s),
-             "lstm": lambda s: arch.build_deterministic_lstm(**_LSTM, seed=s)}[a.name]
+  builder = {"conv": lambda s: networks.build_deterministic_conv(**_CONV, seed=s),
+             "lstm": lambda s: networks.build_deterministic_lstm(**_LSTM, seed=s)}[a.name]
   m1, m2, m3 = builder(1), builder(1), builder(2)
   for w1, w2 in zip(m1.weights, m2.weights):
     np.testing.assert_array_equal(w1.numpy(), w2.numpy())
@@ -251,30 +251,30 @@ def test_deterministic_builders_are_deterministic(a):
 
 
 def test_lstm_return_sequences():
-  net = arch.VirtualLSTMNetworks(**_LSTM, return_sequences=True)
+  net = networks.VirtualLSTMNetworks(**_LSTM, return_sequences=True)
   server, client = net.forward(_Lstm.x(), seed=tf.constant([0, 1]))
   assert server.shape == client.shape == (_BATCH, 7, 12)
-  model = arch.build_deterministic_lstm(**_LSTM, return_sequences=True)
+  model = networks.build_deterministic_lstm(**_LSTM, return_sequences=True)
   assert model(_Lstm.x()).shape == (_BATCH, 7, 12)
 
 
 @pytest.mark.parametrize("make, kwargs, name", [
-    (arch.VirtualConvNetworks, dict(input_shape=(64,)), "input_shape"),
-    (arch.VirtualConvNetworks, dict(input_shape=(4, 4), filters=(2, 2, 2)), "input_shape"),
-    (arch.VirtualConvNetworks, dict(filters=(3, 0)), "filters"),
-    (arch.VirtualConvNetworks, dict(kernel_size=(3, 3)), "kernel_size"),
-    (arch.VirtualConvNetworks, dict(padding="full"), "padding"),
-    (arch.VirtualConvNetworks, dict(hidden_units=5), "hidden_units"),
-    (arch.VirtualConvNetworks, dict(num_classes=0), "num_classes"),
-    (arch.VirtualConvNetworks, dict(adapter_units=0), "adapter_units"),
-    (arch.VirtualConvNetworks, dict(seed=1.5), "seed"),
-    (arch.VirtualLSTMNetworks, dict(vocab_size=0), "vocab_size"),
-    (arch.VirtualLSTMNetworks, dict(lstm_units=()), "lstm_units"),
-    (arch.VirtualLSTMNetworks, dict(embedding_dim=2.0), "embedding_dim"),
-    (arch.VirtualLSTMNetworks, dict(return_sequences=1), "return_sequences"),
-    (arch.VirtualLSTMNetworks, dict(forget_bias="x"), "forget_bias"),
-    (arch.VirtualLSTMNetworks, dict(prior_scale=-1.0), "prior_scale"),
-    (arch.build_deterministic_conv, dict(input_shape=(8, 8), data_shape=(60,)),
+    (networks.VirtualConvNetworks, dict(input_shape=(64,)), "input_shape"),
+    (networks.VirtualConvNetworks, dict(input_shape=(4, 4), filters=(2, 2, 2)), "input_shape"),
+    (networks.VirtualConvNetworks, dict(filters=(3, 0)), "filters"),
+    (networks.VirtualConvNetworks, dict(kernel_size=(3, 3)), "kernel_size"),
+    (networks.VirtualConvNetworks, dict(padding="full"), "padding"),
+    (networks.VirtualConvNetworks, dict(hidden_units=5), "hidden_units"),
+    (networks.VirtualConvNetworks, dict(num_classes=0), "num_classes"),
+    (networks.VirtualConvNetworks, dict(adapter_units=0), "adapter_units"),
+    (networks.VirtualConvNetworks, dict(seed=1.5), "seed"),
+    (networks.VirtualLSTMNetworks, dict(vocab_size=0), "vocab_size"),
+    (networks.VirtualLSTMNetworks, dict(lstm_units=()), "lstm_units"),
+    (networks.VirtualLSTMNetworks, dict(embedding_dim=2.0), "embedding_dim"),
+    (networks.VirtualLSTMNetworks, dict(return_sequences=1), "return_sequences"),
+    (networks.VirtualLSTMNetworks, dict(forget_bias="x"), "forget_bias"),
+    (networks.VirtualLSTMNetworks, dict(prior_scale=-1.0), "prior_scale"),
+    (networks.build_deterministic_conv, dict(input_shape=(8, 8), data_shape=(60,)),
      "data_shape"),
 ])
 def test_argument_validation(make, kwargs, name):
@@ -284,7 +284,7 @@ def test_argument_validation(make, kwargs, name):
 
 @pytest.mark.parametrize("name", ["VirtualConvNetworks", "VirtualLSTMNetworks"])
 def test_docstring_examples_run(name):
-  doc = getattr(arch, name).__doc__
+  doc = getattr(networks, name).__doc__
   code = re.search(r"#### Examples\s*```python\n(.*?)```", doc, re.S).group(1)
   exec(textwrap.dedent(code), {})  # pylint: disable=exec-used
 

@@ -11,8 +11,9 @@ import tensorflow as tf  # noqa: E402
 import tensorflow_federated as tff  # noqa: E402
 
 from tfbfl import experiment  # noqa: E402
-from tfbfl import models  # noqa: E402
+from tfbfl import networks  # noqa: E402
 from tfbfl import training  # noqa: E402
+from tfbfl.algorithms import client_batch  # noqa: E402
 from tfbfl.algorithms import fedavg  # noqa: E402
 
 _HIDDEN = (12,)
@@ -39,7 +40,7 @@ def fedavg_algo(tff_runtime, fd):
 
 def _tff_dataset(seed, x, y):
   """The minibatches our client loop visits, as a tf.data.Dataset for tff.learning."""
-  order = fedavg.epoch_permutations(tf.constant(seed), _E, len(y)).numpy()
+  order = client_batch.epoch_permutations(tf.constant(seed), _E, len(y)).numpy()
   parts = [tf.data.Dataset.from_tensor_slices((x[o], y[o])).batch(_B) for o in order]
   ds = parts[0]
   for part in parts[1:]:
@@ -49,7 +50,7 @@ def _tff_dataset(seed, x, y):
 
 def _tff_fed_avg(client_lr, server_lr, seed):
   def model_fn():
-    keras_model = models.build_deterministic_mlp(64, 10, _HIDDEN, seed=seed)
+    keras_model = networks.build_deterministic_mlp(64, 10, _HIDDEN, seed=seed)
     return tff.learning.models.from_keras_model(
         keras_model, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         input_spec=collections.OrderedDict(x=tf.TensorSpec([None, 64], tf.float32),
@@ -61,10 +62,10 @@ def _tff_fed_avg(client_lr, server_lr, seed):
 
 def reference_sgd(weights, x, y, seed, epochs, batch_size, lr, mu=0.0):
   """Independent eager SGD on the ReLU MLP `weights` = [k0, b0, k1, b1, ...] (no Keras),
-  on CE + mu/2 ||w - weights||^2, visiting `fedavg.epoch_permutations(seed)` batches."""
+  on CE + mu/2 ||w - weights||^2, visiting `client_batch.epoch_permutations(seed)` batches."""
   variables = [tf.Variable(np.asarray(w)) for w in weights]
   anchor = [tf.constant(np.asarray(w)) for w in weights]
-  order = fedavg.epoch_permutations(tf.constant(seed), epochs, len(y)).numpy()
+  order = client_batch.epoch_permutations(tf.constant(seed), epochs, len(y)).numpy()
   for e in range(epochs):
     for start in range(0, len(y), batch_size):
       idx = order[e, start:start + batch_size]

@@ -5,6 +5,7 @@ closed-form Bayesian linear regression, and a hand-written SGD loop on a manual
 MLP forward pass that only shares the minibatch order (`fola.shuffle_order`).
 """
 
+import importlib
 import json
 import math
 import os
@@ -195,7 +196,7 @@ def test_client_update_is_penalised_sgd_with_online_fisher_and_eq17(digits):
 
 
 def test_cnn_client_update_on_digits_images(digits):
-  algo = fola.FolaAlgorithm(_config(digits, model="cnn", epochs=1, client_lr=0.05))
+  algo = fola.FolaAlgorithm(_config(digits, architecture="cnn", epochs=1, client_lr=0.05))
   assert algo.config.image_shape == (8, 8, 1)
   shapes = [w.shape for w in algo.initial_weights]
   assert shapes[0] == (5, 5, 1, 32) and shapes[-1] == (10,) and len(shapes) == 8
@@ -309,7 +310,7 @@ def test_fedcurv_server_sums_and_client_deltas(digits):
 # ------------------------------------------------------------ drivers and flags
 def _fedavg_available():
   try:
-    import tfbfl.algorithms.fedavg  # noqa: F401  pylint: disable=g-import-not-at-top
+    importlib.import_module("tfbfl.algorithms.fedavg")
     return True
   except ModuleNotFoundError:
     return False
@@ -366,13 +367,13 @@ def test_registry_run_writes_bytes_and_best_global_accuracy(tmp_path):
 
 @pytest.mark.parametrize("field,value,flag", [
     ("fola_lambda", -1.0, "fola_lambda"), ("fola_gamma", 0.0, "fola_gamma"),
-    ("eps", 0.0, "fola_eps"), ("compress_p", 1.5, "compress_p"), ("model", "rnn", "architecture"),
+    ("eps", 0.0, "fola_eps"), ("compress_p", 1.5, "compress_p"), ("architecture", "rnn", "architecture"),
     ("clip_norm", -1.0, "fola_clip_norm"), ("epochs", 0, "epochs_per_round")])
 def test_bad_flags_are_named(field, value, flag):
   with pytest.raises(ValueError, match=f"--{flag}"):
     fola.LaplaceConfig(input_shape=(64,), num_classes=10, **{field: value})
   with pytest.raises(ValueError, match="--architecture=cnn"):
-    fola.LaplaceConfig(input_shape=(10,), num_classes=10, model="cnn")
+    fola.LaplaceConfig(input_shape=(10,), num_classes=10, architecture="cnn")
 
 
 def test_cifar10_path_names_the_missing_files(tmp_path):

@@ -9,7 +9,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from tfbfl import grid  # noqa: E402
+from tfbfl.experiments import table2 as grid  # noqa: E402
 
 _SPEC = grid.GridSpec(client_lrs=(0.01, 0.1), server_lrs=(0.5, 1.0), mus=(0.1,),
                       kl_weights=(1e-5,), virtual_server_lrs=(1.0,), seeds=(0, 1))
@@ -260,7 +260,7 @@ def test_quick_protocol_and_progress_lines(tmp_path):
   assert {c.dataset for c in cells} == {"digits:homogeneous", "digits:class_dirichlet", "digits:permuted"}
   assert {c.algorithm for c in cells} == {"virtual", "virtual_eq3", "fedavg"}
   assert {c.seed for c in cells} == {0, 1, 2}
-  step = float(grid.training.VIRTUAL_DEFAULT_STEP)
+  step = float(grid.virtual.default_step(grid.training.DEFAULTS["clients_per_round"]))
   assert {c.hparams for c in cells if c.algorithm != "fedavg"} == {
       (("client_lr", 0.05), ("kl_weight", 1e-4), ("server_lr", step))}
   assert {c.hparams for c in cells if c.algorithm == "fedavg"} == {

@@ -13,13 +13,13 @@ import tensorflow as tf  # noqa: E402
 
 from gaussian_helpers import random_shared  # noqa: E402
 from tfbfl import gaussian  # noqa: E402
-from tfbfl import models  # noqa: E402
+from tfbfl import networks  # noqa: E402
 
 _DIMS = dict(input_dim=6, num_classes=3, hidden_units=(5, 4))
 
 
 def _net(**kwargs):
-  return models.VirtualNetworks(**{**_DIMS, **kwargs})
+  return networks.VirtualNetworks(**{**_DIMS, **kwargs})
 
 
 def _x(batch=7):
@@ -156,22 +156,22 @@ def test_variable_partition():
 
 def test_initial_values_match_a_fresh_model_and_are_deterministic():
   net = _net(seed=5, init_scale=2e-3)
-  initial = models.initial_shared_posterior(**_DIMS, init_scale=2e-3, seed=5)
+  initial = networks.initial_shared_posterior(**_DIMS, init_scale=2e-3, seed=5)
   _assert_gaussians_close(net.shared_posterior(), initial, rtol=0)
-  again = models.initial_shared_posterior(**_DIMS, init_scale=2e-3, seed=5)
+  again = networks.initial_shared_posterior(**_DIMS, init_scale=2e-3, seed=5)
   _assert_gaussians_close(again, initial, rtol=0)
-  other = models.initial_shared_posterior(**_DIMS, init_scale=2e-3, seed=6)
+  other = networks.initial_shared_posterior(**_DIMS, init_scale=2e-3, seed=6)
   assert not np.allclose(other.eta1[0].numpy(), initial.eta1[0].numpy())
 
-  weights = models.initial_private_weights(**_DIMS, init_scale=2e-3, seed=5)
+  weights = networks.initial_private_weights(**_DIMS, init_scale=2e-3, seed=5)
   assert all(isinstance(w, np.ndarray) for w in weights)
   fresh = net.get_private_weights()
   assert len(weights) == len(fresh)
   for w, f in zip(weights, fresh):
     np.testing.assert_array_equal(w, f.numpy())
   net2 = _net(seed=5, adapter_units=2, gate_init=0.25)
-  weights2 = models.initial_private_weights(**_DIMS, adapter_units=2, gate_init=0.25,
-                                            seed=5)
+  weights2 = networks.initial_private_weights(**_DIMS, adapter_units=2, gate_init=0.25,
+                                              seed=5)
   for w, f in zip(weights2, net2.get_private_weights()):
     np.testing.assert_array_equal(w, f.numpy())
 
@@ -217,11 +217,11 @@ def test_builds_and_trains_in_a_tf1_style_graph():
 
 def test_deterministic_mlp_has_server_shapes():
   net = _net()
-  mlp = models.build_deterministic_mlp(**_DIMS, seed=1)
+  mlp = networks.build_deterministic_mlp(**_DIMS, seed=1)
   assert [tuple(w.shape) for w in mlp.weights] == [
       tuple(v.shape) for v in net.shared_trainable_variables[::2]]
   assert mlp(_x()).shape == (7, 3)
-  again = models.build_deterministic_mlp(**_DIMS, seed=1)
+  again = networks.build_deterministic_mlp(**_DIMS, seed=1)
   np.testing.assert_array_equal(mlp.weights[0].numpy(), again.weights[0].numpy())
   assert mlp.layers[-1].activation is tf.keras.activations.linear
 
@@ -237,11 +237,11 @@ def test_deterministic_mlp_has_server_shapes():
 ])
 def test_argument_validation(kwargs, name):
   with pytest.raises(ValueError, match=f"`{name}`"):
-    models.VirtualNetworks(**kwargs)
+    networks.VirtualNetworks(**kwargs)
 
 
 def test_single_layer_network():
-  net = models.VirtualNetworks(input_dim=6, num_classes=3, hidden_units=())
+  net = networks.VirtualNetworks(input_dim=6, num_classes=3, hidden_units=())
   server, client = net.forward(_x(), seed=tf.constant([0, 1]))
   assert server.shape == client.shape == (7, 3)
   assert len(net.shared_posterior().eta1) == 2
@@ -250,7 +250,7 @@ def test_single_layer_network():
 @pytest.mark.parametrize("obj", [
     "tfbfl.layers.dense.BayesianDense",
     "tfbfl.layers.lateral.LateralConnection",
-    "tfbfl.models.VirtualNetworks",
+    "tfbfl.networks.mlp.VirtualNetworks",
 ])
 def test_docstring_examples_run(obj):
   module, name = obj.rsplit(".", 1)

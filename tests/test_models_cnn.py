@@ -8,11 +8,11 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tfbfl import models  # noqa: E402
+from tfbfl import networks  # noqa: E402
 
 
 def test_cifar_shapes_and_parameter_count():
-  model = models.build_mcmahan_cnn((32, 32, 3), 10, seed=0)
+  model = networks.build_mcmahan_cnn((32, 32, 3), 10, seed=0)
   shapes = [tuple(v.shape) for v in model.trainable_variables]
   assert shapes == [(5, 5, 3, 32), (32,), (5, 5, 32, 64), (64,),
                     (8 * 8 * 64, 512), (512,), (512, 10), (10,)]
@@ -23,9 +23,9 @@ def test_cifar_shapes_and_parameter_count():
 
 
 def test_two_dimensional_input_gets_one_channel_and_seed_is_deterministic():
-  a = models.build_mcmahan_cnn((8, 8), 4, seed=3)
-  b = models.build_mcmahan_cnn((8, 8), 4, seed=3)
-  c = models.build_mcmahan_cnn((8, 8), 4, seed=4)
+  a = networks.build_mcmahan_cnn((8, 8), 4, seed=3)
+  b = networks.build_mcmahan_cnn((8, 8), 4, seed=3)
+  c = networks.build_mcmahan_cnn((8, 8), 4, seed=4)
   assert a.input_shape == (None, 8, 8, 1)
   for wa, wb in zip(a.get_weights(), b.get_weights()):
     np.testing.assert_array_equal(wa, wb)
@@ -36,4 +36,4 @@ def test_two_dimensional_input_gets_one_channel_and_seed_is_deterministic():
 @pytest.mark.parametrize("shape", [(8,), (8, 8, 1, 1), 8, (0, 8)])
 def test_bad_input_shape_is_rejected(shape):
   with pytest.raises(ValueError, match="input_shape"):
-    models.build_mcmahan_cnn(shape, 10)
+    networks.build_mcmahan_cnn(shape, 10)

@@ -11,7 +11,7 @@ import tensorflow_federated as tff
 import tensorflow_probability as tfp
 
 from tfbfl import gaussian
-from tfbfl import models
+from tfbfl import networks
 from tfbfl import training
 from tfbfl.algorithms import virtual
 
@@ -119,7 +119,7 @@ def test_sgd_client_approaches_conjugate_posterior(tff_runtime):
 
 
 def test_shared_kl_equals_tfp_against_cavity_prior():
-  net = models.VirtualNetworks(4, 3, hidden_units=(5,), init_scale=0.1, seed=0)
+  net = networks.VirtualNetworks(4, 3, hidden_units=(5,), init_scale=0.1, seed=0)
   post = net.shared_posterior()
   rng = np.random.default_rng(0)
   cavity = gaussian.from_loc_scale(

@@ -6,16 +6,19 @@ client's true site `p^(1/K) * lik_i` whatever its cavity, so damped EP with step
 `alpha` converges geometrically, `(1 - alpha)^visits`, to the closed-form global
 posterior, and `s = prod_i s_i` must hold after *every* round for any `alpha`,
 any `C < K` and pruning on or off. The tests run at the shipped default step
-(`training.DEFAULTS` resolved for VIRTUAL), at the paper's `alpha = 1`, at 0.5
+(the config the driver builds from `training.DEFAULTS`), at the paper's `alpha = 1`, at 0.5
 and at `1/C`. Mutating the step rule (server and client taking different steps,
 as the shipped code did before) breaks `factor_gap` and the limit at once.
 """
+
+import types
 
 import numpy as np
 import pytest
 
 from tfbfl import client_store
 from tfbfl import training
+from tfbfl.algorithms import registry
 from tfbfl.algorithms import virtual
 from test_virtual import _closed_form_posterior, _flat_posterior, _linear_config
 from test_virtual import _orthogonal_regression_clients, _seeds
@@ -24,9 +27,11 @@ K = 4
 
 
 def _default_step(clients_per_round):
+  """The step a launcher run with the shipped flags takes (its config, as built by the driver)."""
   p = training.resolve_params(dict(algorithm="virtual", num_clients=K,
                                    clients_per_round=clients_per_round))
-  return p["server_lr"]
+  data = types.SimpleNamespace(input_shape=(3,), num_classes=1, client_ids=list(range(K)))
+  return registry.get("virtual").make_config(p, data).step
 
 
 def _run(alg, clients, rounds, per_round, store, seed=0):

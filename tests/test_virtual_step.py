@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from tfbfl import gaussian
 from tfbfl import training
+from tfbfl.algorithms import registry
 from tfbfl.algorithms import virtual
 from tfbfl.algorithms import virtual_step
 
@@ -216,9 +217,10 @@ def test_layout_round_trips_network_values():
 
 
 def _rows(tmp_path, lean, monkeypatch):
-  make = virtual.config_from_params
-  monkeypatch.setattr(virtual, "config_from_params",
-                      lambda data, p: dataclasses.replace(make(data, p), lean_step=lean))
+  spec = registry.get("virtual")
+  monkeypatch.setitem(registry._SPECS, "virtual", dataclasses.replace(  # pylint: disable=protected-access
+      spec, build=lambda data, config, run: spec.build(
+          data, dataclasses.replace(config, lean_step=lean), run)))
   out = tmp_path / ("lean" if lean else "keras")
   p = dict(algorithm="virtual", num_clients=6, clients_per_round=6, rounds=3,
            epochs_per_round=5, hidden_units=(32,), seed=3, output_dir=str(out),

@@ -4,7 +4,7 @@ Modules, one idea each:
 
 * `tfbfl.gaussian`    natural-parameter Gaussian algebra (product, ratio, damping, KL).
 * `tfbfl.layers`      Bayesian Keras layers (local reparameterization, lateral connections).
-* `tfbfl.models`      server/client network builders.
+* `tfbfl.networks`    server/client network builders, one module per family.
 * `tfbfl.aggregators` `tff.aggregators` factories over natural parameters.
 * `tfbfl.runtime`     owns the TFF execution context and its worker process.
 * `tfbfl.algorithms`  one module per method (VIRTUAL, FedAvg/FedProx, FOLA, ...).

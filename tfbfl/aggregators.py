@@ -16,10 +16,23 @@ So both are plain federated sums / weighted means of the natural parameters, and
 `tff.aggregators.MeanFactory` is composed of its `value_sum_factory`: pass a secure
 or differentially private sum as `value_sum_factory` and Gaussian factors are
 aggregated with it, unchanged. Only the aggregate ever reaches the server.
+
+Secure sum (`sum_factory("secure_sum", bound=B)`, the `--aggregator` flag):
+`tff.aggregators.SecureSumFactory(B)`, i.e. clip every coordinate to [-B, B],
+quantise it to a 32-bit integer, `tff.federated_secure_sum_bitwidth`, dequantise
+(error bound in `sum_factory`). TFF's C++ worker (`worker_binary`, the only
+executor of `tfbfl.runtime`) implements no secure intrinsic: a computation that
+contains one must be compiled with `worker_compiler` (local / per-worker contexts)
+or `mergeable_compiler` (the multi-worker context), which lower the secure
+intrinsics to plain `federated_aggregate`s exactly as TFF's test backend
+(`tff.backends.test`) does. That runs the secure sum's *arithmetic* (clipping,
+quantisation, integer sum, range checks), not a cryptographic protocol: the
+simulating worker sees every client's quantised value. See `secure_sum_context`.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import numpy as np
@@ -123,3 +136,180 @@ class GaussianProductFactory(tff.aggregators.UnweightedAggregationFactory,
     if weight_type is not None:
       raise TypeError("an unweighted GaussianProductFactory takes no weight_type.")
     return self._value_sum_factory.create(value_type)
+
+
+# ------------------------------------------------------------------ secure sum
+SUM_FACTORIES = ("sum", "secure_sum")
+"""Values of the `--aggregator` flag accepted by `sum_factory`."""
+
+DEFAULT_SECURE_SUM_BOUND = 2.0**16
+"""Default `--secure_sum_bound` B: every coordinate of a client's upload (a
+VIRTUAL delta's eta1 = mu * prec and eta2 = prec change) is clipped to [-B, B].
+A power of two, so that it and 2B are exact in float32. With B = 2**16 the
+quantisation step is 2B / (2**32 - 1) = 3.05e-5, i.e. at most 1.53e-5 of error
+per client and coordinate, below float32's resolution (2**-23 relative) of any
+|value| >= 256."""
+
+SECURE_SUM_BITS = 32
+"""Quantisation bits per coordinate of `tff.aggregators.SecureSumFactory`'s
+float path (`tff.aggregators.primitives.secure_quantized_sum`); fixed by TFF."""
+
+_SECURE_LEVELS = 2**SECURE_SUM_BITS - 1   # TFF's `_SECAGG_MAX`.
+_SECURE_INTRINSICS = frozenset({
+    "federated_secure_sum", "federated_secure_sum_bitwidth",
+    "federated_secure_modular_sum", "federated_secure_select"})
+
+
+def _check_secure_sum_bound(bound) -> float:
+  if isinstance(bound, bool) or not isinstance(bound, (int, float, np.integer, np.floating)):
+    raise TypeError(f"--secure_sum_bound must be a number, got {bound!r}.")
+  bound = float(bound)
+  if not math.isfinite(bound) or bound <= 0:
+    raise ValueError(f"--secure_sum_bound must be a finite number > 0, got {bound!r}.")
+  if float(np.float32(bound)) != bound:
+    raise ValueError(
+        f"--secure_sum_bound={bound!r} is not exactly representable in float32, the dtype "
+        "TFF clips and dequantises with; use e.g. a power of two "
+        f"({2.0 ** round(math.log2(bound)):g}).")
+  if 2 * bound > float(np.finfo(np.float32).max):
+    raise ValueError(f"--secure_sum_bound must be below 2**127 (2B must fit a float32), got {bound!r}.")
+  return bound
+
+
+def secure_sum_step(bound: float) -> float:
+  """The quantisation step Delta = 2B / (2**32 - 1) of `sum_factory("secure_sum", bound=B)`."""
+  return 2.0 * _check_secure_sum_bound(bound) / _SECURE_LEVELS
+
+
+def secure_sum_error_bound(bound: float, num_clients: int) -> float:
+  """Largest quantisation error per coordinate of a secure sum over `num_clients`
+  clients whose values all lie in [-B, B]: `num_clients * Delta / 2` (see
+  `sum_factory`). The float32 rounding of the result, `|sum| * 2**-24`, comes on
+  top, as it does for the plain float32 sum."""
+  if isinstance(num_clients, bool) or not isinstance(num_clients, (int, np.integer)) or num_clients < 0:
+    raise ValueError(f"num_clients must be an integer >= 0, got {num_clients!r}.")
+  return int(num_clients) * secure_sum_step(bound) / 2.0
+
+
+def sum_factory(name: str = "sum", *, bound: float = DEFAULT_SECURE_SUM_BOUND
+                ) -> tff.aggregators.UnweightedAggregationFactory:
+  """The inner sum of `GaussianProductFactory` named by the `--aggregator` flag.
+
+  * `"sum"`: `tff.aggregators.SumFactory()`, the exact float32 `federated_sum`.
+  * `"secure_sum"`: `tff.aggregators.SecureSumFactory(B)` with `B = bound`
+    (`--secure_sum_bound`), TFF's float path (`primitives.secure_quantized_sum`):
+    each client clips every coordinate to the range [-B, B], maps it to an
+    integer in [0, 2**32 - 1] with step
+
+        Delta = 2B / (2**32 - 1),   q_i = round(clip(x_i, -B, B) / Delta) + round(B / Delta)
+
+    (deterministic round-half-to-even, in float64); the q_i are summed with
+    `tff.federated_secure_sum_bitwidth(q, 32)` and the server returns
+
+        S = (sum_i q_i - n round(B / Delta)) * Delta = sum_i round(clip(x_i, -B, B) / Delta) * Delta
+
+    in float32 (n, the number of summands, is securely summed too). So for
+    clients whose coordinates all lie in [-B, B]
+
+        |S - sum_i x_i| <= n Delta / 2  (+ float32 rounding of S, |S| 2**-24),
+
+    `secure_sum_error_bound(B, n)`; e.g. B = 2**16, n = 10: 1.5e-4. A coordinate
+    outside [-B, B] is clipped silently (biasing the product of factors); the
+    process's measurements count the clients affected
+    (`secure_upper_clipped_count`, `secure_lower_clipped_count`). The bound is
+    public (it is broadcast to the clients) and the same for eta1 and eta2.
+    Weighted use (`GaussianProductFactory(weighted=True)`, FOLA): `MeanFactory`
+    sums `w_n * eta_n` through this factory, so B must cover the weighted
+    values, and n Delta / 2 is divided by `sum_n w_n` in the mean.
+
+  Executing a secure sum needs a context whose compiler lowers the secure
+  intrinsics (`worker_compiler`, `mergeable_compiler`, `secure_sum_context`);
+  the stock compiler leaves them for TFF's C++ worker, which rejects them with
+  INVALID_ARGUMENT "Cannot embed a federated value. while evaluating local ...".
+
+  Args:
+    name: one of `SUM_FACTORIES`.
+    bound: B > 0, float32-representable (used by "secure_sum" only).
+
+  Returns:
+    A `tff.aggregators.UnweightedAggregationFactory`, to pass as
+    `GaussianProductFactory(value_sum_factory=...)`.
+
+  Raises:
+    ValueError / TypeError: unknown `name` or invalid `bound`, naming the flag.
+  """
+  if name not in SUM_FACTORIES:
+    raise ValueError(f"--aggregator must be one of {SUM_FACTORIES}, got {name!r}.")
+  bound = _check_secure_sum_bound(bound)
+  if name == "sum":
+    return tff.aggregators.SumFactory()
+  return tff.aggregators.SecureSumFactory(float(bound))
+
+
+def contains_secure_intrinsics(comp) -> bool:
+  """Whether the computation (or building block) `comp` calls a secure intrinsic
+  (`federated_secure_sum[_bitwidth]`, `federated_secure_modular_sum`,
+  `federated_secure_select`)."""
+  root = comp.to_building_block() if hasattr(comp, "to_building_block") else comp
+  stack = [root]
+  while stack:
+    node = stack.pop()
+    if isinstance(node, tff.framework.Intrinsic) and node.uri in _SECURE_INTRINSICS:
+      return True
+    stack.extend(node.children())
+  return False
+
+
+def lower_secure_intrinsics(comp):
+  """`comp` with its secure intrinsics replaced by plain TFF bodies
+  (`tff.backends.test.replace_secure_intrinsics_with_bodies`: a
+  `federated_aggregate` that checks each client's integer is within the
+  bitwidth, then sums in int64); `comp` itself when it has none. NOT a secure
+  protocol: the aggregating executor sees every client's (quantised) value."""
+  if not contains_secure_intrinsics(comp):
+    return comp
+  lowered = tff.backends.test.replace_secure_intrinsics_with_bodies(comp)
+  # Keep the Python containers of the original type (namedtuples, attrs), which
+  # the proto round trip drops: the mergeable context converts results with it.
+  return tff.framework.ConcreteComputation.with_type(lowered, comp.type_signature)
+
+
+def worker_compiler(comp):
+  """`compiler_fn` for a `tff.framework.SyncExecutionContext` over TFF's C++
+  worker: `tff.backends.native.desugar_and_transform_to_native` after
+  `lower_secure_intrinsics` (identical to it for computations without secure
+  intrinsics). What `tff.backends.test`'s contexts compile with."""
+  return tff.backends.native.desugar_and_transform_to_native(lower_secure_intrinsics(comp))
+
+
+def mergeable_compiler(comp):
+  """`compiler_fn` for `tff.framework.MergeableCompExecutionContext` (the
+  multi-worker context): TFF's `compile_to_mergeable_comp_form` after
+  `lower_secure_intrinsics`."""
+  return tff.backends.native.compile_to_mergeable_comp_form(lower_secure_intrinsics(comp))
+
+
+def secure_sum_context(context=None) -> tff.framework.SyncExecutionContext:
+  """A context running on the same executors as `context` (default: TFF's
+  current default context, e.g. the one `tfbfl.runtime.set_local_runtime()`
+  installed), compiling with `worker_compiler`, so that secure sums execute:
+
+      rt = runtime.set_local_runtime()
+      with tff.framework.get_context_stack().install(secure_sum_context(rt.context)):
+        process.next(state, values)
+
+  Only for a `tff.framework.SyncExecutionContext` (the local runtime's); the
+  multi-worker context needs `mergeable_compiler` where it is built.
+  """
+  context = tff.framework.get_context_stack().current if context is None else context
+  if not isinstance(context, tff.framework.SyncExecutionContext):
+    raise TypeError(
+        "secure_sum_context needs a tff.framework.SyncExecutionContext (e.g. "
+        "tfbfl.runtime.set_local_runtime().context), got "
+        f"{type(context).__name__}; a multi-worker (mergeable) context must be built "
+        "with compiler_fn=tfbfl.aggregators.mergeable_compiler instead.")
+  return tff.framework.SyncExecutionContext(
+      executor_fn=context.executor_factory,
+      compiler_fn=worker_compiler,
+      transform_args=tff.tensorflow.transform_args,
+      transform_result=tff.tensorflow.transform_result)

@@ -2,7 +2,7 @@
 
 It owns what is the same for all methods: client sampling, the client-state store,
 evaluation with the S and MT metrics, outputs and checkpoints. An algorithm plugs
-in through four members (see `tfbfl.algorithms.virtual.VirtualAlgorithm`):
+in by satisfying `tfbfl.algorithms.base.FederatedAlgorithm` (a `typing.Protocol`):
 
     initial_server_state() -> server_state
     initial_client_state(client_index) -> client_state
@@ -58,9 +58,12 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import numpy as np
 
 from tfbfl import client_store as client_store_lib
+from tfbfl import options
 from tfbfl import run_dir as run_dir_lib
 from tfbfl import state_io
 from tfbfl import metrics as metrics_lib
+from tfbfl.algorithms.base import FederatedAlgorithm
+from tfbfl.algorithms.base import client_seed  # noqa: F401  (the driver's seed rule)
 from tfbfl.data import FederatedData
 
 CHECKPOINT = "checkpoint.npz"  # tfbfl.state_io format; see _save_checkpoint
@@ -72,21 +75,31 @@ BASE_COLUMNS = ("round", "server_accuracy", "server_loss", "mt_accuracy", "mt_lo
 @dataclasses.dataclass
 class RunConfig:
   """How to drive the rounds (the algorithm-independent flags)."""
-  rounds: int = 20
-  clients_per_round: int = 10
-  eval_every: int = 1
-  seed: int = 0
-  output_dir: Optional[str] = None
-  checkpoint_every: int = 0
-  resume: bool = False
+  rounds: int = options.integer(20, "Communication rounds.", low=1)
+  clients_per_round: int = options.integer(10, "Clients per round C (fixed).", low=1,
+                                           high=10**7)
+  eval_every: int = options.integer(1, "Evaluate S and MT every this many rounds.", low=1)
+  seed: int = options.integer(0, "Fixes client sampling, initialisation and data splits.",
+                              high=options.MAX_SEED)
+  output_dir: Optional[str] = options.text(
+      None, "Where metrics.csv, summary.json, curves.png go.")
+  checkpoint_every: int = options.integer(0, "Checkpoint every N rounds (0: never).")
+  resume: bool = options.boolean(False, "Continue from the checkpoint in --output_dir (same "
+                                 "flags and data, checked).")
   verbose: bool = True
-  client_store: str = "memory"           # or "disk"
+  client_store: str = options.choice(
+      "memory", ("memory", "disk"), "Where the controller keeps client states: memory, or "
+      "one file per client under <output_dir>/client_states.")
   client_store_dir: Optional[str] = None  # disk: default <output_dir>/client_states
-  overwrite: bool = False  # clear a previous run's outputs in output_dir first
+  overwrite: bool = options.boolean(
+      False, "Replace the outputs of a previous run in --output_dir (without it, or "
+      "--resume, such a directory is refused).")
   data_fingerprint: Optional[str] = None  # tfbfl.run_dir.data_fingerprint; None: computed
   # Streamed evaluation (see `ExperimentRunner.evaluate`): at most this many clients
   # per evaluation call; 0: one call with every client (`algorithm.evaluate`).
-  eval_chunk: int = 64
+  eval_chunk: int = options.integer(
+      64, "Evaluate at most this many clients per call, MT cached per client where exact "
+      "(0: every client in one call).")
   eval_cache: bool = True  # cache MT per client (streamed path, where exact)
 
   def validate(self, num_clients: int) -> None:
@@ -181,10 +194,6 @@ def plot_curves(path: str, rows: Sequence[Dict[str, Any]], title: str = "") -> N
 
 
 # --------------------------------------------------------------------- driver
-def client_seed(seed: int, round_num: int, client_index: int) -> np.ndarray:
-  return np.array([seed, round_num * 1_000_003 + client_index], dtype=np.int64)
-
-
 def sample_clients(seed: int, round_num: int, num_clients: int, per_round: int) -> List[int]:
   rng = np.random.default_rng([seed, round_num])
   return sorted(int(i) for i in rng.choice(num_clients, size=per_round, replace=False))
@@ -271,6 +280,11 @@ class ExperimentRunner:
                flags: Optional[Dict[str, Any]] = None,
                round_hook: Optional[Callable[[int, Dict[str, Any]], None]] = None):
     config.validate(len(data.client_ids))
+    if not isinstance(algorithm, FederatedAlgorithm):
+      missing = [m for m in ("initial_server_state", "initial_client_state", "next", "evaluate")
+                 if not callable(getattr(algorithm, m, None))]
+      raise TypeError(f"{type(algorithm).__name__} is not a tfbfl.algorithms.base."
+                      f"FederatedAlgorithm: it lacks {missing}.")
     self.algorithm, self.data, self.config = algorithm, data, config
     self.flags = dict(flags or {})
     self.round_hook = round_hook

@@ -59,6 +59,7 @@ import asyncio
 import atexit
 import concurrent.futures
 import ctypes
+import dataclasses
 import fcntl
 import inspect
 import importlib.util
@@ -76,6 +77,8 @@ from typing import Optional, Sequence
 
 import grpc
 import portpicker
+
+from tfbfl import options
 
 _GRPC_MAX_MESSAGE_BYTES = 2 * 1000 * 1000 * 1000
 _GRPC_OPTIONS = [
@@ -557,6 +560,7 @@ class LocalRuntime:
   def start(self) -> "LocalRuntime":
     """Starts the worker (in the calling thread) and installs the context."""
     import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+    from tfbfl import aggregators  # pylint: disable=g-import-not-at-top
 
     if self.worker is not None:
       return self
@@ -580,7 +584,7 @@ class LocalRuntime:
     factory = tff.framework.ResourceManagingExecutorFactory(executor_stack_fn=stack_fn)
     self.context = tff.framework.SyncExecutionContext(
         executor_fn=factory,
-        compiler_fn=tff.backends.native.desugar_and_transform_to_native,
+        compiler_fn=aggregators.worker_compiler,  # secure sums lowered (see there)
         transform_args=tff.tensorflow.transform_args,
         transform_result=tff.tensorflow.transform_result,
     )
@@ -927,6 +931,7 @@ class RemoteRuntime:
     """Connects to every worker (or raises `WorkerError` naming the unreachable
     ones) and installs the mergeable context as TFF's default."""
     import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+    from tfbfl import aggregators  # pylint: disable=g-import-not-at-top
 
     if self.context is not None:
       return self
@@ -961,14 +966,16 @@ class RemoteRuntime:
     async_contexts = [
         _ThreadedAsyncContext(self._worker_context(stub), self._pool, stub.address, latch)
         for stub in stubs]
-    self.context = tff.backends.native.create_mergeable_comp_execution_context(
-        async_contexts, num_subrounds=self.num_subrounds)
+    self.context = tff.framework.MergeableCompExecutionContext(
+        async_contexts=async_contexts, compiler_fn=aggregators.mergeable_compiler,
+        num_subrounds=self.num_subrounds)
     self._previous_context = tff.framework.get_context_stack().current
     tff.framework.set_default_context(self.context)
     return self
 
   def _worker_context(self, stub):
     import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+    from tfbfl import aggregators  # pylint: disable=g-import-not-at-top
 
     def stack_fn(cardinalities):
       if cardinalities.get(tff.CLIENTS) is None:
@@ -980,7 +987,7 @@ class RemoteRuntime:
     factory = tff.framework.ResourceManagingExecutorFactory(executor_stack_fn=stack_fn)
     return tff.framework.SyncExecutionContext(
         executor_fn=factory,
-        compiler_fn=tff.backends.native.desugar_and_transform_to_native,
+        compiler_fn=aggregators.worker_compiler,  # secure sums lowered (see there)
         transform_args=tff.tensorflow.transform_args,
         transform_result=tff.tensorflow.transform_result)
 
@@ -1050,6 +1057,39 @@ def set_local_runtime(**kwargs) -> LocalRuntime:
   new one started.
   """
   return _install(LocalRuntime, dict(kwargs))
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeOptions:
+  """Where the TFF computations run (`set_runtime`'s flags)."""
+  executor: str = options.choice(
+      "local", ("local", "remote"),
+      "local: TFF worker on this machine; remote: the tfbfl-worker services in --workers.")
+  workers: Optional[Sequence[str]] = options.str_list(
+      None, "--executor=remote: worker addresses host:port,host:port (127.0.0.1 + SSH "
+      "tunnels, or TLS; see BUILD.md).")
+  call_timeout_s: float = options.real(
+      600.0, "--executor=remote: deadline of each call to a worker (above the longest "
+      "subround).", low_open=True, high=1e7)
+  tls_ca: Optional[str] = options.text(
+      None, "--executor=remote: PEM CA certificate that signed the workers' certificates; "
+      "turns on TLS (workers run with --tls_cert/--tls_key). See BUILD.md.")
+  tls_cert: Optional[str] = options.text(
+      None, "--executor=remote: PEM client certificate of this controller, for workers "
+      "started with --tls_client_ca (with --tls_key).")
+  tls_key: Optional[str] = options.text(None, "--executor=remote: PEM private key of --tls_cert.")
+
+  def check(self) -> None:
+    """The flags' combinations; TLS files are read (a bad one is named)."""
+    tls = any((self.tls_ca, self.tls_cert, self.tls_key))
+    if self.executor == "remote" and not self.workers:
+      raise ValueError("--executor=remote needs --workers=host:port[,host:port...].")
+    if self.executor == "local" and self.workers:
+      raise ValueError("--workers is only used with --executor=remote.")
+    if self.executor != "remote" and tls:
+      raise ValueError("--tls_ca/--tls_cert/--tls_key are only used with --executor=remote.")
+    if tls:
+      channel_credentials(self.tls_ca, self.tls_cert, self.tls_key)   # names the bad flag
 
 
 def set_runtime(executor: str = "local", workers: Optional[Sequence[str]] = None, **kwargs):

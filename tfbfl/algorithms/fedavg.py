@@ -81,17 +81,22 @@ import dataclasses
 from typing import Optional, Sequence
 
 import numpy as np
-import tensorflow as tf
-import tensorflow_federated as tff
 
-from tfbfl import architectures
-from tfbfl import communication
-from tfbfl import metrics as metrics_lib
-from tfbfl import models
-from tfbfl import training
-from tfbfl.algorithms import client_batch
-from tfbfl.algorithms import robust
-from tfbfl.algorithms import rounds
+from tfbfl import _lazy
+from tfbfl import options
+from tfbfl.algorithms import base
+from tfbfl.algorithms import registry
+
+# TensorFlow and the modules built on it load when an algorithm is built (`tfbfl._lazy`).
+tf = _lazy.load("tensorflow")
+tff = _lazy.load("tensorflow_federated")
+architectures = _lazy.load("tfbfl.architectures")
+communication = _lazy.load("tfbfl.communication")
+metrics_lib = _lazy.load("tfbfl.metrics")
+models = _lazy.load("tfbfl.models")
+client_batch = _lazy.load("tfbfl.algorithms.client_batch")
+robust = _lazy.load("tfbfl.algorithms.robust")
+rounds = _lazy.load("tfbfl.algorithms.rounds")
 
 ServerState = collections.namedtuple(
     "ServerState", ["model_weights", "finalizer_state", "aggregator_state", "round_num"])
@@ -104,66 +109,52 @@ ARCHITECTURES = ("mlp", "conv")
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelConfig:
-  """Hyperparameters of the deterministic-model algorithms (flags of `launchers/train.py`).
+class ModelConfig(base.ClientTraining):
+  """Settings of the deterministic-model algorithms (FedAvg, FedProx, Local, Global).
 
   `architecture` is "mlp" (`models.build_deterministic_mlp`, inputs flattened) or
   "conv" (`architectures.build_deterministic_conv`, VIRTUAL's FEMNIST conv net, on
   `image_shape` images; `filters` per conv stage). `mu` is FedProx's proximal
-  strength (0 = FedAvg); `server_lr` is unused by Local and Global.
-  `max_update_ratio` is the drop rule's bound (`tfbfl.algorithms.robust`).
+  strength (0 = FedAvg); the server step is `server_lr` (None: 1.0, plain model
+  averaging); Local and Global use neither. `max_update_ratio` is the drop rule's
+  bound (`tfbfl.algorithms.robust`). The common settings are `base.ClientTraining`'s.
   """
   input_dim: int
   num_classes: int
-  hidden_units: Sequence[int] = (100, 100)
   activation: str = "relu"
-  epochs: int = 20
-  batch_size: int = 20
-  client_lr: float = 0.05
-  server_lr: float = 1.0
-  mu: float = 0.0
-  seed: int = 0
+  mu: float = 0.0   # FedProx's proximal strength (`FedProxConfig` makes it a flag)
   input_shape: Optional[Sequence[int]] = None   # None: (input_dim,)
-  architecture: str = "mlp"
-  image_shape: Optional[Sequence[int]] = None   # conv: (H, W[, C]); None: input_shape
-  filters: Sequence[int] = (32, 64)
-  max_update_ratio: float = robust.DEFAULT_MAX_UPDATE_RATIO
 
   @property
   def example_shape(self):
     return tuple(self.input_shape) if self.input_shape else (self.input_dim,)
 
+  @classmethod
+  def derived_defaults(cls, params):
+    """`server_lr` unset: 1.0 (model averaging)."""
+    out = super().derived_defaults(params)
+    if params.get("server_lr") is None:
+      out["server_lr"] = 1.0
+    return out
+
+  @property
+  def server_step(self) -> float:
+    """The server learning rate: `server_lr`, 1.0 (model averaging) when unset."""
+    return 1.0 if self.server_lr is None else float(self.server_lr)
+
   def __post_init__(self):
-    rules = (("input_dim", self.input_dim, self.input_dim >= 1, ">= 1"),
-             ("num_classes", self.num_classes, self.num_classes >= 1, ">= 1"),
-             ("epochs_per_round", self.epochs, self.epochs >= 1, ">= 1"),
-             ("batch_size", self.batch_size, self.batch_size >= 1, ">= 1"),
-             ("client_lr", self.client_lr, self.client_lr > 0, "> 0"),
-             ("server_lr", self.server_lr, self.server_lr > 0, "> 0"),
-             ("mu", self.mu, self.mu >= 0, ">= 0"),
-             ("max_update_ratio", self.max_update_ratio, self.max_update_ratio > 0, "> 0"),
-             ("hidden_units", tuple(self.hidden_units),
-              all(int(h) >= 1 for h in self.hidden_units), "positive"),
-             ("architecture", self.architecture, self.architecture in ARCHITECTURES,
-              f"one of {ARCHITECTURES} for the deterministic baselines"))
-    for flag, value, ok, rule in rules:
-      if not ok:
-        raise ValueError(f"--{flag} must be {rule}, got {value!r}.")
+    super().__post_init__()
+    for name in ("input_dim", "num_classes"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}.")
+    self.check_architecture(ARCHITECTURES, "the deterministic baselines")
+    options.Option("float", "mu", low=0.0, high=options.MAX_WEIGHT).check(self.mu, "mu")
 
 
-def config_from_params(data, p, mu: float = 0.0) -> ModelConfig:
-  """`ModelConfig` from `tfbfl.training` flags and the data's shapes."""
-  return ModelConfig(
-      input_dim=int(np.prod(data.input_shape)), input_shape=tuple(data.input_shape),
-      num_classes=data.num_classes, hidden_units=tuple(p["hidden_units"]),
-      epochs=p["epochs_per_round"], batch_size=p["batch_size"], client_lr=p["client_lr"],
-      server_lr=p["server_lr"], mu=mu, seed=p["seed"], architecture=p["architecture"],
-      image_shape=tuple(p["image_shape"]) if p["image_shape"] else None,
-      filters=tuple(p["filters"]),
-      max_update_ratio=float(p.get("max_update_ratio", robust.DEFAULT_MAX_UPDATE_RATIO)))
-
-
-epoch_permutations = client_batch.epoch_permutations
+@dataclasses.dataclass(frozen=True)
+class FedProxConfig(ModelConfig):
+  """`ModelConfig` with FedProx's proximal strength as a flag."""
+  mu: float = options.real(0.01, "FedProx proximal strength mu.", high=options.MAX_WEIGHT)
 
 
 def _as_model_weights(weights) -> tff.learning.models.ModelWeights:
@@ -205,6 +196,10 @@ class ModelComputations:
     score: `tff.tensorflow.computation(weights, (x, y)) -> (loss_sum, correct,
       num_examples)`: summed cross-entropy and number of correct predictions.
     predict_proba: `tff.tensorflow.computation(weights, x) -> p(y | x)` [n, classes].
+
+  `build_client_update(delta_fn)` gives `client_update` with another upload
+  (FedPA's hook, `tfbfl.algorithms.fedpa`): same training, metrics, MT weights
+  and drop rule, `update` = `delta_fn(w^(t), iterate means per epoch)`.
   """
 
   def __init__(self, config: ModelConfig, check_norm: bool = True):
@@ -225,9 +220,7 @@ class ModelComputations:
     x_type = tff.TensorType(np.float32, [None, *cfg.example_shape])
     self.data_type = tff.to_type((x_type, tff.TensorType(np.int32, [None])))
 
-    @tff.tensorflow.computation(self.weights_type, self.seed_type, self.data_type)
-    def client_update(weights, seed, data):
-      return self._train(_as_model_weights(weights), seed, *data)
+    client_update = self.build_client_update()
 
     @tff.tensorflow.computation(self.weights_type, self.data_type)
     def score(weights, data):
@@ -239,6 +232,22 @@ class ModelComputations:
 
     self.x_type = x_type
     self.client_update, self.score, self.predict_proba = client_update, score, predict_proba
+
+  def build_client_update(self, delta_fn=None):
+    """`client_update` (see the class docstring), its upload given by `delta_fn`.
+
+    Args:
+      delta_fn: None: `update = w^(t) - w_last` (FedAvg, FedProx). Otherwise a
+        graph function `(w0, means) -> update` of lists over the trainable
+        weights: `w0[j]` the start `w^(t)`, `means[j]` of shape `[E, *w0[j].shape]`
+        with `means[j][e]` = the mean of the iterates after each SGD step of
+        epoch e (IASG samples; `w0` for a client without examples). The loop
+        then also carries these per-epoch sums (E copies of the weights).
+    """
+    @tff.tensorflow.computation(self.weights_type, self.seed_type, self.data_type)
+    def client_update(weights, seed, data):
+      return self._train(_as_model_weights(weights), seed, *data, delta_fn=delta_fn)
+    return client_update
 
   # --------------------------------------------------------------- helpers
   def _model(self) -> tf.keras.Model:
@@ -264,7 +273,7 @@ class ModelComputations:
     for v, w in zip(model.non_trainable_weights, weights.non_trainable):
       v.assign(w)
 
-  def _train(self, weights, seed, x, y):
+  def _train(self, weights, seed, x, y, delta_fn=None):
     cfg = self.config
     model = self._model()
     x = self._flat(x)
@@ -280,7 +289,6 @@ class ModelComputations:
                                                 cfg.batch_size)
 
       def step_fn(params, xb, yb, mask, step):
-        del step
         with tf.GradientTape() as tape:
           loss, size, correct = client_batch.masked_cross_entropy(
               model(xb, training=True), yb, mask)
@@ -289,16 +297,28 @@ class ModelComputations:
           grads = [g + cfg.mu * (v - w0) for g, v, w0 in zip(grads, variables, weights.trainable)]
         with tf.control_dependencies(
             [v.assign_sub(cfg.client_lr * g) for v, g in zip(variables, grads)]):
+          if delta_fn is not None:   # add the new iterate to its epoch's sum
+            epoch = tf.reshape(step // schedule.steps_per_epoch[0], [1, 1])
+            params = [tf.tensor_scatter_nd_add(s, epoch, v.read_value()[None])
+                      for s, v in zip(params, variables)]
           return params, (loss * size, tf.identity(correct))
 
       zero = tf.zeros([1])
-      _, (loss_sum, correct_sum) = client_batch.train_loop(
-          schedule, x[None], y[None], (), step_fn, (zero, zero))
+      sums = () if delta_fn is None else [
+          tf.zeros([1, cfg.epochs, *w.shape], w.dtype) for w in weights.trainable]
+      sums, (loss_sum, correct_sum) = client_batch.train_loop(
+          schedule, x[None], y[None], sums, step_fn, (zero, zero))
       loss_sum, correct_sum = loss_sum[0], correct_sum[0]
       new_weights = tff.learning.models.ModelWeights(
           [tf.identity(v) for v in model.trainable_weights],
           [tf.identity(v) for v in model.non_trainable_weights])
-      update = [w0 - w for w0, w in zip(weights.trainable, new_weights.trainable)]
+      if delta_fn is None:
+        update = [w0 - w for w0, w in zip(weights.trainable, new_weights.trainable)]
+      else:   # every epoch has steps_per_epoch steps; none at all when n = 0
+        count = tf.cast(schedule.steps_per_epoch[0], tf.float32)
+        means = [tf.where(n > 0, s[0] / count, tf.broadcast_to(w0[None], s[0].shape))
+                 for s, w0 in zip(sums, weights.trainable)]
+        update = list(delta_fn(list(weights.trainable), means))
       # Robust rounds: drop a non-finite or outlying update (robust.check_update).
       ok, ratio = robust.check_update(update, weights.trainable, cfg.max_update_ratio,
                                       check_norm=self.check_norm)
@@ -446,12 +466,21 @@ class FedAvgAlgorithm:
     aggregation = tff.aggregators.MeanFactory(no_nan_division=True).create(
         weights_type.trainable, tff.TensorType(np.float32))
     finalizer = tff.learning.templates.build_apply_optimizer_finalizer(
-        tff.learning.optimizers.build_sgdm(learning_rate=config.server_lr), weights_type)
+        tff.learning.optimizers.build_sgdm(learning_rate=config.server_step), weights_type)
     self._distributor, self._aggregation, self._finalizer = distributor, aggregation, finalizer
+    self.next = self.build_next(comps.client_update)
+    self._evaluate = comps.build_evaluate()
+    self._evaluate_server_fn, self._evaluate_clients_fn = comps.build_streamed_evaluate()
+
+  def build_next(self, client_update):
+    """The round computation `next` (see the class docstring) with `client_update`
+    (a `ModelComputations.client_update`-typed computation) as the client work;
+    FedPA's hook (`tfbfl.algorithms.fedpa`): the same server step on another upload."""
+    comps, weights_type = self.computations, self.computations.weights_type
+    distributor, aggregation, finalizer = self._distributor, self._aggregation, self._finalizer
     server_state_type = tff.to_type(ServerState(
         weights_type, finalizer.initialize.type_signature.result.member,
         aggregation.initialize.type_signature.result.member, tff.TensorType(np.int32)))
-    client_update = comps.client_update
 
     @tff.tensorflow.computation(tff.TensorType(np.float32), weights_type, weights_type)
     def keep_previous_if_dropped(dropped, new, previous):
@@ -473,9 +502,7 @@ class FedAvgAlgorithm:
           **train_metrics(out), update_non_finite=fin.measurements.update_non_finite))
       return new_state, kept, metrics
 
-    self.next = next_fn
-    self._evaluate = comps.build_evaluate()
-    self._evaluate_server_fn, self._evaluate_clients_fn = comps.build_streamed_evaluate()
+    return next_fn
 
   def initial_server_state(self) -> ServerState:
     return ServerState(self.computations.initial_weights, self._finalizer.initialize(),
@@ -510,13 +537,9 @@ class FedAvgAlgorithm:
     return num_selected * size, num_selected * size
 
 
-def _build_fedavg(data, p):
-  return FedAvgAlgorithm(config_from_params(data, p, mu=0.0), name="fedavg")
-
-
-def _build_fedprox(data, p):
-  return FedAvgAlgorithm(config_from_params(data, p, mu=p["mu"]), name="fedprox")
-
-
-training.register_algorithm("fedavg", _build_fedavg)
-training.register_algorithm("fedprox", _build_fedprox)
+registry.register(registry.AlgorithmSpec(
+    "fedavg", ModelConfig, lambda data, config, run: FedAvgAlgorithm(config, name="fedavg"),
+    "FedAvg (McMahan et al., 2017): server SGD on the mean client model delta."))
+registry.register(registry.AlgorithmSpec(
+    "fedprox", FedProxConfig, lambda data, config, run: FedAvgAlgorithm(config, name="fedprox"),
+    "FedProx (Li et al., 2020): FedAvg with the proximal term mu/2 ||w - w_server||^2."))

@@ -147,18 +147,23 @@ import math
 from typing import List, Optional, Sequence
 
 import numpy as np
-import tensorflow as tf
-import tensorflow_federated as tff
 
-from tfbfl import communication
-from tfbfl import compression
-from tfbfl import gaussian
-from tfbfl import models
-from tfbfl import training
-from tfbfl.aggregators import GaussianProductFactory
-from tfbfl.algorithms import client_batch
-from tfbfl.algorithms import robust
-from tfbfl.algorithms import rounds
+from tfbfl import _lazy
+from tfbfl import options
+from tfbfl.algorithms import base
+from tfbfl.algorithms import registry
+
+# TensorFlow and the modules built on it load when an algorithm is built (`tfbfl._lazy`).
+tf = _lazy.load("tensorflow")
+tff = _lazy.load("tensorflow_federated")
+aggregators = _lazy.load("tfbfl.aggregators")
+communication = _lazy.load("tfbfl.communication")
+compression = _lazy.load("tfbfl.compression")
+gaussian = _lazy.load("tfbfl.gaussian")
+models = _lazy.load("tfbfl.models")
+client_batch = _lazy.load("tfbfl.algorithms.client_batch")
+robust = _lazy.load("tfbfl.algorithms.robust")
+rounds = _lazy.load("tfbfl.algorithms.rounds")
 
 FISHER_MODES = ("online", "offline", "identity")
 MODELS = ("mlp", "cnn")
@@ -176,55 +181,46 @@ ClientOutput = collections.namedtuple(
 
 
 @dataclasses.dataclass(frozen=True)
-class LaplaceConfig:
-  """Hyperparameters of FOLA, its offline variant and FedCurv (flag names in
-  the error messages)."""
+class LaplaceConfig(base.ClientTraining):
+  """Settings of FOLA, its offline variant and FedCurv: `base.ClientTraining`'s plus
+  those below (flag names in the error messages). `fisher` is pinned per algorithm
+  name ("online": FOLA, "offline": laplace_offline, "identity": the product-identity
+  ablation). The paper's MLP is `hidden_units=(500, 300)`, E = 5, B = 32 (the
+  FOLA figure launchers use those)."""
   input_shape: Sequence[int]
   num_classes: int
-  model: str = "mlp"
-  hidden_units: Sequence[int] = (500, 300)
-  epochs: int = 5
-  batch_size: int = 32
-  client_lr: float = 0.05
   fisher: str = "online"
-  fola_lambda: float = 10.0
-  fola_gamma: float = float("inf")
-  eps: float = 1e-8
-  clip_norm: float = 0.0
-  compress_p: float = 1.0
-  fedcurv_lambda: float = 1.0
-  seed: int = 0
-  max_update_ratio: float = robust.DEFAULT_MAX_UPDATE_RATIO
+  fola_lambda: float = options.real(10.0, "FOLA: strength lambda of the prior penalty.",
+                                    high=options.MAX_WEIGHT)
+  fola_gamma: float = options.real(
+      float("inf"), "FOLA: variance of the round-1 prior N(0, gamma I) (inf: flat).",
+      low_open=True, high=None, inf_ok=True)
+  eps: float = options.real(1e-8, "FOLA: server epsilon for zero aggregate precision.",
+                            low_open=True, high=1.0, flag="fola_eps")
+  clip_norm: float = options.real(0.0, "FOLA/FedCurv: client gradient clip norm (0: none).",
+                                  high=1e9, flag="fola_clip_norm")
+  compress_p: float = options.real(1.0, "FOLA: fraction of precisions kept per layer (1: none).",
+                                   low_open=True, high=1.0)
+  fedcurv_lambda: float = options.real(1.0, "FedCurv: penalty strength lambda.",
+                                       high=options.MAX_WEIGHT)
 
   def __post_init__(self):
-    def check(flag, ok, want, value):
-      if not ok:
-        raise ValueError(f"--{flag} must be {want}, got {value!r}.")
-    for flag, name in (("epochs_per_round", "epochs"), ("batch_size", "batch_size")):
-      v = getattr(self, name)
-      check(flag, isinstance(v, (int, np.integer)) and v >= 1, "an int >= 1", v)
-    check("client_lr", self.client_lr > 0 and math.isfinite(self.client_lr), "> 0", self.client_lr)
-    check("fola_lambda", self.fola_lambda >= 0 and math.isfinite(self.fola_lambda), ">= 0",
-          self.fola_lambda)
-    check("fedcurv_lambda", self.fedcurv_lambda >= 0 and math.isfinite(self.fedcurv_lambda),
-          ">= 0", self.fedcurv_lambda)
-    check("fola_gamma", self.fola_gamma > 0, "> 0 (the prior variance; inf: flat)", self.fola_gamma)
-    check("fola_eps", self.eps > 0 and math.isfinite(self.eps), "> 0", self.eps)
-    check("fola_clip_norm", self.clip_norm >= 0, ">= 0 (0: no clipping)", self.clip_norm)
-    check("max_update_ratio", self.max_update_ratio > 0, "> 0", self.max_update_ratio)
-    compression.check_fraction(self.compress_p, "compress_p")
-    check("architecture", self.model in MODELS, f"one of {MODELS}", self.model)
-    check("fisher", self.fisher in FISHER_MODES, f"one of {FISHER_MODES}", self.fisher)
-    check("hidden_units", all(int(h) > 0 for h in self.hidden_units), "positive ints",
-          tuple(self.hidden_units))
-    if self.model == "cnn":
-      self.image_shape  # pylint: disable=pointless-statement  (validates)
+    super().__post_init__()
+    self.check_architecture(MODELS, "FOLA/FedCurv")
+    if self.fisher not in FISHER_MODES:
+      raise ValueError(f"--fisher must be one of {FISHER_MODES}, got {self.fisher!r}.")
+    if self.architecture == "cnn":   # the CNN's (H, W, C), checked here
+      object.__setattr__(self, "image_shape", self._cnn_input_shape())
 
   @property
-  def image_shape(self):
-    """CNN input `(H, W, C)`: the data's own image shape, or a flat square `n`
-    viewed as `(sqrt n, sqrt n, 1)`."""
-    shape = tuple(int(d) for d in self.input_shape)
+  def model(self) -> str:
+    """The network family ("mlp" or "cnn"; `--architecture`)."""
+    return self.architecture
+
+  def _cnn_input_shape(self):
+    """CNN input `(H, W, C)`: `--image_shape`, else the data's own image shape, or a
+    flat square `n` viewed as `(sqrt n, sqrt n, 1)`."""
+    shape = tuple(int(d) for d in (self.image_shape or self.input_shape))
     if len(shape) == 3:
       return shape
     if len(shape) == 2:
@@ -242,9 +238,10 @@ class LaplaceConfig:
     return (int(np.prod(self.input_shape)),)
 
 
-# `[epochs, num_examples]` int32, a stateless random permutation per epoch: row e
-# lists the order in which epoch e visits the examples.
-shuffle_order = client_batch.epoch_permutations
+def shuffle_order(seed, epochs, num_examples):
+  """`[epochs, num_examples]` int32, a stateless random permutation per epoch: row e
+  lists the order in which epoch e visits the examples (`client_batch.epoch_permutations`)."""
+  return client_batch.epoch_permutations(seed, epochs, num_examples)
 
 
 def _cross_entropy(logits, y):
@@ -310,7 +307,7 @@ def list_natural(g):
   return gaussian.NaturalGaussian(list(g.eta1), list(g.eta2))
 
 
-def build_gaussian_product(weights_type, eps, factory: Optional[GaussianProductFactory] = None):
+def build_gaussian_product(weights_type, eps, factory: Optional[aggregators.GaussianProductFactory] = None):
   """The server's Gaussian product as a TFF aggregation + server step.
 
   Args:
@@ -326,7 +323,7 @@ def build_gaussian_product(weights_type, eps, factory: Optional[GaussianProductF
     `natural = NaturalGaussian(Lambda_n mu_n, Lambda_n)`, weights
     `a_n = num_examples_n / sum_m num_examples_m`.
   """
-  factory = factory or GaussianProductFactory(weighted=True)
+  factory = factory or aggregators.GaussianProductFactory(weighted=True)
   if not factory.weighted:
     raise ValueError("the Gaussian product needs a weighted GaussianProductFactory.")
   natural_type = tff.to_type(gaussian.NaturalGaussian(weights_type, weights_type))
@@ -517,9 +514,9 @@ class FolaAlgorithm(_LaplaceBase):
     name: the algorithm's name in outputs.
   """
 
-  def __init__(self, config: LaplaceConfig, aggregator: Optional[GaussianProductFactory] = None,
+  def __init__(self, config: LaplaceConfig, aggregator: Optional[aggregators.GaussianProductFactory] = None,
                name: Optional[str] = None):
-    self._aggregator = aggregator or GaussianProductFactory(weighted=True)
+    self._aggregator = aggregator or aggregators.GaussianProductFactory(weighted=True)
     self.name = name or {"online": "fola", "offline": "laplace_offline"}.get(config.fisher, "product")
     super().__init__(config)
 
@@ -651,7 +648,7 @@ class FedCurvAlgorithm(_LaplaceBase):
     natural_type = tff.to_type(gaussian.NaturalGaussian(self.weights_type, self.weights_type))
     self._mean_process = tff.aggregators.MeanFactory().create(
         self.weights_type, tff.TensorType(np.float32))
-    self._curv_process = GaussianProductFactory().create(natural_type)
+    self._curv_process = aggregators.GaussianProductFactory().create(natural_type)
     mean_process, curv_process = self._mean_process, self._curv_process
     model_type = tff.to_type(CurvModel(self.weights_type, natural_type, tff.TensorType(np.int32)))
     self.server_state_type = tff.to_type(FedCurvServerState(
@@ -694,25 +691,13 @@ class FedCurvAlgorithm(_LaplaceBase):
 
 
 # ---------------------------------------------------------------- registry
-def config_from_params(data, p, **overrides) -> LaplaceConfig:
-  """`LaplaceConfig` from `tfbfl.training` flags and the data's shapes."""
-  get = lambda name: p.get(name, training.DEFAULTS[name])
-  architecture = get("architecture")
-  if architecture not in MODELS:
-    raise ValueError(f"--architecture must be one of {MODELS} for FOLA/FedCurv, got {architecture!r}.")
-  values = dict(
-      input_shape=tuple(data.input_shape), num_classes=data.num_classes, model=architecture,
-      hidden_units=tuple(p["hidden_units"]), epochs=int(p["epochs_per_round"]),
-      batch_size=int(p["batch_size"]), client_lr=float(p["client_lr"]),
-      fola_lambda=float(get("fola_lambda")), fola_gamma=float(get("fola_gamma")),
-      eps=float(get("fola_eps")), clip_norm=float(get("fola_clip_norm")),
-      compress_p=float(get("compress_p")), fedcurv_lambda=float(get("fedcurv_lambda")),
-      seed=int(p["seed"]), max_update_ratio=float(get("max_update_ratio")))
-  values.update(overrides)
-  return LaplaceConfig(**values)
-
-
-training.register_algorithm("fola", lambda data, p: FolaAlgorithm(config_from_params(data, p)))
-training.register_algorithm(
-    "laplace_offline", lambda data, p: FolaAlgorithm(config_from_params(data, p, fisher="offline")))
-training.register_algorithm("fedcurv", lambda data, p: FedCurvAlgorithm(config_from_params(data, p)))
+registry.register(registry.AlgorithmSpec(
+    "fola", LaplaceConfig, lambda data, config, run: FolaAlgorithm(config),
+    "FOLA (Liu et al.): Gaussian-product aggregation of online Laplace approximations."))
+registry.register(registry.AlgorithmSpec(
+    "laplace_offline", LaplaceConfig, lambda data, config, run: FolaAlgorithm(config),
+    "Gaussian product of offline Laplace approximations (FOLA's ablation).",
+    fixed=dict(fisher="offline")))
+registry.register(registry.AlgorithmSpec(
+    "fedcurv", LaplaceConfig, lambda data, config, run: FedCurvAlgorithm(config),
+    "FedCurv (Shoham et al., 2019): FedAvg with a Fisher-weighted penalty."))

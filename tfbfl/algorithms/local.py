@@ -28,7 +28,7 @@ and nothing is exchanged. Metrics:
 training data `D = D_1 u ... u D_K` of *all* clients (taken from the
 `FederatedData` at construction; the `data` argument of `next` is not used).
 Round t runs E epochs of SGD on `D` with the stateless seed
-`experiment.client_seed(seed, t, 0)` (so with one client, Global and Local see
+`base.client_seed(seed, t, 0)` (so with one client, Global and Local see
 identical minibatches). S = MT = `w` on each client's test data.
 
 Neither baseline transmits models: `round_bytes` is (0, 0).
@@ -45,13 +45,15 @@ import collections
 from typing import Sequence, Tuple
 
 import numpy as np
-import tensorflow_federated as tff
 
-from tfbfl import experiment
-from tfbfl import training
-from tfbfl import metrics as metrics_lib
+from tfbfl import _lazy
+from tfbfl.algorithms import base
 from tfbfl.algorithms import fedavg
-from tfbfl.algorithms import rounds
+from tfbfl.algorithms import registry
+
+tff = _lazy.load("tensorflow_federated")
+metrics_lib = _lazy.load("tfbfl.metrics")
+rounds = _lazy.load("tfbfl.algorithms.rounds")
 
 GlobalState = collections.namedtuple("GlobalState", ["model_weights", "round_num"])
 
@@ -175,7 +177,7 @@ class GlobalAlgorithm:
     non-finite result is not stored (the previous model stays, `clients_dropped` 1)."""
     del seeds, data  # the pooled data and the global seed stream are the algorithm's own
     round_num = int(server_state.round_num) + 1
-    seed = experiment.client_seed(self.config.seed, round_num, 0)
+    seed = base.client_seed(self.config.seed, round_num, 0)
     out = self.computations.client_update(server_state.model_weights, seed, self._pooled)
     # The pooled update stands for every selected client: dropped, it drops them all.
     metrics = collections.OrderedDict(train=out.metrics, num_examples=out.num_examples,
@@ -193,13 +195,10 @@ class GlobalAlgorithm:
     return 0, 0
 
 
-def _build_local(data, p):
-  return LocalAlgorithm(fedavg.config_from_params(data, p, mu=0.0))
-
-
-def _build_global(data, p):
-  return GlobalAlgorithm(fedavg.config_from_params(data, p, mu=0.0), data.pooled("train"))
-
-
-training.register_algorithm("local", _build_local)
-training.register_algorithm("global", _build_global)
+registry.register(registry.AlgorithmSpec(
+    "local", fedavg.ModelConfig, lambda data, config, run: LocalAlgorithm(config),
+    "Local: one model per client on its own data (no communication)."))
+registry.register(registry.AlgorithmSpec(
+    "global", fedavg.ModelConfig,
+    lambda data, config, run: GlobalAlgorithm(config, data.pooled("train")),
+    "Global: one model on the pooled data of all clients (reference)."))

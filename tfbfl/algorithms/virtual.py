@@ -59,7 +59,7 @@ Dirichlet(0.5), E = 20, B = 20, client lr 0.05, beta 1e-4, 15 rounds, seed 0;
   below: S loss 16.3 after round 1, the server posterior NaN in round 2; `alpha =
   0.5` NaN as well; `alpha = 1/C = 0.1` stable (best S 0.949, MT 0.940; FedAvg
   0.938 / 0.962). The C client mean moves add up (the overshoot above), so the
-  default is `alpha = 1/C` (`training.virtual_default_step`), now taken by server
+  default is `alpha = 1/C` (`default_step`), now taken by server
   and factors alike; `--server_lr=1` is Algorithm 1.
 * **Objective.** With eq. (3) alone (`server_loss_weight = 0`) the server network
   is only ever trained through the lateral adapters, so it alone predicts nothing:
@@ -126,22 +126,27 @@ import dataclasses
 from typing import Any, Optional, Sequence
 
 import numpy as np
-import tensorflow as tf
-import tensorflow_federated as tff
-import tensorflow_probability as tfp
 
-from tfbfl import architectures
-from tfbfl import communication
-from tfbfl import gaussian
-from tfbfl import metrics as metrics_lib
-from tfbfl import models
-from tfbfl import sparsity
-from tfbfl import training
-from tfbfl.aggregators import GaussianProductFactory
-from tfbfl.algorithms import client_batch
-from tfbfl.algorithms import robust
-from tfbfl.algorithms import rounds
-from tfbfl.algorithms import virtual_step
+from tfbfl import _lazy
+from tfbfl import options
+from tfbfl.algorithms import base
+from tfbfl.algorithms import registry
+
+# TensorFlow and the modules built on it load when an algorithm is built (`tfbfl._lazy`).
+tf = _lazy.load("tensorflow")
+tff = _lazy.load("tensorflow_federated")
+tfp = _lazy.load("tensorflow_probability")
+aggregators = _lazy.load("tfbfl.aggregators")
+architectures = _lazy.load("tfbfl.architectures")
+communication = _lazy.load("tfbfl.communication")
+gaussian = _lazy.load("tfbfl.gaussian")
+metrics_lib = _lazy.load("tfbfl.metrics")
+models = _lazy.load("tfbfl.models")
+sparsity = _lazy.load("tfbfl.sparsity")
+client_batch = _lazy.load("tfbfl.algorithms.client_batch")
+robust = _lazy.load("tfbfl.algorithms.robust")
+rounds = _lazy.load("tfbfl.algorithms.rounds")
+virtual_step = _lazy.load("tfbfl.algorithms.virtual_step")
 
 ServerState = collections.namedtuple("ServerState", ["posterior", "aggregator_state", "round_num"])
 # `client_index` travels with the state so the driver can re-key client outputs
@@ -166,28 +171,46 @@ def _as_client_state(state) -> ClientState:
                      np.asarray(state.client_index))
 
 
+def default_step(clients_per_round: int) -> float:
+  """VIRTUAL's default damped-EP step alpha = 1/C (server and client factors alike).
+
+  Measured on the bundled digits (K = C = 10, seed 0, see "The default step" above):
+  Algorithm 1's alpha = 1 and alpha = 0.5 turned the server posterior NaN within 2
+  rounds (the C client mean moves add up); alpha = 1/C was stable. `--server_lr=1`
+  is Algorithm 1.
+  """
+  return 1.0 / int(clients_per_round)
+
+
 @dataclasses.dataclass(frozen=True)
-class VirtualConfig:
-  """Hyperparameters of VIRTUAL (flags of `launchers/train.py`)."""
+class VirtualConfig(base.ClientTraining):
+  """Settings of VIRTUAL: `base.ClientTraining`'s plus those below (flags of the launchers).
+
+  `server_lr` is the damped-EP step alpha in (0, 1]; unset, it is
+  `default_step(clients_per_round)` (`clients_per_round` unset: `num_clients`).
+  """
   input_dim: int
   num_classes: int
   num_clients: int
-  hidden_units: Sequence[int] = (100, 100)
+  clients_per_round: Optional[int] = None   # the run's C; sets the default step
   activation: str = "relu"
-  epochs: int = 20
-  batch_size: int = 20
-  client_lr: float = 0.05
-  server_lr: float = 1.0           # the EP step alpha, server and client factors alike
-  precision_step: float = 0.0      # rho: natural-gradient step of the shared precisions (0: SGD)
-  kl_weight: float = 1e-4          # beta; the paper finds 1e-6..1e-3 harmless (Fig. 2)
-  prior_scale: float = 1.0
-  init_scale: float = 0.05
-  fedavg_init: bool = False
-  server_loss_weight: float = 1.0   # 0: the paper's eq. (3); measured, see the module docstring
+  precision_step: float = options.real(
+      0.0, "VIRTUAL: natural-gradient step rho in [0, 1] of the shared posterior's "
+      "precisions (0: plain SGD on the softplus scales, as the paper).", high=1.0)
+  # beta; the paper finds 1e-6..1e-3 harmless (Fig. 2)
+  kl_weight: float = options.real(1e-4, "VIRTUAL: KL multiplier beta.", high=options.MAX_WEIGHT)
+  prior_scale: float = options.real(1.0, "VIRTUAL: std of the N(0, s^2) priors.", low_open=True)
+  init_scale: float = options.real(0.05, "VIRTUAL: initial posterior std.", low_open=True)
+  fedavg_init: bool = options.boolean(False, "VIRTUAL + FedAvg init variant.")
+  # 0: the paper's eq. (3); 1 measured, see the module docstring
+  server_loss_weight: float = options.real(
+      1.0, "VIRTUAL: weight of the server network's own cross-entropy (0 = paper eq. 3).",
+      high=options.MAX_WEIGHT)
   private: bool = True
   likelihood: str = "categorical"   # or "gaussian" (regression, noise_scale)
   noise_scale: float = 1.0
-  gate_init: float = 1.0
+  gate_init: float = options.real(1.0, "VIRTUAL: initial lateral gate value.",
+                                  low=-options.MAX_RATE)
   local_solver: str = "sgd"         # or "conjugate" (exact, linear-Gaussian models only)
   # XLA for the client step. Off: inside TFF's worker `jit_compile` is not honoured (a
   # jit_compile function with an op XLA cannot compile runs there without error), so
@@ -203,54 +226,57 @@ class VirtualConfig:
   # digits E=20, TFF, three runs: one by one 1.53-1.99 s/round, groups of 5 2.61-2.78,
   # all 10 2.47-2.94; oneDNN's batched matmul and the [C, P] elementwise updates do not
   # gain from C). Results equal the one-by-one run up to float summation order.
-  clients_per_group: int = 1
-  architecture: str = "mlp"         # "mlp", "conv" (FEMNIST net) or "lstm" (Shakespeare)
-  image_shape: Optional[Sequence[int]] = None   # conv: (H, W[, C]); default input_shape
-  filters: Sequence[int] = (32, 64)
+  clients_per_group: int = options.integer(
+      1, "virtual (MLP): stack this many of a round's clients into one batched client "
+      "computation (1: one by one, the faster on CPU).", low=1, high=10**6)
   kernel_size: int = 5
   vocab_size: int = 88
   embedding_dim: int = 8
-  lstm_units: Sequence[int] = (100, 100)
-  prune_percentile: float = 0.0     # zero Delta_i entries below this SNR percentile (IV-F)
-  prune_per_layer: bool = True
-  eval_samples: int = 0
-  seed: int = 0
+  lstm_units: Sequence[int] = options.int_list((100, 100), "lstm: units per LSTM layer.")
+  # zero Delta_i entries below this SNR percentile (IV-F)
+  prune_percentile: float = options.real(
+      0.0, "VIRTUAL: zero Delta_i entries whose SNR is below this percentile (Sec. IV-F).",
+      high=100.0)
+  prune_per_layer: bool = options.boolean(
+      True, "VIRTUAL: percentile per weight tensor (else over all shared weights).")
+  eval_samples: int = options.integer(0, "MC samples at evaluation (0: posterior mean).",
+                                      high=10**6)
   input_shape: Optional[Sequence[int]] = None   # None: (input_dim,); images are flattened
-  max_update_ratio: float = robust.DEFAULT_MAX_UPDATE_RATIO   # robust rounds' drop bound
+  # How the clients' natural-parameter deltas are summed (`tfbfl.aggregators.sum_factory`).
+  aggregator: str = options.choice(
+      "sum", ("sum", "secure_sum"), "VIRTUAL: sum of the clients' natural-parameter deltas: "
+      "sum (plain federated sum) or secure_sum (TFF's SecureSumFactory: each coordinate "
+      "clipped to [-secure_sum_bound, secure_sum_bound] and quantised to 32 bits; clients "
+      "then train one computation each).")
+  secure_sum_bound: Optional[float] = options.real(
+      None, "VIRTUAL --aggregator=secure_sum: clipping bound B of each summed coordinate "
+      "(error <= clients * B / (2^32 - 1); default tfbfl.aggregators.DEFAULT_SECURE_SUM_BOUND "
+      "= 2^16).", low_open=True, high=2.0**126, none_ok=True)
 
   @property
   def example_shape(self):
     return tuple(self.input_shape) if self.input_shape else (self.input_dim,)
 
   def __post_init__(self):
-    def positive(name, strict=True):
-      v = getattr(self, name)
-      if (v <= 0) if strict else (v < 0):
-        raise ValueError(f"{name} must be {'>' if strict else '>='} 0, got {v}.")
-    for name in ("input_dim", "num_classes", "num_clients", "epochs", "batch_size",
-                 "client_lr", "server_lr", "prior_scale", "init_scale", "noise_scale"):
-      positive(name)
-    if not 0.0 <= self.precision_step <= 1.0:
-      raise ValueError(f"precision_step must be in [0, 1], got {self.precision_step}.")
-    for name in ("client_lr", "server_lr", "precision_step", "kl_weight", "prior_scale", "init_scale",
-                 "server_loss_weight", "noise_scale"):
-      v = getattr(self, name)
-      if v is not None and not np.isfinite(v):
-        raise ValueError(f"{name} must be finite, got {v}.")
-    for name in ("kl_weight", "server_loss_weight", "eval_samples"):
-      positive(name, strict=False)
-    if self.server_lr > 1.0:
-      raise ValueError(f"server_lr (the EP step alpha) must be in (0, 1], got {self.server_lr}.")
-    if not self.max_update_ratio > 0:
-      raise ValueError(f"max_update_ratio must be > 0, got {self.max_update_ratio}.")
-    if self.clients_per_group < 1:
-      raise ValueError(f"clients_per_group must be >= 1, got {self.clients_per_group}.")
+    super().__post_init__()
+    object.__setattr__(self, "lstm_units", tuple(int(u) for u in self.lstm_units or ()))
+    for name in ("input_dim", "num_classes", "num_clients"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}.")
+    if not (self.noise_scale > 0 and np.isfinite(self.noise_scale)):
+      raise ValueError(f"noise_scale must be finite and > 0, got {self.noise_scale}.")
+    if self.clients_per_round is not None and self.clients_per_round < 1:
+      raise ValueError(f"clients_per_round must be >= 1, got {self.clients_per_round}.")
+    if self.server_lr is not None and self.server_lr > 1.0:
+      raise ValueError(f"--server_lr (the EP step alpha) must be in (0, 1], got {self.server_lr}.")
     if self.likelihood not in ("categorical", "gaussian"):
       raise ValueError(f"likelihood must be 'categorical' or 'gaussian', got {self.likelihood!r}.")
-    if self.architecture not in ("mlp", "conv", "lstm"):
-      raise ValueError(f"architecture must be 'mlp', 'conv' or 'lstm', got {self.architecture!r}.")
     if not 0.0 <= self.prune_percentile < 100.0:
       raise ValueError(f"prune_percentile must be in [0, 100), got {self.prune_percentile}.")
+    self.check_architecture(("mlp", "conv", "lstm"), "VIRTUAL")
+    if self.aggregator != "sum" and self.clients_per_group > 1:
+      raise ValueError(f"--clients_per_group={self.clients_per_group} needs --aggregator=sum "
+                       "(a group uploads the plain sum of its clients' deltas).")
     if self.local_solver not in ("sgd", "conjugate"):
       raise ValueError(f"local_solver must be 'sgd' or 'conjugate', got {self.local_solver!r}.")
     if self.local_solver == "conjugate" and not (
@@ -259,14 +285,22 @@ class VirtualConfig:
       raise ValueError(
           "local_solver='conjugate' needs a linear-Gaussian model: likelihood='gaussian', "
           "private=False, hidden_units=(), num_classes=1 and kl_weight > 0.")
-    if any(int(h) <= 0 for h in self.hidden_units):
-      raise ValueError(f"hidden_units must be positive, got {tuple(self.hidden_units)}.")
+
+  @classmethod
+  def derived_defaults(cls, params):
+    """`server_lr` unset: `default_step(clients_per_round)`."""
+    out = super().derived_defaults(params)
+    if params.get("server_lr") is None:
+      out["server_lr"] = default_step(params["clients_per_round"])
+    return out
 
   @property
   def step(self) -> float:
     """The damped-EP step alpha taken by the server posterior and the client
     factor alike (Appendix D's damping gamma equals it; see the module docstring)."""
-    return self.server_lr
+    if self.server_lr is not None:
+      return float(self.server_lr)
+    return default_step(self.clients_per_round or self.num_clients)
 
   @property
   def natural_precision_step(self) -> bool:
@@ -722,9 +756,9 @@ class VirtualAlgorithm:
 
   name = "virtual"
 
-  def __init__(self, config: VirtualConfig, aggregator: Optional[GaussianProductFactory] = None):
+  def __init__(self, config: VirtualConfig, aggregator: Optional[aggregators.GaussianProductFactory] = None):
     self.config = config
-    self._aggregator = aggregator or GaussianProductFactory()
+    self._aggregator = aggregator or aggregators.GaussianProductFactory()
     # Batched groups upload the sum of their clients' deltas: the same sum only
     # where the aggregator is a plain sum (not, e.g., clipped or noised per upload).
     self._plain_sum = isinstance(self._aggregator.value_sum_factory, tff.aggregators.SumFactory)
@@ -1049,24 +1083,16 @@ class VirtualAlgorithm:
     return server_state, [o.client_state for o in outputs], metrics
 
 
-def config_from_params(data, p) -> VirtualConfig:
-  """`VirtualConfig` from `tfbfl.training` flags and the data's shapes."""
-  return VirtualConfig(
-      input_dim=int(np.prod(data.input_shape)), input_shape=tuple(data.input_shape),
-      num_classes=data.num_classes, num_clients=len(data.client_ids),
-      hidden_units=tuple(p["hidden_units"]), epochs=p["epochs_per_round"],
-      batch_size=p["batch_size"], client_lr=p["client_lr"], server_lr=p["server_lr"],
-      precision_step=p["precision_step"], kl_weight=p["kl_weight"],
-      prior_scale=p["prior_scale"], init_scale=p["init_scale"], fedavg_init=p["fedavg_init"],
-      server_loss_weight=p["server_loss_weight"], gate_init=p["gate_init"],
-      eval_samples=p["eval_samples"], seed=p["seed"],
-      prune_percentile=p["prune_percentile"], prune_per_layer=p["prune_per_layer"],
-      architecture=p["architecture"],
-      image_shape=tuple(p["image_shape"]) if p["image_shape"] else None,
-      filters=tuple(p["filters"]), lstm_units=tuple(p["lstm_units"]),
-      vocab_size=data.num_classes if p["architecture"] == "lstm" else 88,
-      max_update_ratio=float(p.get("max_update_ratio", robust.DEFAULT_MAX_UPDATE_RATIO)),
-      clients_per_group=int(p.get("clients_per_group", 1)))
+def _build(data, config: VirtualConfig, run) -> VirtualAlgorithm:
+  """The spec's builder: the LSTM's vocabulary from the data (the step's C is in `config`)."""
+  del run
+  if config.architecture == "lstm":
+    config = dataclasses.replace(config, vocab_size=data.num_classes)
+  bound = {} if config.secure_sum_bound is None else dict(bound=config.secure_sum_bound)
+  return VirtualAlgorithm(config, aggregator=aggregators.GaussianProductFactory(
+      value_sum_factory=aggregators.sum_factory(config.aggregator, **bound)))
 
 
-training.register_algorithm("virtual", lambda data, p: VirtualAlgorithm(config_from_params(data, p)))
+registry.register(registry.AlgorithmSpec(
+    "virtual", VirtualConfig, _build, "VIRTUAL (Corinzia et al.): variational federated "
+    "multi-task learning, server + private client Bayesian networks."))

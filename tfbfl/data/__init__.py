@@ -38,6 +38,7 @@ from tfbfl.data.registry import PARTITIONS
 from tfbfl.data.registry import register_dataset
 from tfbfl.data.safe_pickle import UnsafePickleError
 from tfbfl.data.shakespeare import load_shakespeare
+from tfbfl.data.spec import DataSpec
 from tfbfl.data.stats import dataset_statistics
 from tfbfl.data.stats import format_table1
 from tfbfl.data.vsn import load_vsn

@@ -33,6 +33,8 @@ Natural datasets (femnist, har, vsn, shakespeare) ignore `partition`,
 of their clients (an error if it exceeds those available).
 """
 
+import dataclasses
+
 from tfbfl.data import cifar10
 from tfbfl.data import digits
 from tfbfl.data import federate
@@ -150,26 +152,26 @@ def register_dataset(name, loader):
   DATASETS[name] = loader
 
 
-def load_federated(dataset="digits", *, data_dir=None,
-                   partition="class_dirichlet", num_clients=10, alpha=0.5,
-                   min_size=10, classes_per_client=2, test_fraction=0.25,
-                   seed=0):
-  """Loads the federated dataset `dataset`.
+def load_federated(dataset="digits", **settings):
+  """Loads a federated dataset.
 
   Args:
-    dataset: a name in `DATASETS` ("digits" runs with no download).
-    data_dir: where the dataset's files are (for "npz": the .npz path).
-    partition: a name in `PARTITIONS`; used by datasets without natural
-      clients ("digits", "mnist", "cifar10"), ignored by natural ones
-      ("npz", "femnist", "har", "vsn", "shakespeare") and by "pmnist".
-    num_clients: number of clients of the partition; for natural datasets
-      (except "npz"), the number of their clients drawn with `seed`.
-    alpha: Dirichlet concentration of "class_dirichlet"/"label_dirichlet".
-    min_size: minimum client size of "class_dirichlet".
-    classes_per_client: shards per client of "pathological".
-    test_fraction: per-client held-out fraction where a dataset has no split
-      ("digits", "npz" without test arrays, "har", "hapt", "vsn").
-    seed: int; the same seed gives identical data.
+    dataset: a `DataSpec`, or a name in `DATASETS` ("digits" runs with no
+      download) with the other `DataSpec` fields as keywords (their defaults are
+      `DataSpec`'s):
+      data_dir: where the dataset's files are (for "npz": the .npz path).
+      partition: a name in `PARTITIONS`; used by datasets without natural
+        clients ("digits", "mnist", "cifar10"), ignored by natural ones
+        ("npz", "femnist", "har", "vsn", "shakespeare") and by "pmnist".
+      num_clients: number of clients of the partition; for natural datasets
+        (except "npz"), the number of their clients drawn with `seed`.
+      alpha: Dirichlet concentration of "class_dirichlet"/"label_dirichlet".
+      min_size: minimum client size of "class_dirichlet".
+      classes_per_client: shards per client of "pathological".
+      test_fraction: per-client held-out fraction where a dataset has no split
+        ("digits", "npz" without test arrays, "har", "hapt", "vsn").
+      seed: int; the same seed gives identical data.
+    **settings: `DataSpec` fields, only with a dataset name.
 
   Returns:
     A `FederatedData`.
@@ -181,11 +183,19 @@ def load_federated(dataset="digits", *, data_dir=None,
       any invalid argument (named in the message), or a truncated/corrupted
       file (named in the message).
   """
-  if dataset not in DATASETS:
+  from tfbfl.data.spec import DataSpec  # pylint: disable=g-import-not-at-top
+  if isinstance(dataset, DataSpec):
+    if settings:
+      raise ValueError(f"load_federated(DataSpec) takes no other settings, got {sorted(settings)}.")
+    spec = dataset
+  else:
+    unknown = set(settings) - {f.name for f in dataclasses.fields(DataSpec)}
+    if unknown:
+      raise TypeError(f"load_federated() got unknown settings {sorted(unknown)}.")
+    spec = DataSpec(dataset=dataset, **settings)
+  if spec.dataset not in DATASETS:
     raise ValueError(
-        f"Unknown `dataset` {dataset!r}; expected one of {tuple(DATASETS)}.")
-  federate.check_partition(partition)
-  return DATASETS[dataset](
-      data_dir=data_dir, partition=partition, num_clients=num_clients,
-      alpha=alpha, min_size=min_size, classes_per_client=classes_per_client,
-      test_fraction=test_fraction, seed=seed)
+        f"Unknown `dataset` {spec.dataset!r}; expected one of {tuple(DATASETS)}.")
+  kwargs = dataclasses.asdict(spec)
+  del kwargs["dataset"]
+  return DATASETS[spec.dataset](**kwargs)

@@ -11,8 +11,7 @@ CNN), the launchers' shared flags, the sweeps, CSV/markdown summaries and plots.
 from __future__ import annotations
 
 import collections
-import csv
-import io
+import dataclasses
 import json
 import os
 from typing import Any, Dict, Iterable, List, Sequence
@@ -22,14 +21,21 @@ import numpy as np
 
 from tfbfl import experiment
 from tfbfl import training
-from tfbfl.algorithms.fola import FolaAlgorithm, config_from_params
+from tfbfl.algorithms import registry
+from tfbfl.algorithms.fola import FolaAlgorithm
+from tfbfl.experiments import _runs
+
+
+def _product_identity(data, p):
+  """FOLA's config for the flags `p`, with unit precisions and no penalty."""
+  config = registry.get("fola").make_config(p, data)
+  return FolaAlgorithm(dataclasses.replace(config, fisher="identity", fola_lambda=0.0),
+                       name="product_identity")
+
 
 # Methods of the experiment drivers below that are not registry names:
 # the Gaussian product with unit precisions and no penalty, i.e. FedAvg.
-EXTRA_METHODS = {
-    "product_identity": lambda data, p: FolaAlgorithm(
-        config_from_params(data, p, fisher="identity", fola_lambda=0.0), name="product_identity"),
-}
+EXTRA_METHODS = {"product_identity": _product_identity}
 
 
 def method_for_model(method: str, model: str, log=print) -> str:
@@ -86,44 +92,61 @@ def _resolve(params: Dict[str, Any]) -> Dict[str, Any]:
   return p
 
 
+def _methods_to_run(base_params: Dict[str, Any], methods: Sequence[str], log) -> List[str]:
+  """`methods` as run on `base_params`' model (`method_for_model`), once the
+  dataset is known to load (`check_dataset_available`)."""
+  check_dataset_available(base_params.get("dataset", training.DEFAULTS["dataset"]))
+  model = base_params.get("architecture", "mlp")
+  return [method_for_model(m, model, log) for m in methods]
+
+
 SWEEP_AXES = ("alpha", "num_clients", "batch_size", "epochs_per_round", "client_lr")
 
-# The method hyperparameters the FOLA launchers expose as float flags, with their
-# help; the defaults are `training.DEFAULTS`.
-_METHOD_FLAGS = (
-    ("fola_lambda", "FOLA prior strength lambda."),
-    ("fola_gamma", "Variance of the round-1 prior N(0, gamma I)."),
-    ("fola_eps", "Server epsilon for zero precisions."),
-    ("fola_clip_norm", "Client gradient clip norm (0: none)."),
-    ("compress_p", "Fraction of precisions kept (1: none)."),
-    ("fedcurv_lambda", "FedCurv penalty strength."),
-)
+# The method hyperparameters the FOLA launchers expose as float flags (defaults
+# and help texts: `training.settings()`).
+_METHOD_FLAGS = ("fola_lambda", "fola_gamma", "fola_eps", "fola_clip_norm", "compress_p",
+                 "fedcurv_lambda")
+# Training flags both launchers take as they are (the paper's E and B as defaults).
+_BASE_FLAGS = ("dataset", "num_clients", "batch_size", "epochs_per_round", "client_lr", "seed")
 
 
 def define_launcher_flags() -> None:
   """Defines the absl flags the FOLA launchers share.
 
-  `--methods`, `--alphas`, `--data_dir`, `--hidden_units` and the method
+  `--methods`, `--alphas`, `--data_dir`, `--hidden_units` (paper: 500,300), the
+  base settings `--dataset`, `--num_clients`, `--batch_size` (paper: 32),
+  `--epochs_per_round` (paper: 5), `--client_lr`, `--seed`, and the method
   hyperparameters (`--fola_lambda`, `--fola_gamma`, `--fola_eps`,
-  `--fola_clip_norm`, `--compress_p`, `--fedcurv_lambda`, defaults from
-  `training.DEFAULTS`). A launcher calls it once at import, then
-  `flags.adopt_module_key_flags(fola)` to list them in its own `--helpshort`;
-  `launcher_params(FLAGS)` reads them back.
+  `--fola_clip_norm`, `--compress_p`, `--fedcurv_lambda`). Help texts, and the
+  defaults the paper does not set, come from `training.settings()`. A launcher
+  calls it once at import, then `flags.adopt_module_key_flags(fola_figures)` to
+  list them in its own `--helpshort`; `launcher_params(FLAGS)` reads them back.
   """
+  d, help_of = training.DEFAULTS, _runs.flag_help
   absl_flags.DEFINE_list("methods", ["fola", "fedavg", "fedcurv"], "Methods to compare.")
   absl_flags.DEFINE_list("alphas", ["0.01", "0.1", "1", "10", "100"], "Dirichlet concentrations.")
-  absl_flags.DEFINE_string("data_dir", None, "Dataset files (see data/README.md).")
-  absl_flags.DEFINE_list("hidden_units", ["500", "300"], "MLP hidden widths (paper: 500,300).")
-  for name, help_text in _METHOD_FLAGS:
-    absl_flags.DEFINE_float(name, training.DEFAULTS[name], help_text)
+  absl_flags.DEFINE_string("data_dir", None, help_of("data_dir"))
+  absl_flags.DEFINE_list("hidden_units", ["500", "300"], help_of("hidden_units", paper="500,300"))
+  absl_flags.DEFINE_string("dataset", d["dataset"], help_of(
+      "dataset", paper="mnist with the 784-500-300-10 MLP, cifar10 with the CNN"))
+  absl_flags.DEFINE_integer("num_clients", d["num_clients"],
+                            help_of("num_clients", note="all take part in every round"))
+  absl_flags.DEFINE_integer("batch_size", 32, help_of("batch_size", paper=32))
+  absl_flags.DEFINE_integer("epochs_per_round", 5, help_of("epochs_per_round", paper=5))
+  absl_flags.DEFINE_float("client_lr", d["client_lr"], help_of("client_lr"))
+  absl_flags.DEFINE_integer("seed", d["seed"], help_of(
+      "seed", note="fola_first_round's repeats use --seed, --seed+1, ..."))
+  for name in _METHOD_FLAGS:
+    absl_flags.DEFINE_float(name, d[name], help_of(name))
 
 
 def launcher_params(flag_values) -> Dict[str, Any]:
-  """`data_dir`, `hidden_units` (ints) and the method hyperparameters, from the
-  flags of `define_launcher_flags`, as `training` parameters."""
+  """The base settings, `data_dir`, `hidden_units` (ints) and the method
+  hyperparameters, from the flags of `define_launcher_flags`, as `training`
+  parameters."""
   return dict(data_dir=flag_values.data_dir,
               hidden_units=tuple(int(h) for h in flag_values.hidden_units),
-              **{name: getattr(flag_values, name) for name, _ in _METHOD_FLAGS})
+              **{name: getattr(flag_values, name) for name in _BASE_FLAGS + _METHOD_FLAGS})
 
 
 def first_round_accuracy(base_params: Dict[str, Any], methods: Sequence[str],
@@ -147,9 +170,7 @@ def first_round_accuracy(base_params: Dict[str, Any], methods: Sequence[str],
       raise ValueError(f"sweep axis must be one of {SWEEP_AXES}, got {axis!r}.")
   if int(repeats) < 1:
     raise ValueError(f"--repeats must be >= 1, got {repeats}.")
-  check_dataset_available(base_params.get("dataset", training.DEFAULTS["dataset"]))
-  model = base_params.get("architecture", "mlp")
-  methods = [method_for_model(m, model, log) for m in methods]
+  methods = _methods_to_run(base_params, methods, log)
   rows, cache, unavailable = [], {}, set()
   from tfbfl import runtime  # pylint: disable=g-import-not-at-top
   runtime.set_local_runtime()
@@ -209,13 +230,13 @@ def format_first_round_table(rows: Sequence[Dict[str, Any]]) -> str:
   out = []
   for axis in collections.OrderedDict.fromkeys(s["axis"] for s in stats):
     values = list(collections.OrderedDict.fromkeys(s["value"] for s in stats if s["axis"] == axis))
-    out.append(f"| method \\ {axis} | " + " | ".join(f"{v:g}" for v in values) + " |")
-    out.append("|---" * (len(values) + 1) + "|")
+    table = []
     for method in collections.OrderedDict.fromkeys(s["method"] for s in stats if s["axis"] == axis):
       cells = {s["value"]: s for s in stats if s["axis"] == axis and s["method"] == method}
-      out.append(f"| {method} | " + " | ".join(
+      table.append([method] + [
           f"{cells[v]['mean']:.3f} ± {cells[v]['std']:.3f} (n={cells[v]['count']})"
-          if v in cells else "" for v in values) + " |")
+          if v in cells else "" for v in values])
+    out += _runs.md_table([f"method \\ {axis}"] + [f"{v:g}" for v in values], table)
     out.append("")
   return "\n".join(out)
 
@@ -227,10 +248,7 @@ def write_rows_csv(path: str, rows: Sequence[Dict[str, Any]]) -> None:
 
 def plot_first_round(path: str, rows: Sequence[Dict[str, Any]], title: str = "") -> None:
   """GA after the first round vs each swept axis, one line per method (Fig. 2)."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-
+  plt = _runs.pyplot()
   stats = summarise(rows)
   axes_names = list(collections.OrderedDict.fromkeys(s["axis"] for s in stats))
   fig, axes = plt.subplots(1, max(1, len(axes_names)), figsize=(4 * max(1, len(axes_names)), 3.5),
@@ -253,26 +271,17 @@ def plot_first_round(path: str, rows: Sequence[Dict[str, Any]], title: str = "")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
   fig.suptitle(title)
-  fig.tight_layout()
-  buf = io.BytesIO()
-  fig.savefig(buf, format="png", dpi=100)
-  plt.close(fig)
-  experiment.atomic_write_bytes(path, buf.getvalue())
+  _runs.save_figure(fig, path, tight=True)
 
 
 def add_best_global_accuracy(output_dir: str) -> Dict[str, Any]:
   """Adds `best_global_accuracy` (= best S accuracy) to `output_dir/summary.json`."""
-  path = os.path.join(output_dir, "summary.json")
+  path = os.path.join(output_dir, _runs.SUMMARY)
   with open(path) as f:
     summary = json.load(f)
   summary["best_global_accuracy"] = summary["best_server_accuracy"]
   experiment.atomic_write_text(path, json.dumps(summary, indent=2, sort_keys=True))
   return summary
-
-
-def read_metrics(output_dir: str) -> List[Dict[str, float]]:
-  with open(os.path.join(output_dir, "metrics.csv")) as f:
-    return [{k: float(v) for k, v in row.items() if v != ""} for row in csv.DictReader(f)]
 
 
 def learning_curves(base_params: Dict[str, Any], methods: Sequence[str], alphas: Sequence[float],
@@ -285,9 +294,7 @@ def learning_curves(base_params: Dict[str, Any], methods: Sequence[str], alphas:
   best/final global accuracy, bytes, run directory); unavailable methods are
   skipped with a message.
   """
-  check_dataset_available(base_params.get("dataset", training.DEFAULTS["dataset"]))
-  model = base_params.get("architecture", "mlp")
-  methods = [method_for_model(m, model, log) for m in methods]
+  methods = _methods_to_run(base_params, methods, log)
   rows = []
   for alpha in alphas:
     for method in methods:
@@ -335,10 +342,7 @@ def _run_extra(params):
 
 def plot_learning_curves(path: str, rows: Sequence[Dict[str, Any]]) -> None:
   """Global (S) accuracy per round, one panel per alpha, one line per method (Fig. 3)."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-
+  plt = _runs.pyplot()
   alphas = list(collections.OrderedDict.fromkeys(r["alpha"] for r in rows))
   fig, axes = plt.subplots(1, max(1, len(alphas)), figsize=(4 * max(1, len(alphas)), 3.5),
                            squeeze=False)
@@ -346,7 +350,7 @@ def plot_learning_curves(path: str, rows: Sequence[Dict[str, Any]]) -> None:
     for r in rows:
       if r["alpha"] != alpha:
         continue
-      m = read_metrics(r["run_dir"])
+      m = _runs.read_metrics(r["run_dir"], numeric=True)
       ax.plot([x["round"] for x in m], [x["server_accuracy"] for x in m], marker=".",
               label=r["method"])
     ax.set_title(f"alpha = {alpha:g}")
@@ -354,8 +358,4 @@ def plot_learning_curves(path: str, rows: Sequence[Dict[str, Any]]) -> None:
     ax.set_ylabel("global accuracy")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-  fig.tight_layout()
-  buf = io.BytesIO()
-  fig.savefig(buf, format="png", dpi=100)
-  plt.close(fig)
-  experiment.atomic_write_bytes(path, buf.getvalue())
+  _runs.save_figure(fig, path, tight=True)

@@ -71,7 +71,7 @@ class BayesianConv2D(MeanFieldGaussianLayer):
   A `1 x 1` `BayesianConv2D` is a `BayesianDense` applied to the channel axis at every
   position (same mean, same variance, independent noise per position); this is why
   `tfbfl.layers.LateralConnection` serves as the `1 x 1` convolutional adapter of
-  `tfbfl.architectures.VirtualConvNetworks`.
+  `tfbfl.networks.conv.VirtualConvNetworks`.
 
   Args:
     filters: positive int, number of output channels.

@@ -21,18 +21,16 @@ Every run goes through `tfbfl.training.run_training` into its own directory
 `<output_dir>/<method>_p<percentile>` (`fedprox` for the reference) and always
 checkpoints its final round, so both launchers can share an `--output_dir`: the
 SNR launcher reuses the table's unpruned runs. A run whose `summary.json` exists
-with the same flags is skipped, one whose checkpoint holds fewer rounds than asked
-is resumed, so re-running an interrupted table finishes it.
+with the same flags (`tfbfl.experiments._runs.same_flags`) is skipped, one whose
+checkpoint holds fewer rounds than asked is resumed, so re-running an interrupted
+table finishes it.
 """
 
 from __future__ import annotations
 
 import collections.abc
-import csv
-import io
-import json
+import importlib
 import os
-import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -42,14 +40,15 @@ from tfbfl import client_store
 from tfbfl import experiment
 from tfbfl import state_io
 from tfbfl import training
+from tfbfl.experiments import _runs
 
 __all__ = [
     "VARIANTS", "LABELS", "DEFAULT_PERCENTILES", "PASS_THROUGH", "RunSpec", "run_name",
     "sparsity_specs", "ensure_run", "run_record", "table3_rows", "format_table3_md",
     "write_table3", "run_sparsity_table", "load_final_state", "dense_kernel_indices",
     "log10_snr", "empirical_cdf", "layer_log_snr", "cdf_curves", "write_cdf_csv",
-    "cdf_quantiles", "plot_snr_cdf", "run_snr_cdf", "define_training_flags",
-    "params_from_flags", "parse_percentiles",
+    "cdf_quantiles", "plot_snr_cdf", "run_snr_cdf", "define_launcher_flags",
+    "define_training_flags", "params_from_flags", "parse_percentiles",
 ]
 
 # Table III's columns (left to right) and the reference line.
@@ -57,14 +56,11 @@ VARIANTS = ("virtual_fedavg_init", "virtual")
 LABELS = {"virtual_fedavg_init": "VIRTUAL + FedAvg init", "virtual": "VIRTUAL",
           "fedprox": "FedProx"}
 DEFAULT_PERCENTILES = (0.0, 50.0, 75.0, 90.0)
-SUMMARY = "summary.json"
 TABLE_COLUMNS = (
     "row", "pruned_percent", "metric", "virtual_fedavg_init", "virtual", "fedprox",
     "zero_fraction", "delta_nonzeros", "delta_bytes",
     "delta_nonzeros_virtual_fedavg_init", "delta_nonzeros_virtual",
     "delta_bytes_virtual_fedavg_init", "delta_bytes_virtual")
-# Flags that decide where/how a run is written, not its result.
-_NOT_COMPARED = ("output_dir", "checkpoint_every", "resume", "overwrite", "verbose")
 
 # Training flags the launchers pass through to `training.run_training` unchanged
 # (VIRTUAL-specific ones are ignored by FedProx and vice versa).
@@ -79,64 +75,35 @@ PASS_THROUGH = (
 _Log = Callable[[str], None]
 
 
-def _print(line: str) -> None:
-  print(line, file=sys.stdout, flush=True)
-
-
 # ------------------------------------------------------------------- flags
 def define_training_flags(flag_values=None) -> None:
-  """absl flags for `PASS_THROUGH` (defaults: `training.DEFAULTS`) plus
-  `--output_dir` and `--fedprox_client_lr`, on `flag_values` (default FLAGS)."""
+  """absl flags for `PASS_THROUGH` (defaults and help texts: `training.settings()`,
+  via `tfbfl.flags`) plus `--output_dir` and `--fedprox_client_lr`, on
+  `flag_values` (default FLAGS)."""
   from absl import flags as absl_flags  # pylint: disable=g-import-not-at-top
-  from tfbfl.data import DATASETS, PARTITIONS  # pylint: disable=g-import-not-at-top
+  from tfbfl import flags as tfbfl_flags  # pylint: disable=g-import-not-at-top
 
   fv = absl_flags.FLAGS if flag_values is None else flag_values
-  d = training.DEFAULTS
+  absl_flags.DEFINE_string("output_dir", None, "Root of the run directories and the report.",
+                           flag_values=fv)
+  absl_flags.DEFINE_float("fedprox_client_lr", None,
+                          "FedProx client learning rate (default: --client_lr).", flag_values=fv)
+  # Combinations are checked per run (`training.resolve_params`), not while parsing.
+  tfbfl_flags.define(PASS_THROUGH, flag_values=fv, check_combinations=False)
 
-  def define(kind, name, help_text, default=None, *args):
-    if default is None and name in d and kind != "list":
-      default = d[name]
-    getattr(absl_flags, f"DEFINE_{kind}")(name, default, *args, help_text, flag_values=fv)
 
-  def int_list(name):
-    return [str(v) for v in d[name]]
+def define_launcher_flags(flag_values=None) -> None:
+  """The flags both launchers share: `define_training_flags`, `--variants`,
+  `--round_progress`; `--output_dir` required."""
+  from absl import flags as absl_flags  # pylint: disable=g-import-not-at-top
 
-  define("string", "output_dir", "Root of the run directories and the report.")
-  define("enum", "dataset", "Dataset (digits needs no files).", None, sorted(DATASETS))
-  define("string", "data_dir", "File or directory of the dataset.")
-  define("enum", "partition", "How pooled data is split over clients.", None, list(PARTITIONS))
-  define("float", "alpha", "Dirichlet concentration of the partition.")
-  define("integer", "min_size", "Minimum client size (class_dirichlet).")
-  define("integer", "classes_per_client", "Classes per client (pathological).")
-  define("float", "test_fraction", "Test fraction of each client.")
-  define("integer", "num_clients", "Number of clients K.")
-  define("integer", "clients_per_round", "Clients per round C.")
-  define("integer", "rounds", "Communication rounds per run.")
-  define("integer", "epochs_per_round", "Local epochs E.")
-  define("integer", "batch_size", "Client minibatch size B.")
-  define("float", "client_lr", "Client SGD learning rate.")
-  define("float", "fedprox_client_lr", "FedProx client learning rate (default: --client_lr).")
-  define("float", "server_lr", "VIRTUAL: damped-EP step alpha in (0, 1] of server and client "
-         "factors alike (default training.VIRTUAL_DEFAULT_STEP); FedProx: server learning rate (1).")
-  define("list", "hidden_units", "Hidden layer widths.", int_list("hidden_units"))
-  define("integer", "seed", "Seed of the split, client sampling and initialisation.")
-  define("integer", "eval_every", "Evaluate S and MT every this many rounds.")
-  define("float", "precision_step", "VIRTUAL: natural-gradient step rho of the shared "
-         "precisions (0: plain SGD on the softplus scales).")
-  define("float", "kl_weight", "VIRTUAL: KL multiplier beta.")
-  define("float", "prior_scale", "VIRTUAL: std of the N(0, s^2) priors.")
-  define("float", "init_scale", "VIRTUAL: initial posterior std.")
-  define("float", "server_loss_weight", "VIRTUAL: weight of the server network's cross-entropy.")
-  define("float", "gate_init", "VIRTUAL: initial lateral gate value.")
-  define("integer", "eval_samples", "VIRTUAL: MC samples at evaluation (0: posterior mean).")
-  define("bool", "prune_per_layer", "VIRTUAL: SNR percentile per weight tensor (else over all "
-         "shared weights).")
-  define("enum", "architecture", "Network (VIRTUAL: mlp, conv, lstm).", None,
-         list(training.ARCHITECTURES))
-  define("list", "image_shape", "conv: image shape H,W[,C] of flat inputs (digits: 8,8).")
-  define("list", "filters", "conv: filters per conv layer.", int_list("filters"))
-  define("list", "lstm_units", "lstm: units per LSTM layer.", int_list("lstm_units"))
-  define("float", "mu", "FedProx proximal strength.")
+  fv = absl_flags.FLAGS if flag_values is None else flag_values
+  define_training_flags(fv)
+  absl_flags.DEFINE_list("variants", list(VARIANTS), f"VIRTUAL variants among {list(VARIANTS)}.",
+                         flag_values=fv)
+  absl_flags.DEFINE_bool("round_progress", False, "Print one line per round of every run.",
+                         flag_values=fv)
+  absl_flags.mark_flag_as_required("output_dir", flag_values=fv)
 
 
 def params_from_flags(fv) -> Dict[str, Any]:
@@ -210,26 +177,6 @@ def sparsity_specs(base: Dict[str, Any], percentiles: Sequence[float],
   return specs
 
 
-def _jsonable(flags: Dict[str, Any]) -> Dict[str, Any]:
-  default = experiment.json_default
-  return json.loads(json.dumps(flags, default=default))
-
-
-def _comparable(flags: Dict[str, Any]) -> Dict[str, Any]:
-  ignore = set(_NOT_COMPARED)
-  if flags.get("dataset") == "npz":  # the file decides the number of clients
-    ignore.add("num_clients")
-  return {k: v for k, v in flags.items() if k not in ignore}
-
-
-def _read_json(path: str) -> Optional[Dict[str, Any]]:
-  try:
-    with open(path) as f:
-      return json.load(f)
-  except (FileNotFoundError, json.JSONDecodeError):
-    return None
-
-
 def _checkpoint_round(run_dir: str) -> Optional[int]:
   path = os.path.join(run_dir, experiment.CHECKPOINT)
   if not os.path.exists(path):
@@ -241,12 +188,13 @@ def _checkpoint_round(run_dir: str) -> Optional[int]:
 
 
 def _run_params(spec: RunSpec, output_dir: str, round_progress: bool = False):
-  """(`run_training` params of `spec`, the flags a matching summary.json holds)."""
+  """(`run_training` params of `spec`, its resolved flags: those a matching
+  summary.json holds, `_runs.same_flags`)."""
   # A run trained (again) replaces what its directory holds; a resumed one keeps it.
   params = dict(spec.params, output_dir=os.path.join(output_dir, spec.name),
                 verbose=round_progress, resume=False, overwrite=True)
   params["checkpoint_every"] = int(params.get("rounds") or training.DEFAULTS["rounds"])
-  return params, _comparable(_jsonable(training.resolve_params(params)))
+  return params, training.resolve_params(params)
 
 
 def ensure_run(spec: RunSpec, output_dir: str, *, log: Optional[_Log] = None,
@@ -261,24 +209,22 @@ def ensure_run(spec: RunSpec, output_dir: str, *, log: Optional[_Log] = None,
   `round_progress`: print the driver's line per round. `require_checkpoint`: a
   finished run counts only if its checkpoint holds the final round.
   """
-  log = log or _print
+  log = log or _runs.log_line
   run_dir = os.path.join(output_dir, spec.name)
   params, want = _run_params(spec, output_dir, round_progress)
-  resolved = training.resolve_params(params)
-  summary = _read_json(os.path.join(run_dir, SUMMARY))
+  summary = _runs.read_json(os.path.join(run_dir, _runs.SUMMARY))
   ckpt_round = _checkpoint_round(run_dir)
-  if summary is not None and _comparable(summary.get("flags", {})) == want:
+  if summary is not None and _runs.same_flags(summary.get("flags", {}), want):
     if not require_checkpoint or ckpt_round == int(summary.get("rounds", -1)):
       return summary, "reused"
     log(f"  {spec.name}: finished run has no final checkpoint; training afresh")
     return runner(params), "trained"
   if ckpt_round is not None:
     # Interrupted (checkpoint, no summary), or finished with fewer rounds.
-    old = _comparable(summary.get("flags", {})) if summary else None
-    same_but_rounds = old is not None and {k: v for k, v in old.items() if k != "rounds"} == {
-        k: v for k, v in want.items() if k != "rounds"}
-    if ((summary is None and ckpt_round <= resolved["rounds"])
-        or (same_but_rounds and ckpt_round < resolved["rounds"])):
+    same_but_rounds = summary is not None and _runs.same_flags(
+        summary.get("flags", {}), want, ignore=("rounds",))
+    if ((summary is None and ckpt_round <= want["rounds"])
+        or (same_but_rounds and ckpt_round < want["rounds"])):
       try:
         return runner(dict(params, resume=True, overwrite=False)), "resumed"
       except ValueError as e:  # checkpoint written with other flags
@@ -286,14 +232,6 @@ def ensure_run(spec: RunSpec, output_dir: str, *, log: Optional[_Log] = None,
   if summary is not None:
     log(f"  {spec.name}: existing run has other flags; training afresh")
   return runner(params), "trained"
-
-
-def _read_metrics(run_dir: str) -> List[Dict[str, str]]:
-  path = os.path.join(run_dir, "metrics.csv")
-  if not os.path.exists(path):
-    return []
-  with open(path, newline="") as f:
-    return list(csv.DictReader(f))
 
 
 def _mean_column(rows, key) -> Optional[float]:
@@ -312,7 +250,7 @@ def run_record(spec: RunSpec, summary: Dict[str, Any], run_dir: Optional[str] = 
   parameters per weight) and `zero_fraction = 1 - delta_nonzeros / delta_entries`.
   """
   if metrics_rows is None:
-    metrics_rows = _read_metrics(run_dir) if run_dir else []
+    metrics_rows = _runs.read_metrics(run_dir, missing_ok=True) if run_dir else []
   flags = summary.get("flags", {})
   rounds = int(summary.get("rounds") or flags.get("rounds") or 0)
   per_round = int(flags.get("clients_per_round") or training.DEFAULTS["clients_per_round"])
@@ -400,31 +338,31 @@ def format_table3_md(rows: Sequence[Dict[str, Any]], title: str = "") -> str:
   lines = []
   if title:
     lines += [title, ""]
-  lines += ["| % pruned weights | zero entries (measured) | Delta size (non-zeros) "
-            "| Delta size (bytes) | Acc | VIRTUAL + FedAvg init | VIRTUAL |",
-            "|---|---|---|---|---|---|---|"]
   fed = [r for r in rows if r["row"] == "FedProx"]
-  for r in rows:
-    if r["row"] == "FedProx":
-      continue
+
+  def sizes(r):   # Delta's size, on a percentile's (or FedProx's) first (MT) row only
     first = r["metric"] == "MT"
+    return ((_human(r["delta_nonzeros"]), _human(r["delta_bytes"], "B")) if first
+            else ("", ""))
+
+  def zeros(r):
     frac = r["zero_fraction"]
-    lines.append(
-        f"| {r['row'] if first else ''} "
-        f"| {'' if not first else ('-' if frac is None else f'{100 * frac:.1f}%')} "
-        f"| {_human(r['delta_nonzeros']) if first else ''} "
-        f"| {_human(r['delta_bytes'], 'B') if first else ''} "
-        f"| {r['metric']} | {_acc(r['virtual_fedavg_init'])} | {_acc(r['virtual'])} |")
+    if r["metric"] != "MT":
+      return ""
+    return "-" if frac is None else f"{100 * frac:.1f}%"
+
+  lines += _runs.md_table(
+      ("% pruned weights", "zero entries (measured)", "Delta size (non-zeros)",
+       "Delta size (bytes)", "Acc", "VIRTUAL + FedAvg init", "VIRTUAL"),
+      [(r["row"] if r["metric"] == "MT" else "", zeros(r), *sizes(r), r["metric"],
+        _acc(r["virtual_fedavg_init"]), _acc(r["virtual"]))
+       for r in rows if r["row"] != "FedProx"])
   if fed:
-    lines += ["", "| Reference (no pruning) | Delta size (non-zeros) | Delta size (bytes) "
-              "| Acc | FedProx |",
-              "|---|---|---|---|---|"]
-    for r in fed:
-      first = r["metric"] == "MT"
-      lines.append(f"| {'FedProx (dense)' if first else ''} "
-                   f"| {_human(r['delta_nonzeros']) if first else ''} "
-                   f"| {_human(r['delta_bytes'], 'B') if first else ''} "
-                   f"| {r['metric']} | {_acc(r['fedprox'])} |")
+    lines += [""] + _runs.md_table(
+        ("Reference (no pruning)", "Delta size (non-zeros)", "Delta size (bytes)", "Acc",
+         "FedProx"),
+        [("FedProx (dense)" if r["metric"] == "MT" else "", *sizes(r), r["metric"],
+          _acc(r["fedprox"])) for r in fed])
   lines += ["", "Accuracies: max over evaluated rounds, in %. Delta size: mean upload of one "
             "client in one round (VIRTUAL: non-zero entries of Delta_i, each two float32 natural "
             "parameters, sent sparse with an int32 index when pruned; FedProx: dense float32 "
@@ -455,17 +393,17 @@ def run_sparsity_table(base: Dict[str, Any], percentiles: Sequence[float], outpu
                        runner: Callable[[Dict[str, Any]], Dict[str, Any]] = training.run_training,
                        round_progress: bool = False) -> Tuple[List[Dict[str, Any]], str]:
   """Runs (or reuses) every Table III run; writes the table. Returns (records, md)."""
-  log = log or _print
+  log = log or _runs.log_line
   specs = sparsity_specs(base, percentiles, variants, fedprox)
   records, start = [], time.time()
   for i, spec in enumerate(specs, 1):
     run_dir = os.path.join(output_dir, spec.name)
     if report_only:
-      summary = _read_json(os.path.join(run_dir, SUMMARY))
+      summary = _runs.read_json(os.path.join(run_dir, _runs.SUMMARY))
       if summary is None:
         log(f"[{i}/{len(specs)}] {spec.name}: no result yet, left out")
         continue
-      if _comparable(summary.get("flags", {})) != _run_params(spec, output_dir)[1]:
+      if not _runs.same_flags(summary.get("flags", {}), _run_params(spec, output_dir)[1]):
         log(f"[{i}/{len(specs)}] {spec.name}: run with other flags, left out")
         continue
       how = "reused"
@@ -494,7 +432,7 @@ def load_final_state(run_dir: str) -> Dict[str, Any]:
   client index -> state; a disk store's snapshot is read into it), read with
   `tfbfl.state_io.load` (checked; never unpickled)."""
   path = os.path.join(run_dir, experiment.CHECKPOINT)
-  import tfbfl.algorithms.virtual  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+  importlib.import_module("tfbfl.algorithms.virtual")   # its state types, for state_io.load
   state, _ = state_io.load(path)
   snapshot = state.pop("client_snapshot", None)
   if snapshot is not None:
@@ -618,10 +556,7 @@ def cdf_quantiles(per_variant: Dict[str, Dict[int, np.ndarray]],
 
 def plot_snr_cdf(path: str, rows: Sequence[Dict[str, Any]], title: str = "") -> None:
   """Fig. 4: one panel per dense layer, one CDF per variant (PNG, Agg)."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-
+  plt = _runs.pyplot()
   layers = sorted({(r["layer"], r["shape"]) for r in rows})
   fig, axes = plt.subplots(1, max(len(layers), 1), figsize=(4.2 * max(len(layers), 1), 3.6),
                            squeeze=False)
@@ -647,11 +582,7 @@ def plot_snr_cdf(path: str, rows: Sequence[Dict[str, Any]], title: str = "") -> 
   axes[0][0].legend(loc="upper left", fontsize=8)
   if title:
     fig.suptitle(title, fontsize=9)
-  fig.tight_layout()
-  buf = io.BytesIO()
-  fig.savefig(buf, format="png", dpi=110)
-  plt.close(fig)
-  experiment.atomic_write_bytes(path, buf.getvalue())
+  _runs.save_figure(fig, path, dpi=110, tight=True)
 
 
 def run_snr_cdf(base: Dict[str, Any], output_dir: str, *, percentile: float = 0.0,
@@ -661,7 +592,7 @@ def run_snr_cdf(base: Dict[str, Any], output_dir: str, *, percentile: float = 0.
                 round_progress: bool = False) -> Dict[str, Any]:
   """Trains (or reuses) the variants at `percentile`, then writes Fig. 4 and its
   data. Returns {per_variant: {variant: {leaf: log10 snr}}, rows, quantiles}."""
-  log = log or _print
+  log = log or _runs.log_line
   specs = sparsity_specs(base, [percentile], variants, fedprox=False)
   per_variant: Dict[str, Dict[int, np.ndarray]] = {}
   shapes: Dict[int, Tuple[int, ...]] = {}

@@ -10,6 +10,8 @@ the product of
   and to the client factors (`tfbfl/algorithms/virtual.py`), so it lies in (0, 1];
 * FedAvg, FedProx: server learning rates {0.2, 0.4, ..., 1.0};
 * FedProx: 5 log-spaced proximal strengths mu > 0 (mu = 0 is FedAvg);
+* FedPA (posterior averaging, `tfbfl.algorithms.fedpa`): FedAvg's grid, its own
+  settings (shrinkage, burn-ins) at their defaults;
 * Local, Global: client learning rate only;
 
 each repeated for every seed in `seeds` (the seed also draws the partition and
@@ -27,8 +29,9 @@ A *cell* is one run: (dataset spec, algorithm, hyperparameters, seed). It runs v
 `<output_dir>/<dataset>/<algorithm>/<cell key>/` and its result (the run's flags,
 summary and per-round S/MT loss and accuracy curves) is written atomically to
 `result.json` there. A cell whose `result.json` exists with the same flags is
-not run again, so an interrupted grid resumes where it stopped (a cell cut off
-mid-run starts over). One progress line per finished cell (cell i/N, dataset,
+not run again (`tfbfl.experiments._runs.finished_run`: flags that only say where
+or how a run is written do not count), so an interrupted grid resumes where it
+stopped (a cell cut off mid-run starts over). One progress line per finished cell (cell i/N, dataset,
 algorithm, hyperparameters and seed, best S and MT, seconds, ETA); the first
 line gives the number of cells and a rough time estimate (`estimate_seconds`).
 
@@ -56,8 +59,8 @@ beats FedAvg on neither S nor MT), each for `virtual` and `virtual_eq3`.
 `--quick` (`plan(quick=True)`: `QUICK_GRID`, `QUICK_PARAMS`, `QUICK_ALGORITHMS`):
 a seeded reduced protocol, one configuration per algorithm: digits homogeneous,
 class_dirichlet and permuted; seeds {0, 1, 2}; `virtual`, `virtual_eq3`, `fedavg`;
-client lr 0.05, beta 1e-4, VIRTUAL step `training.VIRTUAL_DEFAULT_STEP`, FedAvg
-server lr 1.0; 10 rounds (E, B, C unchanged): 3 x 3 x 3 = 27 cells, 18 of them
+client lr 0.05, beta 1e-4, VIRTUAL step 0.1 (VIRTUAL's default 1/C,
+`virtual.default_step`, at the default C = 10), FedAvg server lr 1.0; 10 rounds (E, B, C unchanged): 3 x 3 x 3 = 27 cells, 18 of them
 VIRTUAL (~40-60 s each on a quiet 2-core machine) and 9 FedAvg (~3 s): about
 13-19 minutes. Explicit flags still override.
 
@@ -71,13 +74,10 @@ overridden by the spec's own partition and `key=value` parts.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import io
 import json
 import os
 import re
-import sys
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -85,10 +85,12 @@ import numpy as np
 
 from tfbfl import experiment
 from tfbfl import training
+from tfbfl.algorithms import virtual
+from tfbfl.experiments import _runs
 
 RESULT_FILE = "result.json"
 DEFAULT_DATASETS = ("digits:homogeneous", "digits:class_dirichlet", "digits:permuted")
-ALGORITHMS = ("virtual", "virtual_eq3", "fedavg", "fedprox", "local", "global")
+ALGORITHMS = ("virtual", "virtual_eq3", "fedavg", "fedprox", "fedpa", "local", "global")
 QUICK_ALGORITHMS = ("virtual", "virtual_eq3", "fedavg")
 # Grid algorithm name -> (tfbfl.training algorithm, flags it fixes). The VIRTUAL
 # variants differ only in the weight of the server network's own loss.
@@ -98,13 +100,15 @@ VARIANTS: Dict[str, Tuple[str, Dict[str, Any]]] = {
 }
 VIRTUAL_ALGORITHMS = tuple(VARIANTS)
 LABELS = {"virtual": "VIRTUAL (w_S=1)", "virtual_eq3": "VIRTUAL eq. 3 (w_S=0)",
-          "fedavg": "FedAvg", "fedprox": "FedProx", "local": "Local", "global": "Global"}
+          "fedavg": "FedAvg", "fedprox": "FedProx", "fedpa": "FedPA", "local": "Local",
+          "global": "Global"}
 # Hyperparameters each algorithm is tuned over (cell-key order).
 TUNED = {
     "virtual": ("client_lr", "kl_weight", "server_lr"),
     "virtual_eq3": ("client_lr", "kl_weight", "server_lr"),
     "fedavg": ("client_lr", "server_lr"),
     "fedprox": ("client_lr", "mu", "server_lr"),
+    "fedpa": ("client_lr", "server_lr"),   # FedPA's own settings at their defaults
     "local": ("client_lr",),
     "global": ("client_lr",),
 }
@@ -157,7 +161,8 @@ class GridSpec:
 # `--quick`: one configuration per algorithm, 3 seeds (rounds come from QUICK_PARAMS;
 # datasets DEFAULT_DATASETS, algorithms QUICK_ALGORITHMS).
 QUICK_GRID = GridSpec(client_lrs=(0.05,), kl_weights=(1e-4,), mus=(0.01,), server_lrs=(1.0,),
-                      virtual_server_lrs=(training.VIRTUAL_DEFAULT_STEP,), seeds=(0, 1, 2))
+                      virtual_server_lrs=(virtual.default_step(training.DEFAULTS["clients_per_round"]),),
+                      seeds=(0, 1, 2))
 QUICK_PARAMS = dict(rounds=10)
 
 
@@ -345,8 +350,10 @@ def plan(quick: bool = False, *, datasets: Optional[Sequence[str]] = None,
 # start-up (tracing, first evaluation) plus seconds per round at E = 20 local epochs
 # and C = 10 clients per round, scaled by E and C (measured: a 10-round VIRTUAL run
 # takes ~40-60 s, a FedAvg run ~3 s; a 1-round, 1-epoch VIRTUAL run ~9 s).
-SECONDS_PER_ROUND = {"virtual": 4.2, "fedavg": 0.1, "fedprox": 0.15, "local": 0.1, "global": 0.1}
-STARTUP_SECONDS = {"virtual": 8.0, "fedavg": 2.0, "fedprox": 2.0, "local": 2.0, "global": 2.0}
+SECONDS_PER_ROUND = {"virtual": 4.2, "fedavg": 0.1, "fedprox": 0.15, "fedpa": 0.2, "local": 0.1,
+                     "global": 0.1}
+STARTUP_SECONDS = {"virtual": 8.0, "fedavg": 2.0, "fedprox": 2.0, "fedpa": 3.0, "local": 2.0,
+                   "global": 2.0}
 _SECONDS_DEFAULT = (5.0, 1.0)   # other algorithms: start-up, per round
 
 
@@ -360,14 +367,9 @@ def estimate_seconds(cell: Cell, fixed: Optional[Dict[str, Any]] = None) -> floa
                     * float(p["clients_per_round"]) / 10.0)
 
 
-def _jsonable(obj):
-  return json.loads(json.dumps(obj, default=experiment.json_default))
-
-
 def read_curves(run_dir: str) -> Dict[str, List[float]]:
   """Per-round S/MT loss and accuracy from a run's `metrics.csv`."""
-  with open(os.path.join(run_dir, "metrics.csv"), newline="") as f:
-    rows = list(csv.DictReader(f))
+  rows = _runs.read_metrics(run_dir)
   curves = {"round": [int(r["round"]) for r in rows]}
   for k in CURVE_KEYS:
     curves[k] = [float(r[k]) for r in rows]
@@ -384,20 +386,10 @@ def run_cell(params: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def load_result(cell: Cell, output_dir: str, params: Optional[Dict[str, Any]] = None):
-  """The cell's stored result, or None if absent (or, given `params`, run with other flags)."""
-  path = os.path.join(cell.directory(output_dir), RESULT_FILE)
-  if not os.path.exists(path):
-    return None
-  with open(path) as f:
-    result = json.load(f)
-  if params is not None and _comparable(result.get("params", {})) != _comparable(_jsonable(params)):
-    return None
-  return result
-
-
-def _comparable(params: Dict[str, Any]) -> Dict[str, Any]:
-  """The flags that decide a cell's result (not where it is written)."""
-  return {k: v for k, v in params.items() if k != "output_dir"}
+  """The cell's stored result, or None if absent or unreadable (or, given `params`,
+  run with other flags: `_runs.same_flags`)."""
+  return _runs.finished_run(os.path.join(cell.directory(output_dir), RESULT_FILE), params,
+                            key="params")
 
 
 def run_grid(cells: Sequence[Cell], output_dir: str, fixed: Optional[Dict[str, Any]] = None, *,
@@ -413,7 +405,7 @@ def run_grid(cells: Sequence[Cell], output_dir: str, fixed: Optional[Dict[str, A
     log: progress printer (default: print to stdout); one line per cell.
   """
   fixed = dict(fixed or {})
-  log = log or (lambda line: print(line, file=sys.stdout, flush=True))
+  log = log or _runs.log_line
   results, todo = [], []
   for cell in cells:
     params = cell.params(output_dir, fixed)
@@ -432,8 +424,8 @@ def run_grid(cells: Sequence[Cell], output_dir: str, fixed: Optional[Dict[str, A
     t0 = time.time()
     out = cell_runner(params)
     result = dict(dataset=cell.dataset, algorithm=cell.algorithm, hparams=dict(cell.hparams),
-                  config_key=cell.config_key, seed=cell.seed, params=_jsonable(params),
-                  summary=_jsonable(out["summary"]), curves=_jsonable(out["curves"]),
+                  config_key=cell.config_key, seed=cell.seed, params=_runs.jsonable(params),
+                  summary=_runs.jsonable(out["summary"]), curves=_runs.jsonable(out["curves"]),
                   cell_time_s=time.time() - t0)
     experiment.atomic_write_text(os.path.join(cell.directory(output_dir), RESULT_FILE),
                                  json.dumps(result, indent=1, sort_keys=True))
@@ -626,13 +618,12 @@ def format_table2_md(rows: Sequence[Dict[str, Any]], claims: bool = True) -> str
   followed (`claims`) by the paper's claims judged on it (`paper_claims`)."""
   lines = ["Server (S) and multi-task (MT) max accuracy at convergence, % "
            "(mean ± std over seeds; best configuration per metric; "
-           "† = every configuration diverged).", "",
-           "| Dataset | Algorithm | S | MT | S hyperparameters | MT hyperparameters | seeds |",
-           "|---|---|---|---|---|---|---|"]
-  for r in rows:
-    label = r.get("label") or LABELS.get(r["algorithm"], r["algorithm"])
-    lines.append(f"| {r['dataset']} | {label} | {_pm(r, 's')} | {_pm(r, 'mt')} "
-                 f"| {r['s_hparams']} | {r['mt_hparams']} | {r['num_seeds']} |")
+           "† = every configuration diverged).", ""]
+  lines += _runs.md_table(
+      ("Dataset", "Algorithm", "S", "MT", "S hyperparameters", "MT hyperparameters", "seeds"),
+      [(r["dataset"], r.get("label") or LABELS.get(r["algorithm"], r["algorithm"]),
+        _pm(r, "s"), _pm(r, "mt"), r["s_hparams"], r["mt_hparams"], r["num_seeds"])
+       for r in rows])
   if claims and rows:
     lines += ["", "Paper claims (Table II), judged on the rows above:", ""]
     lines += [f"- {line}" for line in paper_claims(rows)]
@@ -649,20 +640,20 @@ def write_table2(output_dir: str, results) -> List[Dict[str, Any]]:
 
 # -------------------------------------------------------------------- plots
 def _figure(num_cols: int):
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  """Two rows (S, MT) of `num_cols` loss panels."""
+  plt = _runs.pyplot()
   fig, axes = plt.subplots(2, num_cols, figsize=(4.2 * num_cols, 7), squeeze=False)
   return plt, fig, axes
 
 
-def _save(plt, fig, path, tight=True):
-  if tight:
-    fig.tight_layout()
-  buf = io.BytesIO()
-  fig.savefig(buf, format="png", dpi=100)
-  plt.close(fig)
-  experiment.atomic_write_bytes(path, buf.getvalue())
+def _loss_axes(axes_col, labels) -> None:
+  """Log-scale cross-entropy panels (top: S, bottom: MT) with their legends."""
+  for ax, label in zip(axes_col, labels):
+    ax.set_yscale("log")
+    ax.set_xlabel("round")
+    ax.set_ylabel(label)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=6)
 
 
 def _datasets(groups) -> List[str]:
@@ -679,7 +670,7 @@ def plot_fig3(path: str, results) -> None:
   """S (top) and MT (bottom) test cross-entropy per round of the winning configurations."""
   groups = group_results(results)
   datasets = _datasets(groups)
-  plt, fig, axes = _figure(max(len(datasets), 1))
+  _, fig, axes = _figure(max(len(datasets), 1))
   for col, dataset in enumerate(datasets):
     for (d, algorithm), configs in groups.items():
       if d != dataset:
@@ -689,15 +680,9 @@ def plot_fig3(path: str, results) -> None:
         rounds, curve = best.mean_curve(key)
         axes[row, col].plot(rounds, _positive(curve), marker=".",
                             label=f"{LABELS.get(algorithm, algorithm)} ({best.config_key})")
-    for row, label in enumerate(("S test cross-entropy", "MT test cross-entropy")):
-      ax = axes[row, col]
-      ax.set_yscale("log")
-      ax.set_xlabel("round")
-      ax.set_ylabel(label)
-      ax.grid(alpha=0.3, which="both")
-      ax.legend(fontsize=6)
+    _loss_axes(axes[:, col], ("S test cross-entropy", "MT test cross-entropy"))
     axes[0, col].set_title(dataset)
-  _save(plt, fig, path)
+  _runs.save_figure(fig, path, tight=True)
 
 
 def plot_fig2(path: str, results, algorithm: str = "virtual") -> bool:
@@ -729,17 +714,11 @@ def plot_fig2(path: str, results, algorithm: str = "virtual") -> bool:
         axes[row, col].plot(rounds, _positive(curve), marker=".", color=color, label=f"beta={beta:g}")
     fixed = ",".join(f"{k}={_fmt_value(v)}" for k, v in others.items())
     axes[0, col].set_title(f"{dataset}\n{fixed}", fontsize=9)
-    for row, label in enumerate(("S cross-entropy", "MT cross-entropy")):
-      ax = axes[row, col]
-      ax.set_yscale("log")
-      ax.set_xlabel("round")
-      ax.set_ylabel(label)
-      ax.grid(alpha=0.3, which="both")
-      ax.legend(fontsize=6)
+    _loss_axes(axes[:, col], ("S cross-entropy", "MT cross-entropy"))
   fig.tight_layout(rect=(0, 0, 0.9, 1))
   fig.colorbar(plt.cm.ScalarMappable(norm=norm, cmap=cmap), cax=fig.add_axes([0.92, 0.15, 0.015, 0.7]),
                label="beta (KL multiplier)")
-  _save(plt, fig, path, tight=False)
+  _runs.save_figure(fig, path)
   return True
 
 

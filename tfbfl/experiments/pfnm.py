@@ -18,16 +18,18 @@ Local networks are trained by ``tfbfl.algorithms.pfnm.LocalTrainer`` (TFF), the
 global networks come from ``tfbfl.matching``, and the baselines from
 ``tfbfl.algorithms.oneshot_baselines``.
 
-Flags are shared by the launchers through the ``define_*_flags`` functions and
-turned into an ``ExperimentSettings`` by ``settings_from_flags``.  Defaults are
-the paper's (Table 1 and section 4) except where digits (64 inputs instead of
-MNIST's 784) needs otherwise; each such choice is stated in the flag's help.
+Flags are shared by the launchers through the ``define_*_flags`` functions
+(``define_launcher_flags``: all of a launcher's) and turned into an
+``ExperimentSettings`` by ``settings_from_flags``.  Defaults are the paper's
+(Table 1 and section 4) except where digits (64 inputs instead of MNIST's 784)
+needs otherwise; each such choice is stated in the flag's help.  Flags named like
+``tfbfl.training``'s settings take their help text (and, where the paper sets
+none, their default) from ``training.settings()``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import io
 import itertools
 import json
 import math
@@ -39,13 +41,16 @@ import numpy as np
 
 from tfbfl import data as data_lib
 from tfbfl import experiment
+from tfbfl import training
 from tfbfl.algorithms import oneshot_baselines as baselines
 from tfbfl.algorithms import pfnm
+from tfbfl.experiments import _runs
 from tfbfl.matching import MatchingHyperparams, StreamingPFNM
 
 __all__ = [
     "ExperimentSettings", "ONESHOT_METHODS", "CONSTRAINED_METHODS", "EXTRA_METHODS",
-    "STREAMING_METHODS", "DEPTH_METHODS", "PFNM_DATASETS", "define_data_flags",
+    "STREAMING_METHODS", "DEPTH_METHODS", "PFNM_DATASETS", "define_launcher_flags",
+    "define_data_flags",
     "define_training_flags", "define_matching_flags", "define_baseline_flags",
     "settings_from_flags", "matching_hparams_from_flags", "parse_int_list", "parse_float_list",
     "check_at_least_one", "launcher_main", "check_dataset", "get_trainer", "run_oneshot_trial", "run_batches", "run_depth",
@@ -239,19 +244,31 @@ class _Definer:
     return lambda *args, **kwargs: fn(*args, flag_values=self._fv, **kwargs)
 
 
+def define_launcher_flags(methods: Optional[Sequence[str]] = None, flag_values=None,
+                          hidden_units: bool = True) -> None:
+  """A launcher's shared flags: data, local training (``hidden_units``: with
+  ``--hidden_units``), matching and, given its ``methods``, the baselines'."""
+  define_data_flags(flag_values)
+  define_training_flags(flag_values, hidden_units=hidden_units)
+  define_matching_flags(flag_values)
+  if methods is not None:
+    define_baseline_flags(methods, flag_values)
+
+
 def define_data_flags(flag_values=None, partition: str = "class_dirichlet") -> None:
   """--dataset, --data_dir, --partition, --alpha, --min_size, --seed, --output_dir
   (on ``flag_values``, default ``absl.flags.FLAGS``)."""
   flags = _Definer(flag_values)
   flags.DEFINE_string("dataset", "digits", "digits (bundled, no download), mnist or cifar10 "
                       "(files under --data_dir; see tfbfl.data).")
-  flags.DEFINE_string("data_dir", None, "Files of the dataset (see tfbfl.data).")
+  flags.DEFINE_string("data_dir", None, _runs.flag_help("data_dir"))
   flags.DEFINE_enum("partition", partition, list(PARTITION_CHOICES),
                     "homogeneous (IID) or class_dirichlet (per class p_k ~ Dir_J(alpha); paper's "
                     "heterogeneous partition).")
-  flags.DEFINE_float("alpha", 0.2, "Dirichlet concentration of class_dirichlet (paper: 0.2).")
-  flags.DEFINE_integer("min_size", 10, "Minimum client size of class_dirichlet.")
-  flags.DEFINE_integer("seed", 0, "Master seed (data partitions, initialisations, shuffles).")
+  flags.DEFINE_float("alpha", 0.2, _runs.flag_help("alpha", paper=0.2))
+  flags.DEFINE_integer("min_size", training.DEFAULTS["min_size"], _runs.flag_help("min_size"))
+  flags.DEFINE_integer("seed", training.DEFAULTS["seed"], _runs.flag_help(
+      "seed", note="the master seed: every trial derives its seeds from it"))
   flags.DEFINE_string("output_dir", None, "Directory for results.csv, results.md and figures.")
 
 
@@ -262,7 +279,7 @@ def define_training_flags(flag_values=None, hidden_units: bool = True) -> None:
     flags.DEFINE_list("hidden_units", ["100"], "Hidden widths of every client network "
                       "(paper main text: one layer of 100).")
   flags.DEFINE_integer("epochs", 10, "Local epochs (Table 1: 10).")
-  flags.DEFINE_integer("batch_size", 32, "Minibatch size (Table 1: 32).")
+  flags.DEFINE_integer("batch_size", 32, _runs.flag_help("batch_size", paper="32, Table 1"))
   flags.DEFINE_float("lr", 0.01, "Adam learning rate (Table 1: 0.01; 0.001 is used for "
                      "--dataset=cifar10 unless given).")
   flags.DEFINE_float("l2", 1e-6, "L2 coefficient as PyTorch weight_decay (Table 1: 1e-6; 1e-5 "
@@ -481,7 +498,6 @@ def run_oneshot_trial(fd, settings: ExperimentSettings, methods: Sequence[str], 
   main = trained(hidden, cfg.shared_init)
   nets = [c.weights for c in main]
   counts = [c.class_counts for c in main]
-  n_examples = [c.num_examples for c in main]
   hp = dataclasses.replace(settings.hp, seed=seed)
   fedavg_hidden = settings.fedavg_hidden_units or hidden
   if len(fedavg_hidden) != len(hidden):
@@ -555,10 +571,7 @@ def _markdown(summary: Sequence[dict], columns: Sequence[tuple], title: str, not
   lines += [f"{n}" for n in notes]
   if notes:
     lines.append("")
-  lines.append("| " + " | ".join(h for h, _ in columns) + " |")
-  lines.append("|" + "|".join("---" for _ in columns) + "|")
-  for s in summary:
-    lines.append("| " + " | ".join(fmt(s) for _, fmt in columns) + " |")
+  lines += _runs.md_table([h for h, _ in columns], [[fmt(s) for _, fmt in columns] for s in summary])
   return "\n".join(lines) + "\n"
 
 
@@ -569,21 +582,6 @@ def _pm(key, digits=3):
 def _method_cell(s):
   dagger = " †" if s.get("constraint") else ""
   return f"{s['label']}{dagger}"
-
-
-def _save_figure(fig, path):
-  buf = io.BytesIO()
-  fig.savefig(buf, format="png", dpi=100)
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  plt.close(fig)
-  experiment.atomic_write_bytes(path, buf.getvalue())
-
-
-def _plt():
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  return plt
 
 
 def _plot_lines(ax, summary, x_key, methods, value="accuracy"):
@@ -682,7 +680,7 @@ def run_batches(settings: ExperimentSettings, J_values: Sequence[int], trials: i
 
 
 def _figures_batches(output_dir, summary, settings, J_values):
-  plt = _plt()
+  plt = _runs.pyplot()
   fig, axes = plt.subplots(1, 2, figsize=(11, 4))
   _plot_lines(axes[0], summary, "J", CONSTRAINED_METHODS)
   _label_axes(axes[0], "number of batches J")
@@ -692,15 +690,13 @@ def _figures_batches(output_dir, summary, settings, J_values):
   axes[1].plot(list(J_values), [width * J for J in J_values], "k:", label="J x local size")
   _label_axes(axes[1], "number of batches J", "global hidden neurons")
   fig.suptitle(f"Fig. 2: constrained methods ({settings.dataset}, {settings.partition})")
-  fig.tight_layout()
-  _save_figure(fig, os.path.join(output_dir, "fig2_constrained.png"))
+  _runs.save_figure(fig, os.path.join(output_dir, "fig2_constrained.png"), tight=True)
 
   fig, ax = plt.subplots(figsize=(6, 4))
   _plot_lines(ax, summary, "J", ("pfnm",) + EXTRA_METHODS)
   _label_axes(ax, "number of batches J")
   ax.set_title(f"Fig. 3: extra-resource baselines ({settings.dataset}, {settings.partition})")
-  fig.tight_layout()
-  _save_figure(fig, os.path.join(output_dir, "fig3_extra_resources.png"))
+  _runs.save_figure(fig, os.path.join(output_dir, "fig3_extra_resources.png"), tight=True)
 
 
 def run_depth(settings: ExperimentSettings, C_values: Sequence[int], J: int, width: int,
@@ -734,7 +730,7 @@ def run_depth(settings: ExperimentSettings, C_values: Sequence[int], J: int, wid
   _write_results(output_dir, settings, summary, columns, md, rows,
                  ["C", "J", "trial", "method", "accuracy", "neurons", "layers", "params"],
                  {"C": list(C_values), "J": J, "width": width, "trials": trials})
-  plt = _plt()
+  plt = _runs.pyplot()
   fig, axes = plt.subplots(1, 2, figsize=(11, 4))
   _plot_lines(axes[0], summary, "C", methods)
   _label_axes(axes[0], "number of hidden layers C")
@@ -742,8 +738,7 @@ def run_depth(settings: ExperimentSettings, C_values: Sequence[int], J: int, wid
   axes[1].axhline(width * J, color="k", linestyle=":", label="J x width")
   _label_axes(axes[1], "number of hidden layers C", "PFNM global neurons per layer")
   fig.suptitle(f"Fig. 4: depth (J={J}, {settings.dataset}, {settings.partition})")
-  fig.tight_layout()
-  _save_figure(fig, os.path.join(output_dir, "fig4_depth.png"))
+  _runs.save_figure(fig, os.path.join(output_dir, "fig4_depth.png"), tight=True)
   return summary
 
 
@@ -799,7 +794,7 @@ def run_streaming(settings: ExperimentSettings, J: int, steps: int, trials: int,
     trainer = get_trainer(cfg)
     trial_seed = baselines.derive_seed(settings.seed, J, t, 1)
     stream = StreamingPFNM(dataclasses.replace(settings.hp, seed=trial_seed))
-    own_nets, own_counts, pfnm_nets = None, np.zeros((J, fd.num_classes), np.int64), None
+    own_nets, own_counts = None, np.zeros((J, fd.num_classes), np.int64)
     dsgd = pfnm.initial_weights(cfg, pfnm.init_seeds(trial_seed, 1, True)[0])
     for s in range(steps):
       step_data = [parts[j][s] for j in range(J)]
@@ -861,15 +856,14 @@ def run_streaming(settings: ExperimentSettings, J: int, steps: int, trials: int,
                  ["step", "trial", "J", "method", "accuracy", "neurons", "layers", "params"],
                  {"J": J, "steps": steps, "trials": trials, "fresh_neurons": fresh_neurons,
                   "init_noise": init_noise})
-  plt = _plt()
+  plt = _runs.pyplot()
   fig, axes = plt.subplots(1, 2, figsize=(11, 4))
   _plot_lines(axes[0], summary, "step", methods)
   _label_axes(axes[0], "step s")
   _plot_lines(axes[1], summary, "step", ("pfnm_streaming",), value="neurons")
   _label_axes(axes[1], "step s", "PFNM global neurons", legend=False)
   fig.suptitle(f"Streaming (supplement Fig. 3b): J={J}, S={steps}, {settings.dataset}")
-  fig.tight_layout()
-  _save_figure(fig, os.path.join(output_dir, "fig_streaming.png"))
+  _runs.save_figure(fig, os.path.join(output_dir, "fig_streaming.png"), tight=True)
   return summary
 
 
@@ -932,7 +926,7 @@ def run_sensitivity(settings: ExperimentSettings, J_values: Sequence[int], trial
                  {"J": list(J_values), "trials": trials, "sigma0_sq_grid": list(sigma0_sq_grid),
                   "gamma0_grid": list(gamma0_grid), "sigma_sq_grid": list(sigma_sq_grid)})
 
-  plt = _plt()
+  plt = _runs.pyplot()
   J0 = J_values[0]
   fig, axes = plt.subplots(1, len(sigma_sq_grid), figsize=(4 * len(sigma_sq_grid), 3.6),
                            squeeze=False)
@@ -950,8 +944,7 @@ def run_sensitivity(settings: ExperimentSettings, J_values: Sequence[int], trial
     fig.colorbar(im, ax=ax)
   fig.suptitle(f"Fig. 4 (supplement): training accuracy, J={J0}, {settings.dataset}, "
                f"{settings.partition}")
-  fig.tight_layout()
-  _save_figure(fig, os.path.join(output_dir, "fig4_sensitivity.png"))
+  _runs.save_figure(fig, os.path.join(output_dir, "fig4_sensitivity.png"), tight=True)
 
   s0_ref = min(sigma0_sq_grid, key=lambda v: abs(math.log(v / 10.0)))
   g0_ref = min(gamma0_grid, key=lambda v: abs(math.log(v)))
@@ -964,6 +957,5 @@ def run_sensitivity(settings: ExperimentSettings, J_values: Sequence[int], trial
   ax.grid(alpha=0.3)
   _label_axes(ax, "sigma^2", "training accuracy")
   ax.set_title(f"Fig. 5 (supplement): sigma0^2={s0_ref:g}, gamma0={g0_ref:g}")
-  fig.tight_layout()
-  _save_figure(fig, os.path.join(output_dir, "fig5_sigma.png"))
+  _runs.save_figure(fig, os.path.join(output_dir, "fig5_sigma.png"), tight=True)
   return summary

@@ -1,0 +1,207 @@
+"""FedPA: the delta recursion against a direct solve and its limits, FedAvg burn-in, digits."""
+
+import os
+import subprocess
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import tfbfl.data  # noqa: E402
+from tfbfl import experiment  # noqa: E402
+from tfbfl.algorithms import client_batch  # noqa: E402
+from tfbfl.algorithms import fedavg  # noqa: E402
+from tfbfl.algorithms import fedpa  # noqa: E402
+from tfbfl.algorithms import registry  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("tff_runtime")
+
+_posterior_delta = tf.function(fedpa.posterior_delta, reduce_retracing=True)
+
+
+def _delta(x0, samples, rho):
+  return _posterior_delta(tf.constant(x0), tf.constant(samples), rho).numpy()
+
+
+def _relative_error(a, b):
+  return float(np.linalg.norm(np.asarray(a, np.float64) - b) / np.linalg.norm(b))
+
+
+@pytest.mark.parametrize("l,d,rho", [(2, 3, 0.5), (5, 3, 0.01), (8, 30, 1.0), (19, 50, 0.01),
+                                     (12, 6, 100.0), (40, 10, 0.3)])
+def test_recursion_matches_direct_solve(l, d, rho):
+  rng = np.random.default_rng(l * 1000 + d)
+  # Anisotropic samples around a mean away from x0 (float32, as the client's).
+  scales = np.exp(rng.uniform(-2.0, 1.0, size=d))
+  samples = (rng.normal(size=d) + rng.normal(size=(l, d)) * scales).astype(np.float32)
+  x0 = rng.normal(size=d).astype(np.float32)
+  expected = fedpa.direct_delta(x0, samples, rho)
+  got = _delta(x0, samples, rho)
+  assert got.dtype == np.float32 and got.shape == (d,)
+  assert _relative_error(got, expected) < 1e-5
+  # The covariance correction matters at these settings (not a trivial comparison).
+  assert _relative_error(x0 - samples.mean(0), expected) > 1e-3
+
+
+def test_identity_covariance_gives_averaged_iterate_delta():
+  rng = np.random.default_rng(0)
+  x0 = rng.normal(size=7).astype(np.float32)
+  one = rng.normal(size=(1, 7)).astype(np.float32)
+  for rho in (0.0, 0.01, 10.0):   # one sample: rho_l = 1 whatever rho
+    np.testing.assert_array_equal(_delta(x0, one, rho), x0 - one[0])
+  for l in (2, 7, 19):            # rho = 0: rho_l = 1 for any l
+    samples = rng.normal(size=(l, 7)).astype(np.float32)
+    expected = (x0.astype(np.float64) - samples.astype(np.float64).mean(0)).astype(np.float32)
+    np.testing.assert_allclose(_delta(x0, samples, 0.0), expected, rtol=1e-6, atol=1e-7)
+    assert _relative_error(_delta(x0, samples, 1.0), expected) > 1e-2
+
+
+def test_exact_gaussian_samples_give_precision_times_offset():
+  rng = np.random.default_rng(1)
+  q, _ = np.linalg.qr(rng.normal(size=(3, 3)))
+  sigma = q @ np.diag([0.25, 1.0, 4.0]) @ q.T
+  mu, x0 = np.array([1.0, -2.0, 0.5]), np.array([3.0, 1.0, -2.0])
+  exact = np.linalg.solve(sigma, x0 - mu)
+  samples = rng.multivariate_normal(mu, sigma, size=4000)
+  # rho large: rho_l ~ 2.5e-6, Sigma_hat ~ the sample covariance.
+  got = _delta(x0, samples, 100.0)
+  assert _relative_error(got, exact) < 0.1            # sampling error ~ 0.03 here
+  assert _relative_error(x0 - samples.mean(0), exact) > 0.5   # Sigma = I is far off
+
+
+_HIDDEN, _E, _B, _LR, _SERVER_LR = (12,), 3, 16, 0.1, 0.7
+
+
+def _config(cls, data, **kw):
+  return cls(input_dim=int(np.prod(data.input_shape)), input_shape=tuple(data.input_shape),
+             num_classes=data.num_classes, seed=3, hidden_units=_HIDDEN, epochs=_E,
+             batch_size=_B, client_lr=_LR, server_lr=_SERVER_LR, **kw)
+
+
+@pytest.fixture(scope="module")
+def small():
+  data = tfbfl.data.load_federated("digits", partition="class_dirichlet", num_clients=3, seed=3)
+  fedavg_algo = fedavg.FedAvgAlgorithm(_config(fedavg.ModelConfig, data))
+  fedpa_algo = fedpa.FedPAAlgorithm(_config(fedpa.FedPAConfig, data, fedpa_burn_in=1,
+                                            fedpa_shrinkage=0.5, fedpa_server_burn_in=2))
+  return data, fedavg_algo, fedpa_algo
+
+
+def _rounds(algo, data, rounds):
+  train = [data.train[c] for c in data.client_ids]
+  state, clients = algo.initial_server_state(), [algo.initial_client_state(i) for i in range(3)]
+  for r in range(1, rounds + 1):
+    seeds = [experiment.client_seed(3, r, i) for i in range(3)]
+    state, clients, metrics = algo.next(state, clients, seeds, train)
+  return state, clients, metrics
+
+
+def test_server_burn_in_rounds_are_fedavg_rounds(small):
+  data, fedavg_algo, fedpa_algo = small
+  ref, ref_clients, ref_metrics = _rounds(fedavg_algo, data, 2)
+  got, got_clients, got_metrics = _rounds(fedpa_algo, data, 2)
+  for a, b in zip(ref.model_weights.trainable, got.model_weights.trainable):
+    np.testing.assert_allclose(b, a, atol=1e-6, rtol=0)
+  for ca, cb in zip(ref_clients, got_clients):
+    for a, b in zip(ca.trainable, cb.trainable):
+      np.testing.assert_allclose(b, a, atol=1e-6, rtol=0)
+  assert got_metrics.keys() == ref_metrics.keys()
+  # Round 3 is past the burn-in: the uploads, hence the server models, differ.
+  ref3, _, _ = _rounds(fedavg_algo, data, 3)
+  got3, _, metrics3 = _rounds(fedpa_algo, data, 3)
+  assert max(float(np.max(np.abs(a - b))) for a, b in
+             zip(ref3.model_weights.trainable, got3.model_weights.trainable)) > 1e-3
+  assert metrics3["clients_dropped"] == 0 and metrics3["update_non_finite"] == 0
+
+
+def _reference_epoch_means(weights, x, y, seed):
+  """Independent eager SGD on the ReLU MLP `weights` = [k0, b0, k1, b1] (no Keras):
+  the mean of the iterates after each step of every epoch, and the last iterate."""
+  variables = [tf.Variable(np.asarray(w)) for w in weights]
+  order = client_batch.epoch_permutations(tf.constant(seed), _E, len(y)).numpy()
+  means = []
+  for e in range(_E):
+    total, steps = [np.zeros_like(np.asarray(w)) for w in weights], 0
+    for start in range(0, len(y), _B):
+      idx = order[e, start:start + _B]
+      with tf.GradientTape() as tape:
+        h = tf.constant(x[idx])
+        for j in range(0, len(variables), 2):
+          h = h @ variables[j] + variables[j + 1]
+          if j + 2 < len(variables):
+            h = tf.nn.relu(h)
+        loss = tf.reduce_mean(
+            tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y[idx], logits=h))
+      for v, g in zip(variables, tape.gradient(loss, variables)):
+        v.assign_sub(_LR * g)
+      total = [t + v.numpy() for t, v in zip(total, variables)]
+      steps += 1
+    means.append([t / steps for t in total])
+  return means, [v.numpy() for v in variables]
+
+
+def test_posterior_round_matches_reference(small):
+  """A FedPA round from the initial model = eager SGD, per-epoch iterate means,
+  `direct_delta` on the samples after the client burn-in, FedAvg's server step."""
+  data, _, _ = small
+  algo = fedpa.FedPAAlgorithm(_config(fedpa.FedPAConfig, data, fedpa_burn_in=1,
+                                      fedpa_shrinkage=0.5, fedpa_server_burn_in=0))
+  state = algo.initial_server_state()
+  w0 = [np.asarray(w) for w in state.model_weights.trainable]
+  flat0 = np.concatenate([w.ravel() for w in w0])
+  train = [data.train[c] for c in data.client_ids]
+  seeds = [experiment.client_seed(3, 1, i) for i in range(3)]
+  new_state, clients, _ = algo.next(state, [algo.initial_client_state(i) for i in range(3)],
+                                    seeds, train)
+  deltas, n = [], []
+  for seed, (x, y), client in zip(seeds, train, clients):
+    means, last = _reference_epoch_means(w0, x, y, seed)
+    for a, b in zip(last, client.trainable):   # MT: the last iterate, as FedAvg's
+      np.testing.assert_allclose(b, a, atol=1e-5)
+    samples = np.stack([np.concatenate([m.ravel() for m in epoch]) for epoch in means[1:]])
+    deltas.append(fedpa.direct_delta(flat0, samples, 0.5))
+    n.append(len(y))
+  delta = np.average(deltas, axis=0, weights=n)
+  got = np.concatenate([np.asarray(w).ravel() for w in new_state.model_weights.trainable])
+  np.testing.assert_allclose(got, flat0 - _SERVER_LR * delta, atol=1e-5)
+  # FedAvg's step from the same clients would land elsewhere.
+  fedavg_delta = np.average([flat0 - np.concatenate([np.asarray(w).ravel() for w in c.trainable])
+                             for c in clients], axis=0, weights=n)
+  assert np.max(np.abs(got - (flat0 - _SERVER_LR * fedavg_delta))) > 1e-3
+
+
+def test_digits_end_to_end_beats_chance():
+  data = tfbfl.data.load_federated("digits", partition="class_dirichlet", num_clients=10, seed=0)
+  spec = registry.get("fedpa")
+  config = spec.make_config(dict(seed=0), data)
+  rounds = config.fedpa_server_burn_in + 3   # some posterior-averaging rounds
+  run = experiment.RunConfig(rounds=rounds, clients_per_round=10, verbose=False)
+  algo = spec.build(data, config, run)
+  assert isinstance(algo, fedpa.FedPAAlgorithm) and algo.name == "fedpa"
+  runner = experiment.ExperimentRunner(algo, data, run)
+  runner.run()
+  last = runner.rows[-1]
+  assert last["server_accuracy"] > 0.6 and last["mt_accuracy"] > 0.6, runner.rows  # chance: 0.1
+  assert all(row["clients_dropped"] == 0 for row in runner.rows)
+
+
+def test_bad_flags_name_the_flag():
+  with pytest.raises(ValueError, match="--fedpa_shrinkage"):
+    fedpa.FedPAConfig(input_dim=4, num_classes=2, fedpa_shrinkage=-0.1)
+  with pytest.raises(ValueError, match="--fedpa_burn_in"):
+    fedpa.FedPAConfig(input_dim=4, num_classes=2, epochs=3, fedpa_burn_in=3)
+  with pytest.raises(ValueError, match="--fedpa_server_burn_in"):
+    fedpa.FedPAConfig(input_dim=4, num_classes=2, fedpa_server_burn_in=-1)
+  with pytest.raises(ValueError, match="--architecture"):
+    fedpa.FedPAConfig(input_dim=4, num_classes=2, architecture="lstm")
+
+
+def test_module_imports_without_tensorflow():
+  code = ("import sys, tfbfl.algorithms.fedpa; from tfbfl.algorithms import registry; "
+          "assert 'fedpa' in registry.names(); "
+          "assert not {'tensorflow', 'tensorflow_federated', 'absl', 'tfbfl.training', "
+          "'tfbfl.experiment', 'tfbfl.data'} & set(sys.modules), sorted(sys.modules)")
+  subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -1,0 +1,179 @@
+"""Settings declared once: flags made from them, checked at parse time, before TensorFlow.
+
+What is checked here (each can fail):
+* `launchers.train --rounds=-1` prints one line naming `--rounds` and exits 1 within a
+  few seconds, TensorFlow never imported (a subprocess, as a user runs it);
+* the absl validators and `training.resolve_params` apply the same rule to a value;
+* every setting has one declaration (`training.settings` refuses a second one with
+  another default) and the flags' defaults are the configs' field defaults;
+* nothing in `tfbfl/algorithms/` imports the driver, the runtime, absl or the data
+  loaders, and importing the algorithms (every spec registered) loads no TensorFlow;
+* every registered algorithm builds its config from the shipped defaults.
+"""
+
+import ast
+import dataclasses
+import glob
+import math
+import os
+import subprocess
+import sys
+import time
+import types
+
+from absl import flags as absl_flags
+import pytest
+
+from tfbfl import flags as tfbfl_flags
+from tfbfl import options
+from tfbfl import training
+from tfbfl.algorithms import registry
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(args, **kw):
+  env = dict(os.environ, PYTHONPATH=_ROOT)
+  return subprocess.run([sys.executable, *args], cwd=_ROOT, env=env, capture_output=True,
+                        text=True, timeout=120, **kw)
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--rounds=-1"], "--rounds"), (["--kl_weight=nan"], "--kl_weight"),
+    (["--clients_per_round=11"], "--clients_per_round"), (["--hidden_units=8,x"], "--hidden_units"),
+    (["--executor=remote"], "--executor"), (["--algorithm=nope"], "--algorithm")])
+def test_bad_flag_is_one_line_before_tensorflow(argv, flag):
+  start = time.monotonic()
+  # -X importtime lists every module imported: TensorFlow must not be among them.
+  out = _run(["-X", "importtime", "-m", "launchers.train", *argv])
+  elapsed = time.monotonic() - start
+  assert out.returncode == 1, out
+  lines = [l for l in out.stderr.splitlines() if not l.startswith("import time:")]
+  assert len(lines) == 1 and lines[0].startswith("FATAL train: ") and flag in lines[0], lines
+  imported = {l.split("|")[-1].strip() for l in out.stderr.splitlines() if l.startswith("import time:")}
+  assert "tensorflow" not in imported and "tensorflow_federated" not in imported
+  assert elapsed < 15, elapsed   # generous for a loaded CI machine; ~0.3 s quiet
+
+
+def test_algorithms_import_no_tensorflow():
+  code = ("import sys, tfbfl.algorithms, tfbfl.flags, tfbfl.training\n"
+          "from tfbfl.algorithms import registry\n"
+          "assert 'fedpa' in registry.names() and 'virtual' in registry.names()\n"
+          "bad = [m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'tensorflow_federated')]\n"
+          "assert not bad, bad[:5]\n")
+  out = _run(["-c", code])
+  assert out.returncode == 0, out.stderr[-2000:]
+
+
+_DRIVER = ("tfbfl.training", "tfbfl.experiment", "tfbfl.experiments", "tfbfl.runtime",
+           "tfbfl.flags", "tfbfl.data", "absl")
+
+
+def _imports(path):
+  names = []
+  for node in ast.walk(ast.parse(open(path).read())):
+    if isinstance(node, ast.Import):
+      names += [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom) and node.module:
+      names += [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+    elif (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "load" and node.args
+          and isinstance(node.args[0], ast.Constant)):   # _lazy.load("...")
+      names.append(node.args[0].value)
+  return names
+
+
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(_ROOT, "tfbfl/algorithms/*.py"))))
+def test_algorithms_do_not_import_the_driver(path):
+  bad = [n for n in _imports(path) if any(n == d or n.startswith(d + ".") for d in _DRIVER)]
+  assert not bad, (os.path.basename(path), bad)
+
+
+def test_validators_and_resolve_params_agree():
+  """A value refused by resolve_params is refused at parse time, with the same message."""
+  fv = absl_flags.FlagValues()
+  tfbfl_flags.define(flag_values=fv)
+  table = training.settings()
+  cases = [("rounds", "0"), ("rounds", "7"), ("client_lr", "1e4"), ("client_lr", "0.5"),
+           ("server_lr", "-1"), ("fola_gamma", "inf"), ("prune_percentile", "101"),
+           ("max_update_ratio", "inf"), ("kl_weight", "-0.1"), ("seed", "-1")]
+  for name, text in cases:
+    value = float(text) if table[name][1].kind == "float" else int(text)
+    try:
+      training.resolve_params({name: value})
+      want = None
+    except ValueError as e:
+      want = str(e)
+    fv.unparse_flags()
+    try:
+      fv(["prog", f"--{name}={text}"])
+      got = None
+    except absl_flags.IllegalFlagValueError as e:
+      got = str(e)
+    assert (want is None) == (got is None), (name, text, want, got)
+    if want:
+      assert want in got, (want, got)
+
+
+def test_each_setting_is_declared_once():
+  table = training.settings()
+  assert training.DEFAULTS["batch_size"] == 20 and training.DEFAULTS["server_lr"] is None
+  # Flag defaults are the declaring classes' field defaults (no second table).
+  for cls in (*training.COMMON_SETTINGS, *(s.config_cls for s in registry.specs())):
+    for name, default in options.defaults(cls).items():
+      assert table[name][0] == default, (cls.__name__, name)
+
+  @dataclasses.dataclass(frozen=True)
+  class Clash:
+    batch_size: int = options.integer(32, "Another default.", low=1)
+
+  spec = registry.AlgorithmSpec("clash_test", Clash, lambda *a: None, "test only")
+  registry.register(spec)
+  try:
+    with pytest.raises(ValueError, match="--batch_size is declared by"):
+      training.settings()
+  finally:
+    registry._SPECS.pop("clash_test")  # pylint: disable=protected-access
+
+
+def test_option_rules():
+  opt = options.Option("float", "x", low=0.0, high=1.0, low_open=True)
+  assert opt.check(1, "x") == 1.0
+  for bad in (0.0, 1.5, math.nan, -math.inf, "0.5", True):
+    with pytest.raises(ValueError, match="^--x "):
+      opt.check(bad, "x")
+  assert options.Option("float", "y", inf_ok=True, high=None).check(math.inf, "y") == math.inf
+  ints = options.Option("ints", "z")
+  assert ints.check("8, 4", "z") == (8, 4) and ints.check("", "z") is None
+  with pytest.raises(ValueError, match="--z entries"):
+    ints.check([0], "z")
+  with pytest.raises(ValueError, match="--n must be an integer"):
+    options.Option("int", "n").check(2.5, "n")
+
+
+def test_every_algorithm_builds_its_config_from_the_defaults():
+  data = types.SimpleNamespace(input_shape=(64,), num_classes=10, client_ids=list(range(10)))
+  for spec in registry.specs():
+    p = training.resolve_params(dict(algorithm=spec.name))
+    config = spec.make_config(p, data)
+    assert isinstance(config, spec.config_cls)
+    assert config.epochs == p["epochs_per_round"] and config.batch_size == p["batch_size"]
+    for field, value in spec.fixed.items():
+      assert getattr(config, field) == value
+  p4 = training.resolve_params(dict(clients_per_round=4))
+  assert p4["server_lr"] == pytest.approx(1 / 4)   # recorded as used
+  virtual_config = registry.get("virtual").make_config(p4, data)
+  assert virtual_config.step == pytest.approx(1 / 4)   # VIRTUAL's derived default, 1/C
+  p = training.resolve_params(dict(algorithm="fedavg"))
+  assert p["server_lr"] == 1.0 and registry.get("fedavg").make_config(p, data).server_step == 1.0
+  assert registry.get("fedavg").make_config(dict(p, mu=0.5), data).mu == 0.0   # pinned
+  assert registry.get("fedprox").make_config(p, data).mu == 0.01
+
+
+def test_data_spec_reaches_the_loader():
+  spec = training.data_spec(training.resolve_params(dict(num_clients=4, clients_per_round=4, seed=3, alpha=0.2)))
+  assert (spec.num_clients, spec.seed, spec.alpha) == (4, 3, 0.2)
+  from tfbfl import data as data_lib  # pylint: disable=g-import-not-at-top
+  a = data_lib.load_federated(spec)
+  b = data_lib.load_federated("digits", num_clients=4, seed=3, alpha=0.2)
+  assert a.client_ids == b.client_ids
+  assert all((a.train[c][1] == b.train[c][1]).all() for c in a.client_ids)

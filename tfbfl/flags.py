@@ -1,0 +1,126 @@
+"""absl flags made from the settings' declarations, checked while argv is parsed.
+
+Every flag of `launchers.train` (and the flags a grid launcher shares with it) comes
+from one declaration, a `tfbfl.options` field of its owner (`training.settings()`):
+same name, default and help text everywhere. Each flag gets an absl validator with
+the field's rule, and one more validator checks the combinations
+(`training.resolve_params`), so a bad value ends the program with one line naming
+the flag before TensorFlow is imported:
+
+    from absl import app
+    from tfbfl import flags as tfbfl_flags
+
+    tfbfl_flags.define()
+    app.run(main, flags_parser=tfbfl_flags.parser("train"))
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable, Dict, Iterable, List, Optional
+
+from absl import flags as absl_flags
+
+from tfbfl import options
+from tfbfl import training
+
+FLAGS = absl_flags.FLAGS
+
+
+def _define_one(name: str, default: Any, option: options.Option, flag_values) -> None:
+  help_text = option.help
+  if option.kind == "int":
+    absl_flags.DEFINE_integer(name, default, help_text, flag_values=flag_values)
+  elif option.kind == "float":
+    absl_flags.DEFINE_float(name, default, help_text, flag_values=flag_values)
+  elif option.kind == "bool":
+    absl_flags.DEFINE_bool(name, default, help_text, flag_values=flag_values)
+  elif option.kind == "str":
+    absl_flags.DEFINE_string(name, default, help_text, flag_values=flag_values)
+  elif option.kind == "enum":
+    absl_flags.DEFINE_enum(name, default, list(option.choices), help_text,
+                           flag_values=flag_values)
+  else:  # "ints", "strs": comma-separated lists
+    listed = None if default is None else [str(x) for x in default]
+    absl_flags.DEFINE_list(name, listed, help_text, flag_values=flag_values)
+
+  def check(value, name=name, option=option):
+    try:
+      option.check(value, name)
+    except ValueError as e:
+      raise absl_flags.ValidationError(str(e)) from None
+    return True
+
+  absl_flags.register_validator(name, check, flag_values=flag_values)
+
+
+def define(names: Optional[Iterable[str]] = None, flag_values=FLAGS,
+           defaults: Optional[Dict[str, Any]] = None, check_combinations: bool = True) -> List[str]:
+  """Defines the flags `names` (default: every setting and `--algorithm`).
+
+  `defaults` overrides the declared default of some flags (a launcher running a
+  paper's experiment, e.g. FOLA's B = 32); the help text says so. With
+  `check_combinations`, one more validator runs `training.resolve_params` over the
+  defined flags. Returns the names defined.
+  """
+  table = training.settings()
+  wanted = ["algorithm", *table] if names is None else list(names)
+  unknown = [n for n in wanted if n != "algorithm" and n not in table]
+  if unknown:
+    raise ValueError(f"no setting named {unknown}; known: {sorted(table)}.")
+  defaults = dict(defaults or {})
+  for name in wanted:
+    if name == "algorithm":
+      absl_flags.DEFINE_enum(
+          "algorithm", defaults.pop(name, training.DEFAULT_ALGORITHM),
+          list(training.algorithm_names()),
+          "Federated algorithm: " + "; ".join(
+              f"{s.name}: {s.summary}" for s in training.registry.specs()),
+          flag_values=flag_values)
+      continue
+    default, option = table[name]
+    if name in defaults:
+      value = defaults.pop(name)
+      option = options.Option(**{**option.__dict__, "help": f"{option.help} (this "
+                                 f"experiment's default; the library's: {default!r})"})
+      default = value
+    _define_one(name, default, option, flag_values)
+  if check_combinations:
+    def combinations(values):
+      try:
+        training.resolve_params(_params(values))
+      except ValueError as e:
+        raise absl_flags.ValidationError(str(e)) from None
+      return True
+    absl_flags.register_multi_flags_validator(wanted, combinations, flag_values=flag_values)
+  return wanted
+
+
+def _params(values: Dict[str, Any]) -> Dict[str, Any]:
+  return {k: v for k, v in values.items() if k in training.DEFAULTS and k != "verbose"}
+
+
+def params(names: Optional[Iterable[str]] = None, flag_values=FLAGS) -> Dict[str, Any]:
+  """The parsed values of the settings' flags, for `training.run_training`."""
+  names = training.DEFAULTS if names is None else names
+  return _params({n: flag_values[n].value for n in names if n in flag_values})
+
+
+def fail(program: str, message: str) -> None:
+  """Exits with status 1 after one line on stderr (absl's usage error would print the
+  module help first)."""
+  print(f"FATAL {program}: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
+  sys.exit(1)
+
+
+def parser(program: str, flag_values=FLAGS) -> Callable[[List[str]], List[str]]:
+  """An `app.run(flags_parser=...)` that reports a bad flag in one line."""
+  def parse(argv: List[str]) -> List[str]:
+    try:
+      return flag_values(argv)
+    except absl_flags.Error as e:
+      message = str(e)
+      if message.startswith("flag") and ": --" in message:   # "flag --x=v: --x must ..."
+        message = message[message.index(": --") + 2:]
+      fail(program, message)
+  return parse

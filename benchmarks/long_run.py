@@ -39,12 +39,17 @@ def main():
   runtime.set_local_runtime()
   try:
     data = scale.make_data(args.clients, sizes=(300, 400))
-    p = training.resolve_params(dict(algorithm=args.algorithm, num_clients=args.clients,
-                                     clients_per_round=args.clients_per_round,
-                                     epochs_per_round=args.epochs, rounds=args.rounds))
+    p = training.resolve_params(
+        dict(algorithm=args.algorithm,
+             num_clients=args.clients,
+             clients_per_round=args.clients_per_round,
+             epochs_per_round=args.epochs,
+             rounds=args.rounds))
     algorithm = training.build_algorithm(data, p)
-    config = experiment.RunConfig(rounds=args.rounds, clients_per_round=args.clients_per_round,
-                                  seed=0, verbose=True)
+    config = experiment.RunConfig(rounds=args.rounds,
+                                  clients_per_round=args.clients_per_round,
+                                  seed=0,
+                                  verbose=True)
     summary = experiment.ExperimentRunner(algorithm, data, config).run()
   finally:
     runtime.shutdown()

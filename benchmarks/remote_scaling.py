@@ -43,8 +43,9 @@ from tfbfl.algorithms import virtual
 
 _CLIENTS = flags.DEFINE_integer("clients", 20, "Clients per round (= all clients).")
 _EPOCHS = flags.DEFINE_integer("epochs", 2, "Local epochs per round.")
-_ROUNDS = flags.DEFINE_integer("rounds", 5, "Timed rounds per leg (after one warm-up round); "
-                               "the legs take turns round by round.")
+_ROUNDS = flags.DEFINE_integer(
+    "rounds", 5, "Timed rounds per leg (after one warm-up round); "
+    "the legs take turns round by round.")
 _WORKERS = flags.DEFINE_list("workers", ["1", "2", "4"], "Worker counts of the remote legs.")
 _QUICK = flags.DEFINE_bool("quick", False, "1 timed round; workers 1 and 2.")
 
@@ -58,8 +59,8 @@ def main(argv):
   worker_counts = [1, 2] if _QUICK.value else [int(w) for w in _WORKERS.value]
   k = _CLIENTS.value
   cores = os.cpu_count() or 1
-  params = training.resolve_params(dict(num_clients=k, clients_per_round=k,
-                                        epochs_per_round=_EPOCHS.value))
+  params = training.resolve_params(
+      dict(num_clients=k, clients_per_round=k, epochs_per_round=_EPOCHS.value))
   fd = training.load_data(params)
   cfg = registry.get("virtual").make_config(params, fd)
   data = [fd.train[c] for c in fd.client_ids]
@@ -70,8 +71,10 @@ def main(argv):
   try:
     groups = []
     for n in worker_counts:
-      groups.append([runtime.WorkerProcess(max_concurrent_computation_calls=max(1, cores // n))
-                     for _ in range(n)])
+      groups.append([
+          runtime.WorkerProcess(max_concurrent_computation_calls=max(1, cores // n))
+          for _ in range(n)
+      ])
       workers += groups[-1]
     local = runtime.LocalRuntime(max_concurrent_computation_calls=cores).start()
     runtimes.append(local)

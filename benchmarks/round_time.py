@@ -56,8 +56,9 @@ _CONCURRENCY = flags.DEFINE_integer(
     "max_concurrent_computation_calls", None,
     "Client computations the TFF worker runs at once (default: CPU count).")
 _QUICK = flags.DEFINE_bool("quick", False, "2 timed rounds of 5 epochs.")
-_KERAS = flags.DEFINE_bool("keras_leg", True, "Also time VIRTUAL with lean_step=False (the "
-                           "Keras layers step by step: the step before the lean one).")
+_KERAS = flags.DEFINE_bool(
+    "keras_leg", True, "Also time VIRTUAL with lean_step=False (the "
+    "Keras layers step by step: the step before the lean one).")
 _GROUPS = flags.DEFINE_list(
     "clients_per_group", ["1", "5", "10"],
     "VIRTUAL via TFF is timed once per value: this many of the round's clients are "
@@ -117,8 +118,9 @@ def small_matmul_gflops(batch, n_in, n_out, clients=1, repeats=200):
 
 def _dense_macs(layers):
   """sum of n_in * n_out over the kernels of `layers` (BayesianDense or Keras Dense)."""
-  return sum(int(np.prod(l.kernel_loc.shape if isinstance(l, BayesianDense) else l.kernel.shape))
-             for l in layers)
+  return sum(
+      int(np.prod(l.kernel_loc.shape if isinstance(l, BayesianDense) else l.kernel.shape))
+      for l in layers)
 
 
 def bayesian_layers(net):
@@ -139,7 +141,8 @@ def main(argv):
   del argv
   rounds, epochs = (2, 5) if _QUICK.value else (_ROUNDS.value, _EPOCHS.value)
   k = _CLIENTS.value
-  params = training.resolve_params(dict(num_clients=k, clients_per_round=k, epochs_per_round=epochs))
+  params = training.resolve_params(dict(num_clients=k, clients_per_round=k,
+                                        epochs_per_round=epochs))
   fd = training.load_data(params)
   data = [fd.train[c] for c in fd.client_ids]
   seeds = lambda r: [np.array([0, 1000 * r + i], np.int64) for i in range(k)]
@@ -156,9 +159,13 @@ def main(argv):
   init_post = virtual.initial_posterior(cfg)
   states = [virtual.initial_client_state(cfg, i, init_post) for i in range(k)]
   exact = lambda t: tf.TensorSpec(np.shape(t), tf.as_dtype(np.asarray(t).dtype))
-  signature = [tf.nest.map_structure(exact, init_post), tf.nest.map_structure(exact, states[0]),
-               tf.TensorSpec([2], tf.int64), tf.TensorSpec([None, cfg.input_dim], tf.float32),
-               tf.TensorSpec([None], tf.int32)]
+  signature = [
+      tf.nest.map_structure(exact, init_post),
+      tf.nest.map_structure(exact, states[0]),
+      tf.TensorSpec([2], tf.int64),
+      tf.TensorSpec([None, cfg.input_dim], tf.float32),
+      tf.TensorSpec([None], tf.int32)
+  ]
   net = virtual.build_networks(cfg)
   net.forward(tf.zeros([1, cfg.input_dim]))  # build the layers for the FLOP count
   virtual_macs = _dense_macs(bayesian_layers(net))
@@ -169,9 +176,12 @@ def main(argv):
   deltas = {}
 
   def plain_round(r):
-    outs = [plain(init_post, state, tf.constant(seed), tf.constant(x), tf.constant(y))
-            for state, seed, (x, y) in zip(states, seeds(r), data)]
+    outs = [
+        plain(init_post, state, tf.constant(seed), tf.constant(x), tf.constant(y))
+        for state, seed, (x, y) in zip(states, seeds(r), data)
+    ]
     deltas[r] = [o.delta for o in outs]
+
   t_plain = _timed(plain_round, rounds)
 
   runtime.set_local_runtime(max_concurrent_computation_calls=_CONCURRENCY.value)
@@ -187,13 +197,15 @@ def main(argv):
 
     def tff_round(r, alg=alg, server=server, client_states=client_states, servers=servers):
       servers[r] = alg.next(server, client_states, seeds(r), data)[0]
+
     t_groups[groups] = _timed(tff_round, rounds)
     # Same computation, same seeds: s * (prod_i Delta_i)^alpha from (b) vs (a)'s server.
     total = gaussian.product(*[gaussian.NaturalGaussian(*d) for d in deltas[1]])
     want = gaussian.product(server.posterior, gaussian.power(total, cfg.step))
     got = servers[1].posterior
-    diff = max(float(np.max(np.abs(np.asarray(g) - np.asarray(w))))
-               for g, w in zip(tf.nest.flatten(got), tf.nest.flatten(want)))
+    diff = max(
+        float(np.max(np.abs(np.asarray(g) - np.asarray(w))))
+        for g, w in zip(tf.nest.flatten(got), tf.nest.flatten(want)))
     scale = max(float(np.max(np.abs(np.asarray(w)))) for w in tf.nest.flatten(want))
     diffs[groups] = diff / scale
   t_keras = t_groups.pop("keras", None)

@@ -59,7 +59,11 @@ def make_data(k: int, seed: int = 0, sizes=(20, 50)):
     idx = np.array([rng.choice(by_class[c]) for c in classes])
     xs.append(x[idx])
     ys.append(y[idx])
-  return federated.from_client_arrays(xs, ys, num_classes=10, test_fraction=0.25, seed=seed,
+  return federated.from_client_arrays(xs,
+                                      ys,
+                                      num_classes=10,
+                                      test_fraction=0.25,
+                                      seed=seed,
                                       name=f"digits_resampled_{k}")
 
 
@@ -105,13 +109,22 @@ def run_one(k: int, rounds: int, epochs: int, eval_chunk: int) -> dict:
   t0 = time.time()
   data = make_data(k)
   c = min(100, k)
-  p = training.resolve_params(dict(algorithm="virtual", num_clients=k, clients_per_round=c,
-                                   epochs_per_round=epochs, rounds=rounds))
+  p = training.resolve_params(
+      dict(algorithm="virtual",
+           num_clients=k,
+           clients_per_round=c,
+           epochs_per_round=epochs,
+           rounds=rounds))
   algorithm = virtual.VirtualAlgorithm(registry.get("virtual").make_config(p, data))
   setup_s = time.time() - t0
   with tempfile.TemporaryDirectory(prefix="tfbfl-scale-") as out:
-    config = experiment.RunConfig(rounds=rounds, clients_per_round=c, seed=0, output_dir=out,
-                                  verbose=False, client_store="disk", eval_chunk=eval_chunk)
+    config = experiment.RunConfig(rounds=rounds,
+                                  clients_per_round=c,
+                                  seed=0,
+                                  output_dir=out,
+                                  verbose=False,
+                                  client_store="disk",
+                                  eval_chunk=eval_chunk)
     runner = experiment.ExperimentRunner(algorithm, data, config)
     evals, marks = [], [time.time()]
     evaluate = runner.evaluate
@@ -126,19 +139,27 @@ def run_one(k: int, rounds: int, epochs: int, eval_chunk: int) -> dict:
     runner.evaluate = timed_evaluate
     runner.run()
     # round r's training: from the end of evaluation r-1 (or the start) to the start of evaluation r
-    train = [marks[r + 1] - (marks[0] if r == 0 else marks[r] + evals[r - 1])
-             for r in range(rounds)]
+    train = [
+        marks[r + 1] - (marks[0] if r == 0 else marks[r] + evals[r - 1]) for r in range(rounds)
+    ]
     store = client_store.DiskClientStore(os.path.join(out, "client_states"))
     stored = len(store)
     disk = store.nbytes()
     peak = rss.stop()
   runtime.shutdown()
-  return dict(k=k, c=c, epochs=epochs, eval_chunk=eval_chunk, setup_s=setup_s,
-              round_s=train, eval_s=evals, peak_rss_MB=peak / 2**20,
-              rss_per_client_KB=peak / 1024 / k, stored=stored,
+  return dict(k=k,
+              c=c,
+              epochs=epochs,
+              eval_chunk=eval_chunk,
+              setup_s=setup_s,
+              round_s=train,
+              eval_s=evals,
+              peak_rss_MB=peak / 2**20,
+              rss_per_client_KB=peak / 1024 / k,
+              stored=stored,
               disk_per_stored_MB=disk / max(stored, 1) / 2**20,
-              examples=int(sum(len(data.train[i][1]) + len(data.test[i][1])
-                               for i in data.client_ids)))
+              examples=int(
+                  sum(len(data.train[i][1]) + len(data.test[i][1]) for i in data.client_ids)))
 
 
 def main():
@@ -147,10 +168,14 @@ def main():
   parser.add_argument("--rounds", type=int, default=2)
   parser.add_argument("--epochs", type=int, default=1)
   parser.add_argument("--eval_chunk", type=int, default=64)
-  parser.add_argument("--legacy_k", type=int, default=0,
+  parser.add_argument("--legacy_k",
+                      type=int,
+                      default=0,
                       help="also run the single-call evaluation (eval_chunk=0) at this K")
   parser.add_argument("--one", type=int, default=0, help=argparse.SUPPRESS)
-  parser.add_argument("--budget_s", type=float, default=15 * 60,
+  parser.add_argument("--budget_s",
+                      type=float,
+                      default=15 * 60,
                       help="skip the remaining K once this much time is spent")
   args = parser.parse_args()
   if args.one:
@@ -165,8 +190,10 @@ def main():
     if time.time() - start > args.budget_s:
       print(f"K={k}: skipped (the {args.budget_s:.0f} s budget is spent)", flush=True)
       continue
-    cmd = [sys.executable, "-m", "benchmarks.scale", f"--one={k}", f"--rounds={args.rounds}",
-           f"--epochs={args.epochs}", f"--eval_chunk={chunk}"]
+    cmd = [
+        sys.executable, "-m", "benchmarks.scale", f"--one={k}", f"--rounds={args.rounds}",
+        f"--epochs={args.epochs}", f"--eval_chunk={chunk}"
+    ]
     t = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]

@@ -11,9 +11,9 @@ own test data) accuracies side by side. Full outputs land in --output_dir.
 
 import os
 
-from absl import app
 from absl import flags
 
+from tfbfl import flags as tfbfl_flags
 from tfbfl import training
 
 _ROUNDS = flags.DEFINE_integer("rounds", 15, "Communication rounds per algorithm.")
@@ -28,9 +28,12 @@ def main(argv):
   for name in _ALGS.value:
     print(f"== {name} ==", flush=True)
     try:
-      summary = training.run_training(dict(
-          algorithm=name, rounds=_ROUNDS.value, seed=_SEED.value,
-          output_dir=os.path.join(_OUT.value, name), overwrite=True))  # a demo re-runs afresh
+      summary = training.run_training(
+          dict(algorithm=name,
+               rounds=_ROUNDS.value,
+               seed=_SEED.value,
+               output_dir=os.path.join(_OUT.value, name),
+               overwrite=True))  # a demo re-runs afresh
     except ValueError as e:
       if "not available" not in str(e):
         raise
@@ -39,12 +42,16 @@ def main(argv):
     results.append(summary)
   print()
   print(f"digits, 10 clients, per-class Dirichlet(0.5), {_ROUNDS.value} rounds, seed {_SEED.value}")
-  print(f"{'algorithm':<10} {'best S':>8} {'best MT':>8} {'final S':>8} {'final MT':>8} {'time s':>7}")
+  print(
+      f"{'algorithm':<10} {'best S':>8} {'best MT':>8} {'final S':>8} {'final MT':>8} {'time s':>7}"
+  )
   for s in results:
-    print(f"{s['algorithm']:<10} {s['best_server_accuracy']:>8.4f} {s['best_mt_accuracy']:>8.4f} "
-          f"{s['final_server_accuracy']:>8.4f} {s['final_mt_accuracy']:>8.4f} {s['wall_time_s']:>7.1f}")
+    print(
+        f"{s['algorithm']:<10} {s['best_server_accuracy']:>8.4f} {s['best_mt_accuracy']:>8.4f} "
+        f"{s['final_server_accuracy']:>8.4f} {s['final_mt_accuracy']:>8.4f} {s['wall_time_s']:>7.1f}"
+    )
   print(f"(outputs: {_OUT.value}/<algorithm>/metrics.csv, summary.json, curves.png)")
 
 
 if __name__ == "__main__":
-  app.run(main)
+  tfbfl_flags.run(main, "demo")

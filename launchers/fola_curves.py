@@ -20,10 +20,11 @@ import os
 from absl import app
 from absl import flags
 
-from tfbfl import training
 from tfbfl.algorithms import fola
 from tfbfl.experiments import _runs
 from tfbfl.experiments import fola_figures
+from tfbfl import flags as tfbfl_flags
+from tfbfl import training
 
 F = flags.FLAGS
 fola_figures.define_launcher_flags()
@@ -34,11 +35,14 @@ flags.DEFINE_integer("rounds", training.DEFAULTS["rounds"],
 flags.DEFINE_integer("eval_every", training.DEFAULTS["eval_every"], _runs.flag_help("eval_every"))
 flags.DEFINE_enum("architecture", None, list(fola.MODELS), "mlp or cnn (default: cnn for cifar10).")
 
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   model = F.architecture or ("cnn" if F.dataset == "cifar10" else "mlp")
-  base = dict(rounds=F.rounds, eval_every=F.eval_every, architecture=model,
+  base = dict(rounds=F.rounds,
+              eval_every=F.eval_every,
+              architecture=model,
               **fola_figures.launcher_params(F))
   try:
     rows = fola_figures.learning_curves(base, F.methods, [float(a) for a in F.alphas], F.output_dir)
@@ -54,4 +58,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  tfbfl_flags.run(main, "fola_curves")

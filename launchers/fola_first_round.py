@@ -22,30 +22,36 @@ import os
 from absl import app
 from absl import flags
 
-from tfbfl import experiment
 from tfbfl.algorithms import fola
+from tfbfl import experiment
 from tfbfl.experiments import _runs
 from tfbfl.experiments import fola_figures
+from tfbfl import flags as tfbfl_flags
 
 F = flags.FLAGS
 fola_figures.define_launcher_flags()
 flags.adopt_module_key_flags(fola_figures)
 flags.DEFINE_string("output_dir", "runs/fola_first_round", "Where the CSVs and the figure go.")
-flags.DEFINE_list("sweep", list(fola_figures.SWEEP_AXES), f"Axes to sweep, among {fola_figures.SWEEP_AXES}.")
+flags.DEFINE_list("sweep", list(fola_figures.SWEEP_AXES),
+                  f"Axes to sweep, among {fola_figures.SWEEP_AXES}.")
 flags.DEFINE_list("num_clients_list", ["5", "10", "20", "50", "100"], "Client counts N.")
 flags.DEFINE_list("batch_sizes", ["8", "32", "64", "128", "254"], "Batch sizes B.")
 flags.DEFINE_list("epochs_list", ["1", "5", "10", "15", "20"], "Local epochs E.")
 flags.DEFINE_list("client_lrs", ["1", "0.1", "0.01", "0.001", "0.0001"], "Client learning rates.")
-flags.DEFINE_float("alpha", 0.1, _runs.flag_help("alpha", note="the base value when another "
-                                                  "axis is swept"))
+flags.DEFINE_float("alpha", 0.1,
+                   _runs.flag_help("alpha", note="the base value when another "
+                                   "axis is swept"))
 flags.DEFINE_integer("repeats", 3, "Runs per point (the paper uses 30).")
 flags.DEFINE_enum("architecture", "mlp", list(fola.MODELS), "mlp or cnn (McMahan et al.).")
+
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  lists = dict(alpha=[float(v) for v in F.alphas], num_clients=[int(v) for v in F.num_clients_list],
-               batch_size=[int(v) for v in F.batch_sizes], epochs_per_round=[int(v) for v in F.epochs_list],
+  lists = dict(alpha=[float(v) for v in F.alphas],
+               num_clients=[int(v) for v in F.num_clients_list],
+               batch_size=[int(v) for v in F.batch_sizes],
+               epochs_per_round=[int(v) for v in F.epochs_list],
                client_lr=[float(v) for v in F.client_lrs])
   base = dict(alpha=F.alpha, architecture=F.architecture, **fola_figures.launcher_params(F))
   try:
@@ -57,13 +63,15 @@ def main(argv):
     raise app.UsageError(str(e)) from e
   os.makedirs(F.output_dir, exist_ok=True)
   fola_figures.write_rows_csv(os.path.join(F.output_dir, "first_round.csv"), rows)
-  fola_figures.write_rows_csv(os.path.join(F.output_dir, "first_round_summary.csv"), fola_figures.summarise(rows))
-  fola_figures.plot_first_round(os.path.join(F.output_dir, "first_round.png"), rows,
-                        title=f"{F.dataset}: global accuracy after round 1")
+  fola_figures.write_rows_csv(os.path.join(F.output_dir, "first_round_summary.csv"),
+                              fola_figures.summarise(rows))
+  fola_figures.plot_first_round(os.path.join(F.output_dir, "first_round.png"),
+                                rows,
+                                title=f"{F.dataset}: global accuracy after round 1")
   table = fola_figures.format_first_round_table(rows)
   experiment.atomic_write_text(os.path.join(F.output_dir, "first_round.md"), table)
   print(table)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  tfbfl_flags.run(main, "fola_first_round")

@@ -8,10 +8,10 @@ method and J), trials.csv, settings.json, fig2_constrained.png and
 fig3_extra_resources.png into --output_dir.
 """
 
-from absl import app
 from absl import flags
 
 from tfbfl.experiments import pfnm as px
+from tfbfl import flags as tfbfl_flags
 
 FLAGS = flags.FLAGS
 px.define_launcher_flags(px.ONESHOT_METHODS)
@@ -20,6 +20,7 @@ flags.DEFINE_integer("trials", 10, "Trials (data partitions) per J (paper: 10)."
 
 
 def main(argv):
+
   def prepare():
     settings = px.settings_from_flags(FLAGS, px.ONESHOT_METHODS)
     J_values = px.parse_int_list("J", FLAGS.J, minimum=1)
@@ -30,4 +31,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  tfbfl_flags.run(main, "pfnm_batches")

@@ -6,10 +6,10 @@ Writes results.csv, results.md, trials.csv, settings.json and fig4_depth.png
 into --output_dir.
 """
 
-from absl import app
 from absl import flags
 
 from tfbfl.experiments import pfnm as px
+from tfbfl import flags as tfbfl_flags
 
 FLAGS = flags.FLAGS
 px.define_launcher_flags(px.DEPTH_METHODS, hidden_units=False)
@@ -20,15 +20,16 @@ flags.DEFINE_integer("trials", 10, "Trials (data partitions) per C (paper: 10)."
 
 
 def main(argv):
+
   def prepare():
     settings = px.settings_from_flags(FLAGS, px.DEPTH_METHODS)
     C_values = px.parse_int_list("C", FLAGS.C, minimum=1)
     px.check_at_least_one(J=FLAGS.J, width=FLAGS.width, trials=FLAGS.trials)
-    return lambda: px.run_depth(settings, C_values, FLAGS.J, FLAGS.width, FLAGS.trials,
-                                FLAGS.output_dir)
+    return lambda: px.run_depth(settings, C_values, FLAGS.J, FLAGS.width, FLAGS.trials, FLAGS.
+                                output_dir)
 
   px.launcher_main(argv, prepare)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  tfbfl_flags.run(main, "pfnm_depth")

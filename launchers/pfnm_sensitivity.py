@@ -8,10 +8,10 @@ Writes results.csv, results.md, trials.csv, settings.json, fig4_sensitivity.png
 and fig5_sigma.png into --output_dir.
 """
 
-from absl import app
 from absl import flags
 
 from tfbfl.experiments import pfnm as px
+from tfbfl import flags as tfbfl_flags
 
 FLAGS = flags.FLAGS
 px.define_launcher_flags()
@@ -23,11 +23,14 @@ flags.DEFINE_list("sigma_sq_grid", ["0.03", "0.1", "0.3", "1"], "Values of sigma
 
 
 def main(argv):
+
   def prepare():
     settings = px.settings_from_flags(FLAGS, ("pfnm",))
     J_values = px.parse_int_list("J", FLAGS.J)
-    grids = [px.parse_float_list(name, FLAGS[name].value)
-             for name in ("sigma0_sq_grid", "gamma0_grid", "sigma_sq_grid")]
+    grids = [
+        px.parse_float_list(name, FLAGS[name].value)
+        for name in ("sigma0_sq_grid", "gamma0_grid", "sigma_sq_grid")
+    ]
     px.check_at_least_one(trials=FLAGS.trials)
     return lambda: px.run_sensitivity(settings, J_values, FLAGS.trials, *grids, FLAGS.output_dir)
 
@@ -35,4 +38,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  tfbfl_flags.run(main, "pfnm_sensitivity")

@@ -33,10 +33,11 @@ def main(argv):
     tfbfl_flags.fail("train", str(e))
   except experiment.NonFiniteServerStateError as e:  # robust rounds: one line, no traceback
     tfbfl_flags.fail("train", str(e))
-  print(f"{summary['algorithm']}: best S accuracy {summary['best_server_accuracy']:.4f}, "
-        f"best MT accuracy {summary['best_mt_accuracy']:.4f}, "
-        f"final S {summary['final_server_accuracy']:.4f}, final MT {summary['final_mt_accuracy']:.4f} "
-        f"({summary['rounds']} rounds, {summary['wall_time_s']:.1f} s)")
+  print(
+      f"{summary['algorithm']}: best S accuracy {summary['best_server_accuracy']:.4f}, "
+      f"best MT accuracy {summary['best_mt_accuracy']:.4f}, "
+      f"final S {summary['final_server_accuracy']:.4f}, final MT {summary['final_mt_accuracy']:.4f} "
+      f"({summary['rounds']} rounds, {summary['wall_time_s']:.1f} s)")
 
 
 if __name__ == "__main__":

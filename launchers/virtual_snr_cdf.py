@@ -14,13 +14,15 @@ variant. Writes `fig4_snr_cdf.png`, `fig4_snr_cdf.csv` (the curves) and
 from absl import app
 from absl import flags
 
-from tfbfl import runtime
 from tfbfl.experiments import virtual_tables as vx
+from tfbfl import flags as tfbfl_flags
+from tfbfl import runtime
 
 F = flags.FLAGS
 vx.define_launcher_flags()
-flags.DEFINE_float("prune_percentile", 0.0, "Pruning percentile of the runs whose posteriors "
-                   "are plotted (Fig. 4: 0, no pruning).")
+flags.DEFINE_float(
+    "prune_percentile", 0.0, "Pruning percentile of the runs whose posteriors "
+    "are plotted (Fig. 4: 0, no pruning).")
 flags.DEFINE_integer("num_points", 400, "Grid points of each CDF in the CSV and the plot.")
 
 
@@ -31,8 +33,11 @@ def main(argv):
     (percentile,) = vx.parse_percentiles([F.prune_percentile])
     if F.num_points < 2:
       raise ValueError(f"--num_points must be >= 2, got {F.num_points}.")
-    result = vx.run_snr_cdf(vx.params_from_flags(F), F.output_dir, percentile=percentile,
-                            variants=F.variants, num_points=F.num_points,
+    result = vx.run_snr_cdf(vx.params_from_flags(F),
+                            F.output_dir,
+                            percentile=percentile,
+                            variants=F.variants,
+                            num_points=F.num_points,
                             round_progress=F.round_progress)
   except (ValueError, FileNotFoundError) as e:
     raise app.UsageError(str(e)) from e
@@ -49,4 +54,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  tfbfl_flags.run(main, "virtual_snr_cdf")

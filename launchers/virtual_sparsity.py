@@ -19,8 +19,9 @@ data and `tfbfl.training`'s settings.
 from absl import app
 from absl import flags
 
-from tfbfl import runtime
 from tfbfl.experiments import virtual_tables as vx
+from tfbfl import flags as tfbfl_flags
+from tfbfl import runtime
 
 F = flags.FLAGS
 vx.define_launcher_flags()
@@ -35,9 +36,13 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   try:
     percentiles = vx.parse_percentiles(F.percentiles)
-    _, md = vx.run_sparsity_table(
-        vx.params_from_flags(F), percentiles, F.output_dir, variants=F.variants,
-        fedprox=F.fedprox, report_only=F.report_only, round_progress=F.round_progress)
+    _, md = vx.run_sparsity_table(vx.params_from_flags(F),
+                                  percentiles,
+                                  F.output_dir,
+                                  variants=F.variants,
+                                  fedprox=F.fedprox,
+                                  report_only=F.report_only,
+                                  round_progress=F.round_progress)
   except (ValueError, FileNotFoundError) as e:
     raise app.UsageError(str(e)) from e
   finally:
@@ -48,4 +53,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  tfbfl_flags.run(main, "virtual_sparsity")

@@ -26,26 +26,30 @@ from absl import flags
 
 from tfbfl.experiments import _runs
 from tfbfl.experiments import table2
+from tfbfl import flags as tfbfl_flags
 
 F = flags.FLAGS
 flags.DEFINE_string("output_dir", None, "Root of the cell directories and the report.")
-flags.DEFINE_list("datasets", None,
-                  "Dataset specs name[:partition][:key=value...], e.g. digits:class_dirichlet "
-                  f"(default: {','.join(table2.DEFAULT_DATASETS)}).")
-flags.DEFINE_list("algorithms", None,
-                  f"Among {table2.ALGORITHMS} (default: all; with --quick: "
-                  f"{','.join(table2.QUICK_ALGORITHMS)}).")
-flags.DEFINE_list("seeds", None, "Seeds (repeats; each draws its own partition and split; "
-                  "default 0; with --quick 0,1,2).")
-flags.DEFINE_bool("quick", False, "Seeded reduced protocol: one configuration per algorithm, "
-                  "3 seeds, 10 rounds (flags given explicitly still override).")
+flags.DEFINE_list(
+    "datasets", None, "Dataset specs name[:partition][:key=value...], e.g. digits:class_dirichlet "
+    f"(default: {','.join(table2.DEFAULT_DATASETS)}).")
+flags.DEFINE_list(
+    "algorithms", None, f"Among {table2.ALGORITHMS} (default: all; with --quick: "
+    f"{','.join(table2.QUICK_ALGORITHMS)}).")
+flags.DEFINE_list(
+    "seeds", None, "Seeds (repeats; each draws its own partition and split; "
+    "default 0; with --quick 0,1,2).")
+flags.DEFINE_bool(
+    "quick", False, "Seeded reduced protocol: one configuration per algorithm, "
+    "3 seeds, 10 rounds (flags given explicitly still override).")
 flags.DEFINE_list("client_lrs", None, "Client learning rates (default: 5 log-spaced).")
 flags.DEFINE_list("kl_weights", None, "VIRTUAL beta values (default: 1e-6,1e-5,1e-4,1e-3).")
 flags.DEFINE_list("mus", None, "FedProx proximal strengths > 0 (default: 5 log-spaced).")
 flags.DEFINE_list("server_lrs", None, "FedAvg/FedProx server learning rates (default 0.2..1.0).")
-flags.DEFINE_list("virtual_server_lrs", None,
-                  "VIRTUAL damped-EP steps in (0, 1], server and client factors alike "
-                  "(default 0.2,0.4,0.6,0.8,1.0).")
+flags.DEFINE_list(
+    "virtual_server_lrs", None,
+    "VIRTUAL damped-EP steps in (0, 1], server and client factors alike "
+    "(default 0.2,0.4,0.6,0.8,1.0).")
 # Training flags shared by every cell; unset: the dataset preset's, else tfbfl.training's.
 _UNSET = "default: the dataset preset's, else tfbfl.training's"
 flags.DEFINE_integer("rounds", None, _runs.flag_help("rounds", note=_UNSET + "; 10 with --quick"))
@@ -66,15 +70,21 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   try:
-    cells, fixed = table2.plan(
-        F.quick, datasets=F.datasets, algorithms=F.algorithms, fixed_items=F.fixed,
-        params=dict(rounds=F.rounds, epochs_per_round=F.epochs_per_round,
-                    clients_per_round=F.clients_per_round, num_clients=F.num_clients,
-                    batch_size=F.batch_size),
-        client_lrs=_floats(F.client_lrs), kl_weights=_floats(F.kl_weights),
-        mus=_floats(F.mus), server_lrs=_floats(F.server_lrs),
-        virtual_server_lrs=_floats(F.virtual_server_lrs),
-        seeds=None if F.seeds is None else [int(s) for s in F.seeds])
+    cells, fixed = table2.plan(F.quick,
+                               datasets=F.datasets,
+                               algorithms=F.algorithms,
+                               fixed_items=F.fixed,
+                               params=dict(rounds=F.rounds,
+                                           epochs_per_round=F.epochs_per_round,
+                                           clients_per_round=F.clients_per_round,
+                                           num_clients=F.num_clients,
+                                           batch_size=F.batch_size),
+                               client_lrs=_floats(F.client_lrs),
+                               kl_weights=_floats(F.kl_weights),
+                               mus=_floats(F.mus),
+                               server_lrs=_floats(F.server_lrs),
+                               virtual_server_lrs=_floats(F.virtual_server_lrs),
+                               seeds=None if F.seeds is None else [int(s) for s in F.seeds])
   except ValueError as e:
     raise app.UsageError(str(e)) from e
   if F.report_only:
@@ -82,8 +92,8 @@ def main(argv):
   else:
     results = table2.run_grid(cells, F.output_dir, fixed)
   rows = table2.write_report(F.output_dir, results)
-  print(table2.format_table2_md(rows))   # the table and the paper's claims (held / not held)
+  print(table2.format_table2_md(rows))  # the table and the paper's claims (held / not held)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  tfbfl_flags.run(main, "virtual_table2")

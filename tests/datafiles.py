@@ -20,8 +20,8 @@ def make_mnist_arrays(n_train=200, n_test=50, seed=0):
   rng = np.random.default_rng(seed)
   out = {}
   for split, n in (("train", n_train), ("t10k", n_test)):
-    out[split] = (rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8),
-                  np.arange(n, dtype=np.uint8) % 10)
+    out[split] = (rng.integers(0, 256, size=(n, 28, 28),
+                               dtype=np.uint8), np.arange(n, dtype=np.uint8) % 10)
   return out
 
 

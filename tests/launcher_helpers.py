@@ -19,9 +19,14 @@ def run_launchers_in_parallel(jobs, tmp_path_factory, common_args=(), timeout=30
   for name, args in jobs.items():
     out = str(tmp_path_factory.mktemp(name))
     cmd = [sys.executable, "-m", f"launchers.{name}", f"--output_dir={out}", *common_args, *args]
-    procs[name] = (out, subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                         stderr=subprocess.STDOUT, text=True,
-                                         stdin=subprocess.DEVNULL))
+    procs[name] = (out,
+                   subprocess.Popen(cmd,
+                                    cwd=ROOT,
+                                    env=env,
+                                    stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT,
+                                    text=True,
+                                    stdin=subprocess.DEVNULL))
   results = {}
   for name, (out, proc) in procs.items():
     try:

@@ -14,8 +14,7 @@ from gaussian_helpers import random_shared  # noqa: E402
 from tfbfl import gaussian  # noqa: E402
 from tfbfl import networks  # noqa: E402
 
-_CONV = dict(input_shape=(8, 8), num_classes=5, filters=(3, 4), kernel_size=3,
-             hidden_units=(6,))
+_CONV = dict(input_shape=(8, 8), num_classes=5, filters=(3, 4), kernel_size=3, hidden_units=(6,))
 _LSTM = dict(vocab_size=12, embedding_dim=4, lstm_units=(5, 6))
 _BATCH = 6
 
@@ -93,11 +92,10 @@ def test_server_mean_equals_deterministic_counterpart(a):
   net = a.net()
   net.set_shared_posterior(_random_shared(net, 0))
   model = a.deterministic(net)
-  assert [tuple(w.shape) for w in model.weights] == [
-      tuple(v.shape) for v in net.shared_trainable_variables[::2]]
+  assert [tuple(w.shape) for w in model.weights
+         ] == [tuple(v.shape) for v in net.shared_trainable_variables[::2]]
   x = a.x()
-  np.testing.assert_allclose(model(x).numpy(), net.server_logits(x).numpy(),
-                             rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(model(x).numpy(), net.server_logits(x).numpy(), rtol=1e-4, atol=1e-5)
 
 
 def _client_grads_wrt_shared(net, x, seed):
@@ -161,24 +159,29 @@ def test_shared_round_trip_and_structure_check(a):
 
 def test_shared_structure_is_the_papers_layers():
   conv = networks.VirtualConvNetworks(input_shape=(28, 28, 1), num_classes=10)
-  assert [tuple(t.shape) for t in conv.shared_posterior().eta1] == [
-      (5, 5, 1, 32), (32,), (5, 5, 32, 64), (64,), (7 * 7 * 64, 100), (100,),
-      (100, 100), (100,), (100, 10), (10,)]
+  assert [tuple(t.shape) for t in conv.shared_posterior().eta1] == [(5, 5, 1, 32), (32,),
+                                                                    (5, 5, 32, 64), (64,),
+                                                                    (7 * 7 * 64, 100), (100,),
+                                                                    (100, 100), (100,), (100, 10),
+                                                                    (10,)]
   lstm_shapes = [tuple(t.shape) for t in networks.initial_shared_posterior_lstm().eta1]
-  assert lstm_shapes == [(88, 8), (8, 400), (100, 400), (400,), (100, 400),
-                         (100, 400), (400,), (100, 88), (88,)]
+  assert lstm_shapes == [(88, 8), (8, 400), (100, 400), (400,), (100, 400), (100, 400), (400,),
+                         (100, 88), (88,)]
 
 
 @pytest.mark.parametrize("a", _ARCHS, ids=_IDS)
 def test_private_weights_round_trip_and_partition(a):
   net_a, net_b = a.net(seed=1), a.net(seed=2)
-  assert not all(np.array_equal(x, y) for x, y in
-                 zip(net_a.get_private_weights(), net_b.get_private_weights()))
+  assert not all(
+      np.array_equal(x, y)
+      for x, y in zip(net_a.get_private_weights(), net_b.get_private_weights()))
   net_b.set_private_weights(net_a.get_private_weights())
   net_b.set_shared_posterior(net_a.shared_posterior())
   x, seed = a.x(), tf.constant([7, 7])
   np.testing.assert_allclose(net_b.client_logits(x, seed).numpy(),
-                             net_a.client_logits(x, seed).numpy(), rtol=1e-4, atol=1e-5)
+                             net_a.client_logits(x, seed).numpy(),
+                             rtol=1e-4,
+                             atol=1e-5)
   with pytest.raises(ValueError, match="`weights`"):
     net_b.set_private_weights(net_a.get_private_weights()[:-1])
   with pytest.raises(ValueError, match=r"`weights\[0\]`"):
@@ -241,8 +244,10 @@ def test_sgd_steps_reduce_the_loss(a):
 
 @pytest.mark.parametrize("a", _ARCHS, ids=_IDS)
 def test_deterministic_builders_are_deterministic(a):
-  builder = {"conv": lambda s: networks.build_deterministic_conv(**_CONV, seed=s),
-             "lstm": lambda s: networks.build_deterministic_lstm(**_LSTM, seed=s)}[a.name]
+  builder = {
+      "conv": lambda s: networks.build_deterministic_conv(**_CONV, seed=s),
+      "lstm": lambda s: networks.build_deterministic_lstm(**_LSTM, seed=s)
+  }[a.name]
   m1, m2, m3 = builder(1), builder(1), builder(2)
   for w1, w2 in zip(m1.weights, m2.weights):
     np.testing.assert_array_equal(w1.numpy(), w2.numpy())
@@ -274,8 +279,7 @@ def test_lstm_return_sequences():
     (networks.VirtualLSTMNetworks, dict(return_sequences=1), "return_sequences"),
     (networks.VirtualLSTMNetworks, dict(forget_bias="x"), "forget_bias"),
     (networks.VirtualLSTMNetworks, dict(prior_scale=-1.0), "prior_scale"),
-    (networks.build_deterministic_conv, dict(input_shape=(8, 8), data_shape=(60,)),
-     "data_shape"),
+    (networks.build_deterministic_conv, dict(input_shape=(8, 8), data_shape=(60,)), "data_shape"),
 ])
 def test_argument_validation(make, kwargs, name):
   with pytest.raises(ValueError, match=f"`{name}`"):
@@ -304,21 +308,35 @@ def test_virtual_lstm_client_update_is_stable_under_a_sharp_shared_prior():
   rng = np.random.default_rng(0)
   x = rng.integers(1, 12, size=(16, 6)).astype(np.int32)
   y = ((x[:, -1] + 1) % 12).astype(np.int32)
-  cfg = virtual.VirtualConfig(
-      input_dim=6, input_shape=(6,), num_classes=12, num_clients=2, architecture="lstm",
-      vocab_size=12, embedding_dim=4, lstm_units=(8,), epochs=5, batch_size=8,
-      client_lr=0.5, server_lr=0.5, init_scale=0.05, kl_weight=1.0, jit_compile=False)
+  cfg = virtual.VirtualConfig(input_dim=6,
+                              input_shape=(6,),
+                              num_classes=12,
+                              num_clients=2,
+                              architecture="lstm",
+                              vocab_size=12,
+                              embedding_dim=4,
+                              lstm_units=(8,),
+                              epochs=5,
+                              batch_size=8,
+                              client_lr=0.5,
+                              server_lr=0.5,
+                              init_scale=0.05,
+                              kl_weight=1.0,
+                              jit_compile=False)
   posterior = virtual.initial_posterior(cfg)
-  out = virtual.client_update(
-      cfg, posterior, virtual.initial_client_state(cfg, 0, posterior),
-      tf.constant([0, 0], tf.int64), x, y, net=virtual.build_networks(cfg))
+  out = virtual.client_update(cfg,
+                              posterior,
+                              virtual.initial_client_state(cfg, 0, posterior),
+                              tf.constant([0, 0], tf.int64),
+                              x,
+                              y,
+                              net=virtual.build_networks(cfg))
   assert np.isfinite(float(out.metrics["train_loss"]))
   q = out.client_state.shared_posterior
   for t in list(q.eta1) + list(q.eta2) + list(out.client_state.private):
     assert np.all(np.isfinite(np.asarray(t)))
   # The shared posterior stays near s^(0) (10.5 nats over 572 weights; NaN before).
-  assert float(gaussian.kl_divergence(q, posterior)) < 0.1 * sum(
-      int(np.size(e)) for e in q.eta1)
+  assert float(gaussian.kl_divergence(q, posterior)) < 0.1 * sum(int(np.size(e)) for e in q.eta1)
 
 
 # Last in the file: once TFF has traced Keras layers in its graphs, Keras models
@@ -330,25 +348,28 @@ def test_networks_trace_inside_a_tff_computation(a):
   shared = a.shared0(**a.dims, seed=0)
   leaf_types = [tff.TensorType(np.float32, tuple(t.shape)) for t in shared.eta1]
   posterior_type = tff.to_type(gaussian.NaturalGaussian(list(leaf_types), list(leaf_types)))
-  private_types = [tff.TensorType(np.float32, w.shape)
-                   for w in a.private0(**a.dims, seed=0)]
+  private_types = [tff.TensorType(np.float32, w.shape) for w in a.private0(**a.dims, seed=0)]
 
-  @tff.tensorflow.computation(
-      posterior_type, private_types, tff.TensorType(np.int64, [2]),
-      tff.TensorType(np.float32, x_spec), tff.TensorType(np.int32, [None]))
+  @tff.tensorflow.computation(posterior_type, private_types, tff.TensorType(np.int64, [2]),
+                              tff.TensorType(np.float32, x_spec), tff.TensorType(np.int32, [None]))
   def client_step(posterior, private, seed, x, y):
     net = a.net(seed=None)
     posterior = gaussian.NaturalGaussian(*posterior)
-    with tf.control_dependencies([net.set_shared_posterior(posterior),
-                                  net.set_shared_prior(posterior),
-                                  net.set_private_weights(private)]):
+    with tf.control_dependencies([
+        net.set_shared_posterior(posterior),
+        net.set_shared_prior(posterior),
+        net.set_private_weights(private)
+    ]):
       with tf.GradientTape() as tape:
         server, client = net.forward(x, seed=seed)
-        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-            labels=y, logits=client)) + net.kl_shared() + net.kl_private()
+        loss = tf.reduce_mean(
+            tf.nn.sparse_softmax_cross_entropy_with_logits(
+                labels=y, logits=client)) + net.kl_shared() + net.kl_private()
       grads = tape.gradient(loss, net.trainable_variables)
-      updates = [v.assign_sub(0.1 * tf.convert_to_tensor(g))
-                 for v, g in zip(net.trainable_variables, grads)]
+      updates = [
+          v.assign_sub(0.1 * tf.convert_to_tensor(g))
+          for v, g in zip(net.trainable_variables, grads)
+      ]
     with tf.control_dependencies(updates):
       return net.shared_posterior(), net.get_private_weights(), loss
 

@@ -44,8 +44,8 @@ def test_schedule_gives_each_client_its_own_minibatches():
 
 def test_pack_stack_unstack_round_trip():
   rng = np.random.default_rng(0)
-  data = [(rng.normal(size=(n, 3)).astype(np.float32), np.arange(n, dtype=np.int32))
-          for n in (2, 5)]
+  data = [(rng.normal(size=(n, 3)).astype(np.float32), np.arange(n, dtype=np.int32)) for n in (2, 5)
+         ]
   x, y, n = client_batch.pack_data(data)
   assert x.shape == (2, 5, 3) and list(n) == [2, 5]
   np.testing.assert_array_equal(x[0, :2], data[0][0])
@@ -58,8 +58,14 @@ def test_pack_stack_unstack_round_trip():
 
 
 def _config(**kw):
-  base = dict(input_dim=8, num_classes=3, num_clients=5, hidden_units=(6, 5), epochs=2,
-              batch_size=4, kl_weight=0.5, init_scale=0.05)
+  base = dict(input_dim=8,
+              num_classes=3,
+              num_clients=5,
+              hidden_units=(6, 5),
+              epochs=2,
+              batch_size=4,
+              kl_weight=0.5,
+              init_scale=0.05)
   base.update(kw)
   return virtual.VirtualConfig(**base)
 
@@ -77,13 +83,12 @@ def test_batched_clients_equal_keras_path_client_by_client():
   post = virtual.initial_posterior(cfg)
   states = [virtual.initial_client_state(cfg, i, post) for i in range(3)]
   # A client seen before: its cavity is not flat.
-  states[1] = states[1]._replace(shared_factor=gaussian.NaturalGaussian(
-      [0.7 * e for e in states[1].shared_factor.eta1],
-      [0.7 * e for e in states[1].shared_factor.eta2]))
+  states[1] = states[1]._replace(
+      shared_factor=gaussian.NaturalGaussian([0.7 * e for e in states[1].shared_factor.eta1],
+                                             [0.7 * e for e in states[1].shared_factor.eta2]))
   seeds = [np.array([2, i], np.int64) for i in range(3)]
   x, y, n = client_batch.pack_data(data)
-  out = virtual.client_update_batch(cfg, post, client_batch.stack(states), np.stack(seeds),
-                                    x, y, n)
+  out = virtual.client_update_batch(cfg, post, client_batch.stack(states), np.stack(seeds), x, y, n)
   keras = dataclasses.replace(cfg, lean_step=False)
   for c in range(3):
     want = virtual.client_update(keras, post, states[c], tf.constant(seeds[c]), *data[c])
@@ -94,9 +99,12 @@ def test_batched_clients_equal_keras_path_client_by_client():
     np.testing.assert_allclose(_flat(loc_g), _flat(loc_w), atol=2e-5, rtol=1e-4)
     np.testing.assert_allclose(_flat(scale_g), _flat(scale_w), atol=2e-5, rtol=1e-4)
     np.testing.assert_allclose(_flat([w[c] for w in out.client_state.private]),
-                               _flat(want.client_state.private), atol=2e-5, rtol=1e-4)
+                               _flat(want.client_state.private),
+                               atol=2e-5,
+                               rtol=1e-4)
     np.testing.assert_allclose(float(out.metrics["train_loss"][c]),
-                               float(want.metrics["train_loss"]), rtol=1e-5)
+                               float(want.metrics["train_loss"]),
+                               rtol=1e-5)
     assert float(out.num_examples[c]) == sizes[c]
 
 
@@ -105,7 +113,7 @@ def test_grouped_round_equals_per_client_round(tff_runtime):
   data = _clients([7, 13, 4], seed=1)
   seeds = [np.array([3, i], np.int64) for i in range(3)]
   results = {}
-  for per_group in (1, 2):   # 2: groups [0, 1] and [2, padding]
+  for per_group in (1, 2):  # 2: groups [0, 1] and [2, padding]
     alg = virtual.VirtualAlgorithm(_config(clients_per_group=per_group))
     server = alg.initial_server_state()
     states = [alg.initial_client_state(i) for i in range(3)]
@@ -116,13 +124,16 @@ def test_grouped_round_equals_per_client_round(tff_runtime):
   for per_group, (new_server, new_states, metrics) in results.items():
     scale = np.max(np.abs(_flat(reference[0].posterior.eta1)))
     np.testing.assert_allclose(_flat(new_server.posterior.eta1),
-                               _flat(reference[0].posterior.eta1), atol=1e-5 * scale)
+                               _flat(reference[0].posterior.eta1),
+                               atol=1e-5 * scale)
     np.testing.assert_allclose(_flat(new_server.posterior.eta2),
-                               _flat(reference[0].posterior.eta2), rtol=1e-5)
+                               _flat(reference[0].posterior.eta2),
+                               rtol=1e-5)
     assert [int(s.client_index) for s in new_states] == [0, 1, 2]
     for got, want in zip(new_states, reference[1]):
       np.testing.assert_allclose(_flat(got.private), _flat(want.private), atol=1e-5)
     for key in ("num_examples", "delta_nonzeros", "clients_dropped"):
       assert float(metrics[key]) == float(reference[2][key]), key
     np.testing.assert_allclose(float(metrics["train"]["train_loss"]),
-                               float(reference[2]["train"]["train_loss"]), rtol=1e-5)
+                               float(reference[2]["train"]["train_loss"]),
+                               rtol=1e-5)

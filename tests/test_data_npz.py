@@ -39,8 +39,7 @@ def test_round_trip_without_test_arrays(tmp_path):
     assert fd.num_examples(cid) + fd.num_examples(cid, "test") == n
     assert fd.num_examples(cid, "test") == int(np.floor(n * 0.25 + 0.5))
     x = np.concatenate([fd.train[cid][0], fd.test[cid][0]])
-    assert sorted(x.reshape(n, -1).tolist()) == sorted(
-        arrays[f"x_{cid}"].reshape(n, -1).tolist())
+    assert sorted(x.reshape(n, -1).tolist()) == sorted(arrays[f"x_{cid}"].reshape(n, -1).tolist())
   again = load_npz(path, seed=1)
   np.testing.assert_array_equal(fd.test["bob"][0], again.test["bob"][0])
 
@@ -66,8 +65,7 @@ def test_round_trip_with_test_arrays_and_num_classes(tmp_path):
 def test_load_federated_npz_ignores_partition(tmp_path):
   path = tmp_path / "u.npz"
   np.savez(path, **_arrays())
-  fd = load_federated("npz", data_dir=str(path), partition="pathological",
-                      num_clients=2, seed=0)
+  fd = load_federated("npz", data_dir=str(path), partition="pathological", num_clients=2, seed=0)
   assert fd.client_ids == ["alice", "bob", "carol"]
   with pytest.raises(ValueError, match=r"`data_dir` must be the path of the \.npz file"):
     load_federated("npz")
@@ -121,8 +119,7 @@ def test_x_test_without_y_test(tmp_path):
 
 
 def test_unknown_array(tmp_path):
-  _assert_rejected(tmp_path, dict(features=np.ones(3), **_arrays()),
-                   r"unknown array 'features'")
+  _assert_rejected(tmp_path, dict(features=np.ones(3), **_arrays()), r"unknown array 'features'")
 
 
 def test_client_validation_passes_through(tmp_path):

@@ -45,7 +45,9 @@ def test_homogeneous_property(labels, k, seed):
 
 
 @_SETTINGS
-@hypothesis.given(labels=_labels, k=st.integers(1, 4), alpha=st.floats(0.1, 10),
+@hypothesis.given(labels=_labels,
+                  k=st.integers(1, 4),
+                  alpha=st.floats(0.1, 10),
                   seed=st.integers(0, 99))
 def test_class_dirichlet_property(labels, k, alpha, seed):
   parts = P.class_dirichlet(labels, k, alpha, seed, min_size=5)
@@ -55,7 +57,9 @@ def test_class_dirichlet_property(labels, k, alpha, seed):
 
 
 @_SETTINGS
-@hypothesis.given(labels=_labels, k=st.integers(1, 8), alpha=st.floats(0.05, 50),
+@hypothesis.given(labels=_labels,
+                  k=st.integers(1, 8),
+                  alpha=st.floats(0.05, 50),
                   seed=st.integers(0, 99))
 def test_label_dirichlet_property(labels, k, alpha, seed):
   parts = P.label_dirichlet(labels, k, alpha, seed)
@@ -64,8 +68,7 @@ def test_label_dirichlet_property(labels, k, alpha, seed):
 
 
 @_SETTINGS
-@hypothesis.given(labels=_labels, k=st.integers(1, 8), c=st.integers(1, 3),
-                  seed=st.integers(0, 99))
+@hypothesis.given(labels=_labels, k=st.integers(1, 8), c=st.integers(1, 3), seed=st.integers(0, 99))
 def test_pathological_property(labels, k, c, seed):
   hypothesis.assume(c <= np.unique(labels).size)
   parts = P.pathological(labels, k, c, seed)
@@ -76,6 +79,7 @@ def test_pathological_property(labels, k, c, seed):
 
 
 # ---------------------------------------------------------- conventions
+
 
 def test_class_dirichlet_min_size_and_heterogeneity():
   parts = P.class_dirichlet(_LABELS, 10, 0.1, 0, min_size=20)
@@ -95,8 +99,9 @@ def test_class_dirichlet_balance_caps_big_clients():
 
 def test_label_dirichlet_heterogeneity_decreases_with_alpha():
   _, y = digits.load_digits_arrays()
-  ent = {a: np.mean([_entropy(y[p]) for p in P.label_dirichlet(y, 10, a, 0)])
-         for a in (0.1, 1.0, 100.0)}
+  ent = {
+      a: np.mean([_entropy(y[p]) for p in P.label_dirichlet(y, 10, a, 0)]) for a in (0.1, 1.0, 100.0)
+  }
   assert ent[0.1] < ent[1.0] < ent[100.0]
   assert ent[100.0] > 0.9 * np.log(10)
 
@@ -124,11 +129,11 @@ def test_permuted_is_homogeneous():
 
 # ---------------------------------------------------------- determinism
 
+
 @pytest.mark.parametrize("name", sorted(P.PARTITIONERS))
 def test_seeded(name):
   fn = P.PARTITIONERS[name]
-  extra = {"class_dirichlet": (0.5,), "label_dirichlet": (0.5,),
-           "pathological": (2,)}.get(name, ())
+  extra = {"class_dirichlet": (0.5,), "label_dirichlet": (0.5,), "pathological": (2,)}.get(name, ())
   a = fn(_LABELS, 6, *extra, 5)
   b = fn(_LABELS, 6, *extra, 5)
   c = fn(_LABELS, 6, *extra, 6)
@@ -139,6 +144,7 @@ def test_seeded(name):
 
 
 # ------------------------------------------------------------ validation
+
 
 @pytest.mark.parametrize("alpha", [0, -1.0, float("nan"), float("inf")])
 @pytest.mark.parametrize("fn", [P.class_dirichlet, P.label_dirichlet])
@@ -202,6 +208,7 @@ def test_bad_labels_and_seed():
 
 # ------------------------------------------------------- permutations
 
+
 def test_permute_features_true_permutation_per_client():
   rng = np.random.default_rng(0)
   base = rng.normal(size=(5, 4, 4))
@@ -215,8 +222,7 @@ def test_permute_features_true_permutation_per_client():
     assert sorted(perm) == list(range(16))
     np.testing.assert_array_equal(x.reshape(5, -1), base.reshape(5, -1)[:, perm])
     # same multiset of values per example: a true permutation.
-    np.testing.assert_array_equal(np.sort(x.reshape(5, -1), 1),
-                                  np.sort(base.reshape(5, -1), 1))
+    np.testing.assert_array_equal(np.sort(x.reshape(5, -1), 1), np.sort(base.reshape(5, -1), 1))
     flats.append(tuple(perm))
   assert len(set(flats)) == 4, "clients share a permutation"
   assert tuple(range(16)) not in flats  # every client permuted, none identity

@@ -38,8 +38,7 @@ def test_digits_examples_are_the_real_ones():
 
 def _matching_columns(x, base):
   """For each column of x, the set of columns of base equal to it."""
-  return [frozenset(np.flatnonzero(np.all(base == x[:, [j]], axis=0)))
-          for j in range(x.shape[1])]
+  return [frozenset(np.flatnonzero(np.all(base == x[:, [j]], axis=0))) for j in range(x.shape[1])]
 
 
 def test_permuted_one_permutation_per_client_for_train_and_test():
@@ -69,8 +68,9 @@ def test_same_seed_same_data_other_seed_other_split():
     for split in ("train", "test"):
       np.testing.assert_array_equal(getattr(a, split)[cid][0], getattr(b, split)[cid][0])
       np.testing.assert_array_equal(getattr(a, split)[cid][1], getattr(b, split)[cid][1])
-  assert any(a.num_examples(k) != c.num_examples(k) or
-             not np.array_equal(a.train[k][0], c.train[k][0]) for k in a.client_ids)
+  assert any(
+      a.num_examples(k) != c.num_examples(k) or not np.array_equal(a.train[k][0], c.train[k][0])
+      for k in a.client_ids)
 
 
 def test_unknown_dataset_and_partition_list_names():
@@ -96,10 +96,12 @@ def test_partition_arguments_reach_partitioner():
 
 
 def test_register_dataset():
+
   def loader(**kwargs):
     return data.from_client_arrays([np.ones((4, 1))] * kwargs["num_clients"],
                                    [np.zeros(4, int)] * kwargs["num_clients"],
                                    name="toy")
+
   data.register_dataset("toy_for_test", loader)
   try:
     assert "toy_for_test" in data.DATASETS

@@ -48,18 +48,22 @@ def test_format_table1(fd):
   table = stats.format_table1([fd, fd.subset(["client_00"])])
   lines = table.splitlines()
   assert len(lines) == 4
-  assert lines[0].split() == ["Dataset", "K", "Size", "Train", "Test",
-                              "Train/K", "mean", "Train/K", "std", "Classes",
-                              "Classes/K", "mean"]
+  assert lines[0].split() == [
+      "Dataset", "K", "Size", "Train", "Test", "Train/K", "mean", "Train/K", "std", "Classes",
+      "Classes/K", "mean"
+  ]
   assert lines[2].split() == ["hand", "3", "14", "12", "2", "4.0", "1.6", "5", "2.00"]
   assert lines[3].split() == ["hand", "1", "3", "2", "1", "2.0", "0.0", "5", "1.00"]
 
 
 def test_launcher_smoke():
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-  out = subprocess.run(
-      [sys.executable, "-m", "launchers.dataset_stats", "--num_clients=5"],
-      cwd=_ROOT, env=env, capture_output=True, text=True, timeout=120,
-      check=True).stdout
+  out = subprocess.run([sys.executable, "-m", "launchers.dataset_stats", "--num_clients=5"],
+                       cwd=_ROOT,
+                       env=env,
+                       capture_output=True,
+                       text=True,
+                       timeout=120,
+                       check=True).stdout
   row = out.splitlines()[2].split()
   assert row[:3] == ["digits/class_dirichlet", "5", "1797"]

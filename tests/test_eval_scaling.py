@@ -22,9 +22,16 @@ pytestmark = pytest.mark.usefixtures("tff_runtime")
 
 
 def _params(tmp_path, **kw):
-  p = dict(algorithm="virtual", num_clients=8, clients_per_round=3, rounds=3,
-           epochs_per_round=2, hidden_units=(16,), seed=5, output_dir=str(tmp_path),
-           verbose=False, client_lr=0.1)
+  p = dict(algorithm="virtual",
+           num_clients=8,
+           clients_per_round=3,
+           rounds=3,
+           epochs_per_round=2,
+           hidden_units=(16,),
+           seed=5,
+           output_dir=str(tmp_path),
+           verbose=False,
+           client_lr=0.1)
   p.update(kw)
   return p
 
@@ -84,18 +91,25 @@ def _runner(p, eval_chunk):
   p = training.resolve_params(p)
   data = training.load_data(p)
   algorithm = _Counting(training.build_algorithm(data, p))
-  config = experiment.RunConfig(rounds=p["rounds"], clients_per_round=p["clients_per_round"],
-                                seed=p["seed"], verbose=False, eval_chunk=eval_chunk)
+  config = experiment.RunConfig(rounds=p["rounds"],
+                                clients_per_round=p["clients_per_round"],
+                                seed=p["seed"],
+                                verbose=False,
+                                eval_chunk=eval_chunk)
   return experiment.ExperimentRunner(algorithm, data, config), algorithm
 
 
 def test_only_trained_clients_recomputed(tmp_path):
   k, c = 8, 3
-  runner, algo = _runner(_params(None, num_clients=k, clients_per_round=c, rounds=3,
-                                 output_dir=None), eval_chunk=3)
+  runner, algo = _runner(_params(None,
+                                 num_clients=k,
+                                 clients_per_round=c,
+                                 rounds=3,
+                                 output_dir=None),
+                         eval_chunk=3)
   runner.run()
-  rounds_mt = []   # clients whose MT each evaluation computed (chunks joined)
-  per_eval = (k + 2) // 3   # S calls per evaluation
+  rounds_mt = []  # clients whose MT each evaluation computed (chunks joined)
+  per_eval = (k + 2) // 3  # S calls per evaluation
   assert len(algo.s_calls) == 3 * per_eval
   assert all(len(ids) <= 3 for ids in algo.s_calls + algo.mt_calls)
   # Evaluation 1 computes every client (cold cache): chunks over 0..7.
@@ -116,8 +130,13 @@ def test_only_trained_clients_recomputed(tmp_path):
 
 def test_monte_carlo_evaluation_recomputes_every_client(tmp_path):
   k = 6
-  runner, algo = _runner(_params(None, num_clients=k, clients_per_round=2, rounds=2,
-                                 output_dir=None, eval_samples=2), eval_chunk=4)
+  runner, algo = _runner(_params(None,
+                                 num_clients=k,
+                                 clients_per_round=2,
+                                 rounds=2,
+                                 output_dir=None,
+                                 eval_samples=2),
+                         eval_chunk=4)
   assert not algo.mt_cacheable
   runner.run()
   assert [i for ids in algo.mt_calls for i in ids] == list(range(k)) * 2

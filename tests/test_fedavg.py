@@ -21,8 +21,16 @@ _E, _B = 2, 16
 
 
 def _params(**kw):
-  p = dict(num_clients=3, clients_per_round=3, hidden_units=_HIDDEN, epochs_per_round=_E,
-           batch_size=_B, client_lr=0.1, server_lr=0.7, seed=3, rounds=2, verbose=False)
+  p = dict(num_clients=3,
+           clients_per_round=3,
+           hidden_units=_HIDDEN,
+           epochs_per_round=_E,
+           batch_size=_B,
+           client_lr=0.1,
+           server_lr=0.7,
+           seed=3,
+           rounds=2,
+           verbose=False)
   p.update(kw)
   return training.resolve_params(p)
 
@@ -49,14 +57,18 @@ def _tff_dataset(seed, x, y):
 
 
 def _tff_fed_avg(client_lr, server_lr, seed):
+
   def model_fn():
     keras_model = networks.build_deterministic_mlp(64, 10, _HIDDEN, seed=seed)
     return tff.learning.models.from_keras_model(
-        keras_model, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        keras_model,
+        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         input_spec=collections.OrderedDict(x=tf.TensorSpec([None, 64], tf.float32),
                                            y=tf.TensorSpec([None], tf.int32)))
+
   return tff.learning.algorithms.build_weighted_fed_avg(
-      model_fn, client_optimizer_fn=tff.learning.optimizers.build_sgdm(client_lr),
+      model_fn,
+      client_optimizer_fn=tff.learning.optimizers.build_sgdm(client_lr),
       server_optimizer_fn=tff.learning.optimizers.build_sgdm(server_lr))
 
 
@@ -75,7 +87,8 @@ def reference_sgd(weights, x, y, seed, epochs, batch_size, lr, mu=0.0):
           h = h @ variables[l] + variables[l + 1]
           if l + 2 < len(variables):
             h = tf.nn.relu(h)
-        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y[idx], logits=h))
+        loss = tf.reduce_mean(
+            tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y[idx], logits=h))
       for v, g, a in zip(variables, tape.gradient(loss, variables), anchor):
         v.assign_sub(lr * (g + mu * (v - a)))
   return [v.numpy() for v in variables]
@@ -88,7 +101,7 @@ def test_fedavg_matches_tff_build_weighted_fed_avg(fedavg_algo, fd):
   tff_state = theirs.initialize()
   state = ours.initial_server_state()
   for a, b in zip(theirs.get_model_weights(tff_state).trainable, state.model_weights.trainable):
-    np.testing.assert_array_equal(a, b)   # same seeded initial model
+    np.testing.assert_array_equal(a, b)  # same seeded initial model
   data = [fd.train[c] for c in fd.client_ids]
   clients = [ours.initial_client_state(i) for i in range(3)]
   for r in (1, 2):
@@ -96,9 +109,11 @@ def test_fedavg_matches_tff_build_weighted_fed_avg(fedavg_algo, fd):
     tff_state = theirs.next(tff_state, [_tff_dataset(s, *d) for s, d in zip(seeds, data)]).state
     state, clients, metrics = ours.next(state, clients, seeds, data)
   expected = theirs.get_model_weights(tff_state).trainable
-  moved = max(float(np.max(np.abs(a - b))) for a, b in
-              zip(expected, ours.initial_server_state().model_weights.trainable))
-  assert moved > 1e-2   # the comparison is not between two untrained models
+  moved = max(
+      float(np.max(np.abs(a - b)))
+      for a, b in zip(expected,
+                      ours.initial_server_state().model_weights.trainable))
+  assert moved > 1e-2  # the comparison is not between two untrained models
   for a, b in zip(expected, state.model_weights.trainable):
     np.testing.assert_allclose(b, a, atol=1e-5)
   assert metrics["update_non_finite"] == 0
@@ -115,22 +130,26 @@ def test_fedprox_round_matches_reference_sgd(tff_runtime, fd):
   w0 = list(state.model_weights.trainable)
   data = [fd.train[c] for c in fd.client_ids]
   seeds = [experiment.client_seed(p["seed"], 1, i) for i in range(3)]
-  new_state, clients, _ = algo.next(state, [algo.initial_client_state(i) for i in range(3)], seeds, data)
+  new_state, clients, _ = algo.next(state, [algo.initial_client_state(i) for i in range(3)], seeds,
+                                    data)
   local = [reference_sgd(w0, x, y, s, _E, _B, p["client_lr"], mu) for s, (x, y) in zip(seeds, data)]
-  for ref, client in zip(local, clients):   # client states = post-training weights
+  for ref, client in zip(local, clients):  # client states = post-training weights
     for a, b in zip(ref, client.trainable):
       np.testing.assert_allclose(b, a, atol=1e-5)
   n = np.array([len(y) for _, y in data], np.float64)
   for j, w in enumerate(w0):
     delta = sum(n_i * (w - wl[j]) for n_i, wl in zip(n, local)) / n.sum()
-    np.testing.assert_allclose(new_state.model_weights.trainable[j], w - p["server_lr"] * delta, atol=1e-5)
+    np.testing.assert_allclose(new_state.model_weights.trainable[j],
+                               w - p["server_lr"] * delta,
+                               atol=1e-5)
 
 
 def test_fedprox_mu0_equals_fedavg(fedavg_algo, fd):
   data = [fd.train[c] for c in fd.client_ids]
 
   def run(**kw):
-    algo = fedavg_algo if kw == dict(algorithm="fedavg") else training.build_algorithm(fd, _params(**kw))
+    algo = fedavg_algo if kw == dict(
+        algorithm="fedavg") else training.build_algorithm(fd, _params(**kw))
     state, clients = algo.initial_server_state(), [algo.initial_client_state(i) for i in range(3)]
     history = []
     for r in (1, 2):
@@ -153,7 +172,9 @@ def test_fedprox_mu0_equals_fedavg(fedavg_algo, fd):
 def _once_selected(num_clients, per_round, rounds):
   """A seed and a client picked in round 1 and never again."""
   for seed in range(200):
-    picks = [experiment.sample_clients(seed, r, num_clients, per_round) for r in range(1, rounds + 1)]
+    picks = [
+        experiment.sample_clients(seed, r, num_clients, per_round) for r in range(1, rounds + 1)
+    ]
     for c in picks[0]:
       if all(c not in later for later in picks[1:]):
         return seed, c, picks
@@ -163,8 +184,13 @@ def _once_selected(num_clients, per_round, rounds):
 def test_mt_is_each_clients_last_deployed_model(tff_runtime):
   rounds = 4
   seed, client, picks = _once_selected(4, 2, rounds)
-  p = _params(algorithm="fedavg", num_clients=4, clients_per_round=2, rounds=rounds, seed=seed,
-              epochs_per_round=1, server_lr=1.0)
+  p = _params(algorithm="fedavg",
+              num_clients=4,
+              clients_per_round=2,
+              rounds=rounds,
+              seed=seed,
+              epochs_per_round=1,
+              server_lr=1.0)
   data = training.load_data(p)
   runner = experiment.ExperimentRunner(
       training.build_algorithm(data, p), data,
@@ -176,7 +202,7 @@ def test_mt_is_each_clients_last_deployed_model(tff_runtime):
   # The server model moves every round, so S-based scores would not stay constant.
   assert len({row["server_loss"] for row in runner.rows}) == rounds
   never = [i for i in range(4) if all(i not in pk for pk in picks)]
-  for i in never:   # never selected: the initial model, whose accuracy is fixed
+  for i in never:  # never selected: the initial model, whose accuracy is fixed
     assert len({row[data.client_ids[i]] for row in runner.client_rows}) == 1
 
 
@@ -187,7 +213,7 @@ def test_evaluate_uses_client_weights_and_initial_model(fedavg_algo, fd):
   seeds = [experiment.client_seed(3, 1, i) for i in range(3)]
   fresh = [algo.initial_client_state(i) for i in range(3)]
   ev0 = algo.evaluate(state, fresh, seeds, test)
-  for c in ev0:   # never selected: MT model = initial server model
+  for c in ev0:  # never selected: MT model = initial server model
     assert c["mt_loss"] == pytest.approx(c["server_loss"], rel=1e-6)
   _, trained, _ = algo.next(state, fresh, seeds, [fd.train[c] for c in fd.client_ids])
   ev1 = algo.evaluate(state, trained, seeds, test)
@@ -207,7 +233,7 @@ def test_bad_flags_name_the_flag():
 
 
 def test_fedavg_ignores_mu(fedavg_algo):
-  assert _params(algorithm="fedavg")["mu"] > 0   # the flag default is FedProx's
+  assert _params(algorithm="fedavg")["mu"] > 0  # the flag default is FedProx's
   assert fedavg_algo.config.mu == 0.0 and fedavg_algo.name == "fedavg"
 
 
@@ -218,14 +244,18 @@ def test_round_bytes_is_dense_model_both_ways(fedavg_algo):
 
 
 def test_conv_architecture_trains_and_other_architectures_are_refused(tff_runtime, fd):
-  p = _params(algorithm="fedavg", architecture="conv", image_shape=(8, 8), filters=(3,),
+  p = _params(algorithm="fedavg",
+              architecture="conv",
+              image_shape=(8, 8),
+              filters=(3,),
               epochs_per_round=1)
   algo = training.build_algorithm(fd, p)
   state = algo.initial_server_state()
   assert [w.shape for w in state.model_weights.trainable][:2] == [(5, 5, 1, 3), (3,)]
   data, test = [fd.train[c] for c in fd.client_ids], [fd.test[c] for c in fd.client_ids]
   seeds = [experiment.client_seed(3, 1, i) for i in range(3)]
-  before = experiment.aggregate_evaluation(algo.evaluate(state, [state.model_weights] * 3, seeds, test))
+  before = experiment.aggregate_evaluation(
+      algo.evaluate(state, [state.model_weights] * 3, seeds, test))
   state, clients, _ = algo.next(state, [state.model_weights] * 3, seeds, data)
   after = experiment.aggregate_evaluation(algo.evaluate(state, clients, seeds, test))
   assert after["server_loss"] < before["server_loss"] and after["mt_loss"] < before["mt_loss"]

@@ -50,9 +50,9 @@ def test_identity_covariance_gives_averaged_iterate_delta():
   rng = np.random.default_rng(0)
   x0 = rng.normal(size=7).astype(np.float32)
   one = rng.normal(size=(1, 7)).astype(np.float32)
-  for rho in (0.0, 0.01, 10.0):   # one sample: rho_l = 1 whatever rho
+  for rho in (0.0, 0.01, 10.0):  # one sample: rho_l = 1 whatever rho
     np.testing.assert_array_equal(_delta(x0, one, rho), x0 - one[0])
-  for l in (2, 7, 19):            # rho = 0: rho_l = 1 for any l
+  for l in (2, 7, 19):  # rho = 0: rho_l = 1 for any l
     samples = rng.normal(size=(l, 7)).astype(np.float32)
     expected = (x0.astype(np.float64) - samples.astype(np.float64).mean(0)).astype(np.float32)
     np.testing.assert_allclose(_delta(x0, samples, 0.0), expected, rtol=1e-6, atol=1e-7)
@@ -68,25 +68,33 @@ def test_exact_gaussian_samples_give_precision_times_offset():
   samples = rng.multivariate_normal(mu, sigma, size=4000)
   # rho large: rho_l ~ 2.5e-6, Sigma_hat ~ the sample covariance.
   got = _delta(x0, samples, 100.0)
-  assert _relative_error(got, exact) < 0.1            # sampling error ~ 0.03 here
-  assert _relative_error(x0 - samples.mean(0), exact) > 0.5   # Sigma = I is far off
+  assert _relative_error(got, exact) < 0.1  # sampling error ~ 0.03 here
+  assert _relative_error(x0 - samples.mean(0), exact) > 0.5  # Sigma = I is far off
 
 
 _HIDDEN, _E, _B, _LR, _SERVER_LR = (12,), 3, 16, 0.1, 0.7
 
 
 def _config(cls, data, **kw):
-  return cls(input_dim=int(np.prod(data.input_shape)), input_shape=tuple(data.input_shape),
-             num_classes=data.num_classes, seed=3, hidden_units=_HIDDEN, epochs=_E,
-             batch_size=_B, client_lr=_LR, server_lr=_SERVER_LR, **kw)
+  return cls(input_dim=int(np.prod(data.input_shape)),
+             input_shape=tuple(data.input_shape),
+             num_classes=data.num_classes,
+             seed=3,
+             hidden_units=_HIDDEN,
+             epochs=_E,
+             batch_size=_B,
+             client_lr=_LR,
+             server_lr=_SERVER_LR,
+             **kw)
 
 
 @pytest.fixture(scope="module")
 def small():
   data = tfbfl.data.load_federated("digits", partition="class_dirichlet", num_clients=3, seed=3)
   fedavg_algo = fedavg.FedAvgAlgorithm(_config(fedavg.ModelConfig, data))
-  fedpa_algo = fedpa.FedPAAlgorithm(_config(fedpa.FedPAConfig, data, fedpa_burn_in=1,
-                                            fedpa_shrinkage=0.5, fedpa_server_burn_in=2))
+  fedpa_algo = fedpa.FedPAAlgorithm(
+      _config(fedpa.FedPAConfig, data, fedpa_burn_in=1, fedpa_shrinkage=0.5,
+              fedpa_server_burn_in=2))
   return data, fedavg_algo, fedpa_algo
 
 
@@ -112,8 +120,9 @@ def test_server_burn_in_rounds_are_fedavg_rounds(small):
   # Round 3 is past the burn-in: the uploads, hence the server models, differ.
   ref3, _, _ = _rounds(fedavg_algo, data, 3)
   got3, _, metrics3 = _rounds(fedpa_algo, data, 3)
-  assert max(float(np.max(np.abs(a - b))) for a, b in
-             zip(ref3.model_weights.trainable, got3.model_weights.trainable)) > 1e-3
+  assert max(
+      float(np.max(np.abs(a - b)))
+      for a, b in zip(ref3.model_weights.trainable, got3.model_weights.trainable)) > 1e-3
   assert metrics3["clients_dropped"] == 0 and metrics3["update_non_finite"] == 0
 
 
@@ -147,19 +156,20 @@ def test_posterior_round_matches_reference(small):
   """A FedPA round from the initial model = eager SGD, per-epoch iterate means,
   `direct_delta` on the samples after the client burn-in, FedAvg's server step."""
   data, _, _ = small
-  algo = fedpa.FedPAAlgorithm(_config(fedpa.FedPAConfig, data, fedpa_burn_in=1,
-                                      fedpa_shrinkage=0.5, fedpa_server_burn_in=0))
+  algo = fedpa.FedPAAlgorithm(
+      _config(fedpa.FedPAConfig, data, fedpa_burn_in=1, fedpa_shrinkage=0.5,
+              fedpa_server_burn_in=0))
   state = algo.initial_server_state()
   w0 = [np.asarray(w) for w in state.model_weights.trainable]
   flat0 = np.concatenate([w.ravel() for w in w0])
   train = [data.train[c] for c in data.client_ids]
   seeds = [experiment.client_seed(3, 1, i) for i in range(3)]
-  new_state, clients, _ = algo.next(state, [algo.initial_client_state(i) for i in range(3)],
-                                    seeds, train)
+  new_state, clients, _ = algo.next(state, [algo.initial_client_state(i) for i in range(3)], seeds,
+                                    train)
   deltas, n = [], []
   for seed, (x, y), client in zip(seeds, train, clients):
     means, last = _reference_epoch_means(w0, x, y, seed)
-    for a, b in zip(last, client.trainable):   # MT: the last iterate, as FedAvg's
+    for a, b in zip(last, client.trainable):  # MT: the last iterate, as FedAvg's
       np.testing.assert_allclose(b, a, atol=1e-5)
     samples = np.stack([np.concatenate([m.ravel() for m in epoch]) for epoch in means[1:]])
     deltas.append(fedpa.direct_delta(flat0, samples, 0.5))
@@ -168,8 +178,10 @@ def test_posterior_round_matches_reference(small):
   got = np.concatenate([np.asarray(w).ravel() for w in new_state.model_weights.trainable])
   np.testing.assert_allclose(got, flat0 - _SERVER_LR * delta, atol=1e-5)
   # FedAvg's step from the same clients would land elsewhere.
-  fedavg_delta = np.average([flat0 - np.concatenate([np.asarray(w).ravel() for w in c.trainable])
-                             for c in clients], axis=0, weights=n)
+  fedavg_delta = np.average(
+      [flat0 - np.concatenate([np.asarray(w).ravel() for w in c.trainable]) for c in clients],
+      axis=0,
+      weights=n)
   assert np.max(np.abs(got - (flat0 - _SERVER_LR * fedavg_delta))) > 1e-3
 
 
@@ -177,7 +189,7 @@ def test_digits_end_to_end_beats_chance():
   data = tfbfl.data.load_federated("digits", partition="class_dirichlet", num_clients=10, seed=0)
   spec = registry.get("fedpa")
   config = spec.make_config(dict(seed=0), data)
-  rounds = config.fedpa_server_burn_in + 3   # some posterior-averaging rounds
+  rounds = config.fedpa_server_burn_in + 3  # some posterior-averaging rounds
   run = experiment.RunConfig(rounds=rounds, clients_per_round=10, verbose=False)
   algo = spec.build(data, config, run)
   assert isinstance(algo, fedpa.FedPAAlgorithm) and algo.name == "fedpa"

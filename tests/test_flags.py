@@ -34,14 +34,21 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _run(args, **kw):
   env = dict(os.environ, PYTHONPATH=_ROOT)
-  return subprocess.run([sys.executable, *args], cwd=_ROOT, env=env, capture_output=True,
-                        text=True, timeout=120, **kw)
+  return subprocess.run([sys.executable, *args],
+                        cwd=_ROOT,
+                        env=env,
+                        capture_output=True,
+                        text=True,
+                        timeout=120,
+                        **kw)
 
 
-@pytest.mark.parametrize("argv, flag", [
-    (["--rounds=-1"], "--rounds"), (["--kl_weight=nan"], "--kl_weight"),
-    (["--clients_per_round=11"], "--clients_per_round"), (["--hidden_units=8,x"], "--hidden_units"),
-    (["--executor=remote"], "--executor"), (["--algorithm=nope"], "--algorithm")])
+@pytest.mark.parametrize("argv, flag", [(["--rounds=-1"], "--rounds"),
+                                        (["--kl_weight=nan"], "--kl_weight"),
+                                        (["--clients_per_round=11"], "--clients_per_round"),
+                                        (["--hidden_units=8,x"], "--hidden_units"),
+                                        (["--executor=remote"], "--executor"),
+                                        (["--algorithm=nope"], "--algorithm")])
 def test_bad_flag_is_one_line_before_tensorflow(argv, flag):
   start = time.monotonic()
   # -X importtime lists every module imported: TensorFlow must not be among them.
@@ -50,17 +57,20 @@ def test_bad_flag_is_one_line_before_tensorflow(argv, flag):
   assert out.returncode == 1, out
   lines = [l for l in out.stderr.splitlines() if not l.startswith("import time:")]
   assert len(lines) == 1 and lines[0].startswith("FATAL train: ") and flag in lines[0], lines
-  imported = {l.split("|")[-1].strip() for l in out.stderr.splitlines() if l.startswith("import time:")}
+  imported = {
+      l.split("|")[-1].strip() for l in out.stderr.splitlines() if l.startswith("import time:")
+  }
   assert "tensorflow" not in imported and "tensorflow_federated" not in imported
-  assert elapsed < 15, elapsed   # generous for a loaded CI machine; ~0.3 s quiet
+  assert elapsed < 15, elapsed  # generous for a loaded CI machine; ~0.3 s quiet
 
 
 def test_algorithms_import_no_tensorflow():
-  code = ("import sys, tfbfl.algorithms, tfbfl.flags, tfbfl.training\n"
-          "from tfbfl.algorithms import registry\n"
-          "assert 'fedpa' in registry.names() and 'virtual' in registry.names()\n"
-          "bad = [m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'tensorflow_federated')]\n"
-          "assert not bad, bad[:5]\n")
+  code = (
+      "import sys, tfbfl.algorithms, tfbfl.flags, tfbfl.training\n"
+      "from tfbfl.algorithms import registry\n"
+      "assert 'fedpa' in registry.names() and 'virtual' in registry.names()\n"
+      "bad = [m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'tensorflow_federated')]\n"
+      "assert not bad, bad[:5]\n")
   out = _run(["-c", code])
   assert out.returncode == 0, out.stderr[-2000:]
 
@@ -76,8 +86,8 @@ def _imports(path):
       names += [a.name for a in node.names]
     elif isinstance(node, ast.ImportFrom) and node.module:
       names += [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-    elif (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "load" and node.args
-          and isinstance(node.args[0], ast.Constant)):   # _lazy.load("...")
+    elif (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "load" and node.args and
+          isinstance(node.args[0], ast.Constant)):  # _lazy.load("...")
       names.append(node.args[0].value)
   return names
 
@@ -160,17 +170,18 @@ def test_every_algorithm_builds_its_config_from_the_defaults():
     for field, value in spec.fixed.items():
       assert getattr(config, field) == value
   p4 = training.resolve_params(dict(clients_per_round=4))
-  assert p4["server_lr"] == pytest.approx(1 / 4)   # recorded as used
+  assert p4["server_lr"] == pytest.approx(1 / 4)  # recorded as used
   virtual_config = registry.get("virtual").make_config(p4, data)
-  assert virtual_config.step == pytest.approx(1 / 4)   # VIRTUAL's derived default, 1/C
+  assert virtual_config.step == pytest.approx(1 / 4)  # VIRTUAL's derived default, 1/C
   p = training.resolve_params(dict(algorithm="fedavg"))
   assert p["server_lr"] == 1.0 and registry.get("fedavg").make_config(p, data).server_step == 1.0
-  assert registry.get("fedavg").make_config(dict(p, mu=0.5), data).mu == 0.0   # pinned
+  assert registry.get("fedavg").make_config(dict(p, mu=0.5), data).mu == 0.0  # pinned
   assert registry.get("fedprox").make_config(p, data).mu == 0.01
 
 
 def test_data_spec_reaches_the_loader():
-  spec = training.data_spec(training.resolve_params(dict(num_clients=4, clients_per_round=4, seed=3, alpha=0.2)))
+  spec = training.data_spec(
+      training.resolve_params(dict(num_clients=4, clients_per_round=4, seed=3, alpha=0.2)))
   assert (spec.num_clients, spec.seed, spec.alpha) == (4, 3, 0.2)
   from tfbfl import data as data_lib  # pylint: disable=g-import-not-at-top
   a = data_lib.load_federated(spec)

@@ -32,13 +32,21 @@ _HIDDEN = (16,)
 
 @pytest.fixture(scope="module")
 def digits():
-  return data_lib.load_federated("digits", partition="label_dirichlet", alpha=0.1,
-                                 num_clients=4, seed=3)
+  return data_lib.load_federated("digits",
+                                 partition="label_dirichlet",
+                                 alpha=0.1,
+                                 num_clients=4,
+                                 seed=3)
 
 
 def _config(fd, **kw):
-  base = dict(input_shape=fd.input_shape, num_classes=fd.num_classes, hidden_units=_HIDDEN,
-              epochs=2, batch_size=64, client_lr=0.1, seed=1)
+  base = dict(input_shape=fd.input_shape,
+              num_classes=fd.num_classes,
+              hidden_units=_HIDDEN,
+              epochs=2,
+              batch_size=64,
+              client_lr=0.1,
+              seed=1)
   base.update(kw)
   return fola.LaplaceConfig(**base)
 
@@ -59,8 +67,9 @@ def _reference_sgd(weights0, x, y, seed, epochs, batch, lr, lam=0.0, prior=None)
     for i in range(math.ceil(n / batch)):
       idx = order[e, i * batch:(i + 1) * batch]
       with tf.GradientTape() as tape:
-        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-            labels=y[idx], logits=_mlp_logits(ws, x[idx])))
+        loss = tf.reduce_mean(
+            tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y[idx],
+                                                           logits=_mlp_logits(ws, x[idx])))
       grads = [g.numpy() for g in tape.gradient(loss, ws)]
       for j, (w, g) in enumerate(zip(ws, grads)):
         fisher[j] += len(idx) * g**2
@@ -79,8 +88,9 @@ def _offline_fisher(weights, x, y, batch):
     sl = slice(i * batch, (i + 1) * batch)
     with tf.GradientTape() as tape:
       tape.watch(ws)
-      loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-          labels=y[sl], logits=_mlp_logits(ws, x[sl])))
+      loss = tf.reduce_mean(
+          tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y[sl],
+                                                         logits=_mlp_logits(ws, x[sl])))
     for j, g in enumerate(tape.gradient(loss, ws)):
       fisher[j] += len(y[sl]) * g.numpy()**2
     steps += 1
@@ -101,8 +111,8 @@ def _product_inputs(rng, sizes, d=6):
 
 def _run_product(product, process, means, precs, sizes, previous):
   natural = [gaussian.NaturalGaussian([p * m], [p]) for m, p in zip(means, precs)]
-  _, mean, precision, weak = product(process.initialize(), natural,
-                                     [np.float32(s) for s in sizes], [previous])
+  _, mean, precision, weak = product(process.initialize(), natural, [np.float32(s) for s in sizes],
+                                     [previous])
   return np.asarray(mean[0]), np.asarray(precision[0]), int(weak)
 
 
@@ -120,8 +130,8 @@ def test_exact_global_posterior_for_bayesian_linear_regression():
   w_true = rng.normal(size=d)
   xs, ys = [], []
   for m in sizes:
-    q, _ = np.linalg.qr(rng.normal(size=(m, d)))            # orthonormal columns
-    x = q * rng.uniform(0.2, 3.0, size=d)                   # X^T X diagonal, client-specific
+    q, _ = np.linalg.qr(rng.normal(size=(m, d)))  # orthonormal columns
+    x = q * rng.uniform(0.2, 3.0, size=d)  # X^T X diagonal, client-specific
     xs.append(x)
     ys.append(x @ w_true + np.sqrt(s2) * rng.normal(size=m))
   means, precs = [], []
@@ -135,9 +145,9 @@ def test_exact_global_posterior_for_bayesian_linear_regression():
 
   weights_type = tff.to_type([tff.TensorType(np.float32, (d,))])
   process, product = fola.build_gaussian_product(weights_type, eps=1e-8)
-  mean, precision, weak = _run_product(
-      product, process, [m.astype(np.float32) for m in means],
-      [p.astype(np.float32) for p in precs], sizes, np.zeros(d, np.float32))
+  mean, precision, weak = _run_product(product, process, [m.astype(np.float32) for m in means],
+                                       [p.astype(np.float32) for p in precs], sizes,
+                                       np.zeros(d, np.float32))
   np.testing.assert_allclose(mean, global_mean, rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(precision, np.diag(global_prec) / total, rtol=1e-5)
   assert weak == 0
@@ -151,13 +161,13 @@ def test_mean_invariant_to_common_precision_scale_and_epsilon_keeps_previous_mea
   sizes = [10.0, 40.0, 25.0]
   means, precs = _product_inputs(rng, sizes)
   for p in precs:
-    p[2] = 0.0                         # nobody has information on entry 2
+    p[2] = 0.0  # nobody has information on entry 2
   weights_type = tff.to_type([tff.TensorType(np.float32, (6,))])
   process, product = fola.build_gaussian_product(weights_type, eps=1e-8)
   previous = np.full(6, 0.75, np.float32)
   base, base_prec, weak = _run_product(product, process, means, precs, sizes, previous)
-  scaled, scaled_prec, _ = _run_product(product, process, means, [1e3 * p for p in precs],
-                                        sizes, previous)
+  scaled, scaled_prec, _ = _run_product(product, process, means, [1e3 * p for p in precs], sizes,
+                                        previous)
   np.testing.assert_allclose(scaled, base, rtol=1e-5)
   np.testing.assert_allclose(scaled_prec, 1e3 * base_prec, rtol=1e-5)
   # Eq. (9) by hand, and the explicit epsilon: entry 2 keeps the previous mean.
@@ -168,8 +178,7 @@ def test_mean_invariant_to_common_precision_scale_and_epsilon_keeps_previous_mea
   np.testing.assert_allclose(base[keep], want[keep], rtol=1e-5)
   assert base[2] == pytest.approx(0.75) and np.all(np.isfinite(base)) and weak == 1
   # Scaling one client only moves the mean (so the invariance is not trivial).
-  moved, _, _ = _run_product(product, process, means, [precs[0] * 1e3] + precs[1:], sizes,
-                             previous)
+  moved, _, _ = _run_product(product, process, means, [precs[0] * 1e3] + precs[1:], sizes, previous)
   assert np.max(np.abs(moved - base)) > 1e-2
 
 
@@ -180,18 +189,26 @@ def test_client_update_is_penalised_sgd_with_online_fisher_and_eq17(digits):
   w0 = algo.initial_weights
   prior_mean = [w + 0.1 * rng.normal(size=w.shape).astype(np.float32) for w in w0]
   precision = [rng.uniform(0.0, 2.0, size=w.shape).astype(np.float32) for w in w0]
-  model = fola.ServerModel(w0, precision, prior_mean, np.int32(2))      # round r = 3
+  model = fola.ServerModel(w0, precision, prior_mean, np.int32(2))  # round r = 3
   x, y = digits.train[digits.client_ids[1]]
   seed = np.array([5, 11], np.int64)
   out = algo.client_update(model, algo.initial_client_state(0), seed, (x, y))
-  want_w, want_f = _reference_sgd(w0, x, y, seed, epochs=2, batch=64, lr=0.1, lam=0.7,
+  want_w, want_f = _reference_sgd(w0,
+                                  x,
+                                  y,
+                                  seed,
+                                  epochs=2,
+                                  batch=64,
+                                  lr=0.1,
+                                  lam=0.7,
                                   prior=(prior_mean, precision))
   _close(out.client_state.weights, want_w)
   _close(out.client_state.fisher, want_f, rtol=1e-3, atol=1e-7)
-  upload = [f / 3 + 2 / 3 * p for f, p in zip(want_f, precision)]      # eq. (17)
+  upload = [f / 3 + 2 / 3 * p for f, p in zip(want_f, precision)]  # eq. (17)
   _close(out.upload.eta2, upload, rtol=1e-3, atol=1e-7)
   _close(out.upload.eta1, [u * w for u, w in zip(out.upload.eta2, out.client_state.weights)],
-         rtol=1e-5, atol=1e-8)
+         rtol=1e-5,
+         atol=1e-8)
   assert float(out.num_examples) == len(y)
 
 
@@ -213,11 +230,11 @@ def test_offline_variant_computes_fisher_after_training(digits):
   assert algo.name == "laplace_offline"
   state = algo.initial_server_state()
   x, y = digits.train[digits.client_ids[0]]
-  out = algo.client_update(state.model, algo.initial_client_state(0),
-                           np.array([1, 2], np.int64), (x, y))
+  out = algo.client_update(state.model, algo.initial_client_state(0), np.array([1, 2], np.int64),
+                           (x, y))
   want = _offline_fisher(list(out.client_state.weights), x, y, batch=64)
   _close(out.client_state.fisher, want, rtol=1e-3, atol=1e-8)
-  _close(out.upload.eta2, want, rtol=1e-3, atol=1e-8)                   # r = 1: F_n alone
+  _close(out.upload.eta2, want, rtol=1e-3, atol=1e-8)  # r = 1: F_n alone
 
 
 def _round(algo, fd, clients, seed=0, round_num=1, state=None, client_states=None):
@@ -235,8 +252,10 @@ def test_no_penalty_and_equal_precisions_is_a_fedavg_round(digits):
   algo = fola.FolaAlgorithm(_config(digits, fisher="identity", fola_lambda=0.0, fola_gamma=0.5))
   clients = [0, 1, 2, 3]
   (state, _, metrics), seeds, batches = _round(algo, digits, clients)
-  trained = [_reference_sgd(algo.initial_weights, x, y, s, 2, 64, 0.1)[0]
-             for (x, y), s in zip(batches, seeds)]
+  trained = [
+      _reference_sgd(algo.initial_weights, x, y, s, 2, 64, 0.1)[0]
+      for (x, y), s in zip(batches, seeds)
+  ]
   sizes = np.array([len(y) for _, y in batches], np.float64)
   fedavg = [sum(n * t[j] for n, t in zip(sizes, trained)) / sizes.sum() for j in range(4)]
   _close(state.model.weights, fedavg)
@@ -265,10 +284,13 @@ def test_fola_round_uses_precisions_and_compression(digits):
   out = comp.client_update(plain.initial_server_state().model, comp.initial_client_state(0),
                            experiment.client_seed(0, 1, 0), batches[0])
   for prec, fisher in zip(out.upload.eta2, out.client_state.fisher):
-    np.testing.assert_allclose(prec, compression.decode(compression.encode(np.asarray(fisher), p)),
-                               rtol=1e-5, atol=1e-9)
+    np.testing.assert_allclose(prec,
+                               compression.decode(compression.encode(np.asarray(fisher), p)),
+                               rtol=1e-5,
+                               atol=1e-9)
   up, down = comp.round_bytes(4, {})
-  assert up == 4 * (dense + compression.structure_bytes(comp.initial_weights, p)) and up < 4 * 2 * dense
+  assert up == 4 * (dense +
+                    compression.structure_bytes(comp.initial_weights, p)) and up < 4 * 2 * dense
   assert down == 4 * 2 * dense
   assert not np.allclose(cstate.model.weights[0], state.model.weights[0])
 
@@ -287,7 +309,7 @@ def test_fedcurv_server_sums_and_client_deltas(digits):
   fedavg = fola.FolaAlgorithm(_config(digits, epochs=1, fisher="identity", fola_lambda=0.0))
   (state, clients, _), _, batches = _round(algo, digits, [0, 1, 2])
   (ref, _, _), _, _ = _round(fedavg, digits, [0, 1, 2])
-  _close(state.model.weights, ref.model.weights)          # lambda = 0: a FedAvg round
+  _close(state.model.weights, ref.model.weights)  # lambda = 0: a FedAvg round
   u = sum(np.asarray(c.fisher[0]) for c in clients)
   v = sum(np.asarray(c.fisher[0]) * np.asarray(c.weights[0]) for c in clients)
   np.testing.assert_allclose(state.model.curvature.eta2[0], u, rtol=1e-5, atol=1e-9)
@@ -298,13 +320,19 @@ def test_fedcurv_server_sums_and_client_deltas(digits):
   # Round 2 with clients 0 and 1 only: client 2's stored contribution stays,
   # 0 and 1 replace theirs (each subtracts its own old factor).
   curv = fola.FedCurvAlgorithm(_config(digits, epochs=1, fedcurv_lambda=5.0))
-  (state2, clients2, _), _, _ = _round(curv, digits, [0, 1], round_num=2, state=state,
+  (state2, clients2, _), _, _ = _round(curv,
+                                       digits, [0, 1],
+                                       round_num=2,
+                                       state=state,
                                        client_states=clients[:2])
   u2 = sum(np.asarray(c.fisher[0]) for c in list(clients2) + [clients[2]])
   np.testing.assert_allclose(state2.model.curvature.eta2[0], u2, rtol=1e-4, atol=1e-8)
-  (free, _, _), _, _ = _round(algo, digits, [0, 1], round_num=2, state=state,
+  (free, _, _), _, _ = _round(algo,
+                              digits, [0, 1],
+                              round_num=2,
+                              state=state,
                               client_states=clients[:2])
-  assert not np.allclose(state2.model.weights[0], free.model.weights[0])   # penalty acts
+  assert not np.allclose(state2.model.weights[0], free.model.weights[0])  # penalty acts
 
 
 # ------------------------------------------------------------ drivers and flags
@@ -319,8 +347,13 @@ def _fedavg_available():
 def test_no_penalty_and_equal_precisions_matches_registered_fedavg(digits):
   if not _fedavg_available():
     pytest.skip("tfbfl.algorithms.fedavg not available")
-  p = training.resolve_params(dict(algorithm="fedavg", hidden_units=_HIDDEN, epochs_per_round=2,
-                                   batch_size=64, client_lr=0.1, seed=1))
+  p = training.resolve_params(
+      dict(algorithm="fedavg",
+           hidden_units=_HIDDEN,
+           epochs_per_round=2,
+           batch_size=64,
+           client_lr=0.1,
+           seed=1))
   fedavg = training.build_algorithm(digits, p)
   ours = fola_figures.EXTRA_METHODS["product_identity"](digits, p)
   (state, _, _), _, _ = _round(ours, digits, [0, 1, 2, 3])
@@ -329,11 +362,17 @@ def test_no_penalty_and_equal_precisions_matches_registered_fedavg(digits):
 
 
 def test_first_round_accuracy_on_digits_alpha_0_1():
-  base = dict(dataset="digits", num_clients=10, batch_size=32, epochs_per_round=1,
-              client_lr=0.05, hidden_units=(32,), seed=0)
+  base = dict(dataset="digits",
+              num_clients=10,
+              batch_size=32,
+              epochs_per_round=1,
+              client_lr=0.05,
+              hidden_units=(32,),
+              seed=0)
   lines = []
-  rows = fola_figures.first_round_accuracy(base, ["fola", "fedavg", "fedcurv"],
-                                   {"alpha": [0.1]}, repeats=2, log=lines.append)
+  rows = fola_figures.first_round_accuracy(base, ["fola", "fedavg", "fedcurv"], {"alpha": [0.1]},
+                                           repeats=2,
+                                           log=lines.append)
   stats = {s["method"]: s for s in fola_figures.summarise(rows)}
   want = {"fola", "fedcurv"} | ({"fedavg"} if _fedavg_available() else set())
   assert set(stats) == want
@@ -351,9 +390,19 @@ def test_first_round_accuracy_on_digits_alpha_0_1():
 
 
 def test_registry_run_writes_bytes_and_best_global_accuracy(tmp_path):
-  params = dict(algorithm="fola", dataset="digits", partition="label_dirichlet", alpha=1.0,
-                num_clients=3, clients_per_round=3, rounds=2, epochs_per_round=1, batch_size=64,
-                hidden_units=(8,), output_dir=str(tmp_path), verbose=False, compress_p=0.1,
+  params = dict(algorithm="fola",
+                dataset="digits",
+                partition="label_dirichlet",
+                alpha=1.0,
+                num_clients=3,
+                clients_per_round=3,
+                rounds=2,
+                epochs_per_round=1,
+                batch_size=64,
+                hidden_units=(8,),
+                output_dir=str(tmp_path),
+                verbose=False,
+                compress_p=0.1,
                 fola_lambda=2.0)
   summary = training.run_training(params)
   assert summary["bytes_up_total"] > 0 and summary["bytes_down_total"] > 0
@@ -365,10 +414,13 @@ def test_registry_run_writes_bytes_and_best_global_accuracy(tmp_path):
   assert saved["flags"]["compress_p"] == 0.1
 
 
-@pytest.mark.parametrize("field,value,flag", [
-    ("fola_lambda", -1.0, "fola_lambda"), ("fola_gamma", 0.0, "fola_gamma"),
-    ("eps", 0.0, "fola_eps"), ("compress_p", 1.5, "compress_p"), ("architecture", "rnn", "architecture"),
-    ("clip_norm", -1.0, "fola_clip_norm"), ("epochs", 0, "epochs_per_round")])
+@pytest.mark.parametrize("field,value,flag", [("fola_lambda", -1.0, "fola_lambda"),
+                                              ("fola_gamma", 0.0, "fola_gamma"),
+                                              ("eps", 0.0, "fola_eps"),
+                                              ("compress_p", 1.5, "compress_p"),
+                                              ("architecture", "rnn", "architecture"),
+                                              ("clip_norm", -1.0, "fola_clip_norm"),
+                                              ("epochs", 0, "epochs_per_round")])
 def test_bad_flags_are_named(field, value, flag):
   with pytest.raises(ValueError, match=f"--{flag}"):
     fola.LaplaceConfig(input_shape=(64,), num_classes=10, **{field: value})
@@ -380,6 +432,10 @@ def test_cifar10_path_names_the_missing_files(tmp_path):
   if "cifar10" not in data_lib.DATASETS:
     with pytest.raises(ValueError, match="data_batch_1"):
       fola_figures.check_dataset_available("cifar10")
-  params = dict(dataset="cifar10", data_dir=str(tmp_path), architecture="cnn", rounds=1, verbose=False)
+  params = dict(dataset="cifar10",
+                data_dir=str(tmp_path),
+                architecture="cnn",
+                rounds=1,
+                verbose=False)
   with pytest.raises((ValueError, FileNotFoundError), match="data_batch_1"):
     fola_figures.learning_curves(params, ["fola"], [0.1], str(tmp_path / "out"))

@@ -22,12 +22,15 @@ from tfbfl.data import FederatedData
 from tfbfl.data.npz import load_npz
 
 _N = int(os.environ.get("TFBFL_FUZZ_EXAMPLES", "0"))
-_SETTINGS = dict(deadline=None, database=None,
+_SETTINGS = dict(deadline=None,
+                 database=None,
                  derandomize=not os.environ.get("TFBFL_FUZZ_RANDOM"),
                  suppress_health_check=list(hypothesis.HealthCheck))
 
-_DTYPES = [np.float16, np.float32, np.float64, np.int8, np.int32, np.int64, np.uint8,
-           np.uint64, np.bool_, np.complex64]
+_DTYPES = [
+    np.float16, np.float32, np.float64, np.int8, np.int32, np.int64, np.uint8, np.uint64, np.bool_,
+    np.complex64
+]
 
 
 def _array(dtype, shape):
@@ -42,8 +45,11 @@ def _array(dtype, shape):
 def _client_arrays(draw):
   arrays = {}
   n_clients = draw(st.integers(0, 3))
-  ids = draw(st.lists(st.sampled_from(["a", "b", "c0", "test_x", "é", "1"]), min_size=n_clients,
-                      max_size=n_clients, unique=True))
+  ids = draw(
+      st.lists(st.sampled_from(["a", "b", "c0", "test_x", "é", "1"]),
+               min_size=n_clients,
+               max_size=n_clients,
+               unique=True))
   feature_shape = draw(st.lists(st.integers(0, 3), min_size=0, max_size=2))
   with_test = draw(st.sampled_from(["none", "all", "some"]))
   for j, cid in enumerate(ids):
@@ -65,8 +71,9 @@ def _client_arrays(draw):
       del arrays[f"y_{cid}"]  # an x without its y
   extra = draw(st.sampled_from([None, "num_classes", "weights", "y_"]))
   if extra is not None:
-    arrays[extra] = draw(_array(draw(st.sampled_from(_DTYPES)),
-                                tuple(draw(st.lists(st.integers(0, 2), max_size=2)))))
+    arrays[extra] = draw(
+        _array(draw(st.sampled_from(_DTYPES)), tuple(draw(st.lists(st.integers(0, 2),
+                                                                   max_size=2)))))
   return arrays
 
 
@@ -92,7 +99,8 @@ def test_npz_loader_gives_data_or_a_clear_error(arrays, test_fraction):
 
 
 @hypothesis.settings(max_examples=_N or 60, **_SETTINGS)
-@hypothesis.given(data=st.binary(max_size=600), cut=st.integers(0, 4000),
+@hypothesis.given(data=st.binary(max_size=600),
+                  cut=st.integers(0, 4000),
                   kind=st.sampled_from(["bytes", "truncated", "npy"]))
 def test_npz_loader_on_damaged_files(data, cut, kind):
   with tempfile.TemporaryDirectory() as d:
@@ -116,15 +124,15 @@ def test_npz_loader_on_damaged_files(data, cut, kind):
 
 # ------------------------------------------------------------------ flags
 _NUMBERS = st.one_of(
-    st.floats(allow_nan=True, allow_infinity=True),
-    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True), st.integers(min_value=-(2**70),
+                                                                max_value=2**70),
     st.sampled_from([0, 1, -1, 0.0, 1e3, 1e3 + 1e-9, 1e30, -0.0, 5e-324, True, False]))
 _FLAGS = sorted(set(training._INT_FLAGS) | set(training._REAL_FLAGS))  # pylint: disable=protected-access
 
 
 @hypothesis.settings(max_examples=_N or 400, **_SETTINGS)
-@hypothesis.given(values=st.dictionaries(st.sampled_from(
-    [f for f in _FLAGS if f in training.DEFAULTS]), _NUMBERS, max_size=4))
+@hypothesis.given(values=st.dictionaries(
+    st.sampled_from([f for f in _FLAGS if f in training.DEFAULTS]), _NUMBERS, max_size=4))
 def test_resolve_params_gives_params_or_a_named_error(values):
   try:
     p = training.resolve_params(values)
@@ -145,17 +153,23 @@ def test_resolve_params_gives_params_or_a_named_error(values):
   assert p["clients_per_round"] <= p["num_clients"]
 
 
-@pytest.mark.parametrize("flag, value", [
-    ("client_lr", math.inf), ("server_lr", math.inf), ("kl_weight", math.nan),
-    ("init_scale", 1e30), ("prior_scale", -1.0), ("clients_per_round", 0),
-    ("checkpoint_every", -1), ("rounds", 2.5), ("seed", -3), ("fola_gamma", math.nan),
-    ("hidden_units", "8,x"), ("mu", "0.1")])
+@pytest.mark.parametrize("flag, value", [("client_lr", math.inf), ("server_lr", math.inf),
+                                         ("kl_weight", math.nan), ("init_scale", 1e30),
+                                         ("prior_scale", -1.0), ("clients_per_round", 0),
+                                         ("checkpoint_every", -1), ("rounds", 2.5), ("seed", -3),
+                                         ("fola_gamma", math.nan), ("hidden_units", "8,x"),
+                                         ("mu", "0.1")])
 def test_named_flag_errors(flag, value):
   with pytest.raises(ValueError, match=f"^--{flag}"):
     training.resolve_params({flag: value})
 
 
 def test_documented_bounds_accept_their_edges():
-  p = training.resolve_params(dict(client_lr=1e3, init_scale=1e3, prior_scale=1e-12,
-                                   fola_gamma=math.inf, rounds=3.0, checkpoint_every=0))
+  p = training.resolve_params(
+      dict(client_lr=1e3,
+           init_scale=1e3,
+           prior_scale=1e-12,
+           fola_gamma=math.inf,
+           rounds=3.0,
+           checkpoint_every=0))
   assert p["rounds"] == 3 and type(p["rounds"]) is int and p["fola_gamma"] == math.inf

@@ -16,8 +16,12 @@ _TINY = ["--rounds=1", "--epochs_per_round=1", "--num_clients=2", "--clients_per
 
 def _run(module, *args, timeout=240):
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-  return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
-                        timeout=timeout, env=env, stdin=subprocess.DEVNULL)
+  return subprocess.run([sys.executable, "-m", module, *args],
+                        capture_output=True,
+                        text=True,
+                        timeout=timeout,
+                        env=env,
+                        stdin=subprocess.DEVNULL)
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +47,9 @@ def test_dataset_stats_on_mnist_files(mnist_dir):
 @pytest.mark.parametrize("module, args, names", [
     ("launchers.train", ["--dataset=mnist", "--data_dir={missing}"], "train-images-idx3-ubyte"),
     ("launchers.train", ["--dataset=cifar10", "--data_dir={missing}"], "data_batch_1"),
-    ("launchers.virtual_table4", ["--output_dir={out}", "--fixed=data_dir={missing}",
-                                  "--algorithms=virtual", "--rounds=1"], "femnist"),
+    ("launchers.virtual_table4", [
+        "--output_dir={out}", "--fixed=data_dir={missing}", "--algorithms=virtual", "--rounds=1"
+    ], "femnist"),
 ])
 def test_missing_files_give_the_documented_message(module, args, names, tmp_path):
   missing = tmp_path / "no_such_dir"
@@ -56,13 +61,20 @@ def test_missing_files_give_the_documented_message(module, args, names, tmp_path
 
 @pytest.mark.parametrize("module, extra", [
     ("launchers.virtual_fig2", ["--kl_weights=1e-4,1e-2", "--fixed=hidden_units=8"]),
-    ("launchers.virtual_v1_table2", ["--seeds=0", "--client_lrs=0.05", "--kl_weights=1e-4",
-                                     "--virtual_server_lrs=0.5", "--server_lrs=1.0",
-                                     "--fixed=hidden_units=8"]),
+    ("launchers.virtual_v1_table2", [
+        "--seeds=0", "--client_lrs=0.05", "--kl_weights=1e-4", "--virtual_server_lrs=0.5",
+        "--server_lrs=1.0", "--fixed=hidden_units=8"
+    ]),
 ])
 def test_grid_launchers_on_digits(module, extra, tmp_path):
-  out = _run(module, f"--output_dir={tmp_path}", "--rounds=1", "--epochs_per_round=1",
-             "--num_clients=3", "--clients_per_round=3", "--datasets=digits_dirichlet", *extra,
+  out = _run(module,
+             f"--output_dir={tmp_path}",
+             "--rounds=1",
+             "--epochs_per_round=1",
+             "--num_clients=3",
+             "--clients_per_round=3",
+             "--datasets=digits_dirichlet",
+             *extra,
              timeout=400)
   assert out.returncode == 0, out.stderr[-3000:]
   assert (tmp_path / "table2.md").exists()
@@ -78,9 +90,8 @@ def test_fola_first_round_on_digits(tmp_path):
 
 
 def test_fola_curves_on_digits(tmp_path):
-  out = _run("launchers.fola_curves", f"--output_dir={tmp_path}", "--alphas=0.1",
-             "--rounds=1", "--num_clients=3", "--epochs_per_round=1", "--hidden_units=8",
-             "--methods=fola")
+  out = _run("launchers.fola_curves", f"--output_dir={tmp_path}", "--alphas=0.1", "--rounds=1",
+             "--num_clients=3", "--epochs_per_round=1", "--hidden_units=8", "--methods=fola")
   assert out.returncode == 0, out.stderr[-3000:]
   assert list(tmp_path.rglob("summary.json"))
 

@@ -36,8 +36,7 @@ def test_kl_matches_tfp_with_non_default_prior():
   layer = _layer()
   locs, scales = _random_posterior(layer, rng)
   prior_locs = [rng.normal(size=l.shape).astype(np.float32) for l in locs]
-  prior_scales = [rng.uniform(0.1, 2.0, size=l.shape).astype(np.float32)
-                  for l in locs]
+  prior_scales = [rng.uniform(0.1, 2.0, size=l.shape).astype(np.float32) for l in locs]
   layer.set_prior(gaussian.from_loc_scale(prior_locs, prior_scales))
   expected = _tfp_kl(locs, scales, prior_locs, prior_scales)
   np.testing.assert_allclose(float(layer.kl_divergence()), expected, rtol=1e-4)
@@ -74,8 +73,10 @@ def test_no_seed_gives_posterior_mean_forward():
   layer = _layer(activation="relu")
   locs, _ = _random_posterior(layer, rng)
   x = rng.normal(size=(6, 4)).astype(np.float32)
-  np.testing.assert_allclose(
-      layer(x).numpy(), np.maximum(x @ locs[0] + locs[1], 0.0), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(layer(x).numpy(),
+                             np.maximum(x @ locs[0] + locs[1], 0.0),
+                             rtol=1e-5,
+                             atol=1e-6)
 
 
 def test_same_seed_same_output_and_different_seed_different_output():
@@ -125,7 +126,8 @@ def test_prior_round_trip_and_initial_prior():
   rng = np.random.default_rng(7)
   g = gaussian.NaturalGaussian(
       [rng.normal(size=(4, 3)), rng.normal(size=(3,))],
-      [rng.uniform(0.5, 2, size=(4, 3)), rng.uniform(0.5, 2, size=(3,))])
+      [rng.uniform(0.5, 2, size=(4, 3)),
+       rng.uniform(0.5, 2, size=(3,))])
   layer.set_prior(g)
   for a, b in zip(tf.nest.flatten(layer.prior()), tf.nest.flatten(g)):
     np.testing.assert_allclose(a.numpy(), b, rtol=1e-6)
@@ -149,8 +151,7 @@ def test_callable_loss_equals_kl_and_survives_retracing():
   layer = _layer()
   _random_posterior(layer, np.random.default_rng(8))
   assert len(layer.losses) == 1
-  np.testing.assert_allclose(
-      float(layer.losses[0]), float(layer.kl_divergence()), rtol=1e-6)
+  np.testing.assert_allclose(float(layer.losses[0]), float(layer.kl_divergence()), rtol=1e-6)
 
   @tf.function
   def objective(x, seed):
@@ -175,8 +176,7 @@ def test_callable_loss_equals_kl_and_survives_retracing():
 
 
 def test_get_config_from_config_round_trip():
-  layer = BayesianDense(7, activation="tanh", prior_scale=0.3, init_scale=2e-3,
-                        seed=11, name="bd")
+  layer = BayesianDense(7, activation="tanh", prior_scale=0.3, init_scale=2e-3, seed=11, name="bd")
   config = layer.get_config()
   clone = BayesianDense.from_config(config)
   assert clone.get_config() == config
@@ -250,12 +250,14 @@ def test_lateral_matches_its_formula():
 def test_lateral_kl_losses_and_variables():
   lateral = _lateral()
   assert len(lateral.losses) == 2
-  np.testing.assert_allclose(
-      float(tf.add_n(lateral.losses)), float(lateral.kl_divergence()), rtol=1e-6)
+  np.testing.assert_allclose(float(tf.add_n(lateral.losses)),
+                             float(lateral.kl_divergence()),
+                             rtol=1e-6)
   names = [v.name for v in lateral.trainable_parameter_variables]
   assert len(names) == 9 and "gate" in names[-1]
-  assert set(map(id, lateral.trainable_parameter_variables)) == set(
-      map(id, lateral.trainable_variables))
+  assert set(map(id,
+                 lateral.trainable_parameter_variables)) == set(map(id,
+                                                                    lateral.trainable_variables))
   np.testing.assert_array_equal(lateral.gate.numpy(), np.ones([5]))
 
 

@@ -108,13 +108,15 @@ def test_one_by_one_conv_is_dense_on_channels():
   dense = BayesianDense(4, seed=0)
   dense.build((None, 2))
   locs, scales = _random_posterior(conv, np.random.default_rng(4))
-  dense.set_posterior(gaussian.from_loc_scale([locs[0][0, 0], locs[1]],
-                                              [scales[0][0, 0], scales[1]]))
+  dense.set_posterior(
+      gaussian.from_loc_scale([locs[0][0, 0], locs[1]], [scales[0][0, 0], scales[1]]))
   x = tf.random.stateless_normal([3, 6, 6, 2], seed=[2, 2])
   np.testing.assert_allclose(conv(x).numpy(), dense(x).numpy(), rtol=1e-5, atol=1e-6)
   seed = tf.constant([8, 9])
-  np.testing.assert_allclose(conv(x, seed=seed).numpy(), dense(x, seed=seed).numpy(),
-                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(conv(x, seed=seed).numpy(),
+                             dense(x, seed=seed).numpy(),
+                             rtol=1e-5,
+                             atol=1e-5)
 
 
 @pytest.mark.parametrize("epsilon, finite", [(1e-8, True), (0.0, False)])

@@ -34,8 +34,9 @@ def _embedding(**kwargs):
   return layer
 
 
-_random_posterior = functools.partial(
-    gaussian_helpers.random_posterior, loc_scale=0.5, scale_range=(0.05, 0.5))
+_random_posterior = functools.partial(gaussian_helpers.random_posterior,
+                                      loc_scale=0.5,
+                                      scale_range=(0.05, 0.5))
 
 
 def _keras_lstm(weights, return_sequences, forget_bias):
@@ -70,7 +71,8 @@ def test_kl_matches_tfp(make):
   prior_scales = [rng.uniform(0.2, 2.0, size=l.shape).astype(np.float32) for l in locs]
   layer.set_prior(gaussian.from_loc_scale(prior_locs, prior_scales))
   np.testing.assert_allclose(float(layer.kl_divergence()),
-                             _tfp_kl(locs, scales, prior_locs, prior_scales), rtol=1e-4)
+                             _tfp_kl(locs, scales, prior_locs, prior_scales),
+                             rtol=1e-4)
   layer.set_prior(layer.posterior())
   assert float(layer.kl_divergence()) == pytest.approx(0.0, abs=1e-3)
 
@@ -104,8 +106,9 @@ def test_lstm_sample_is_one_weight_draw_for_all_steps():
   assert not np.allclose(sampled.numpy(), layer(x).numpy())
   # The draw really is loc + scale * N(0, 1).
   locs, scales = layer.posterior_loc_scale()
-  z = np.concatenate([((draw[n] - m) / s).numpy().ravel()
-                      for n, m, s in zip(layer.parameter_names, locs, scales)])
+  z = np.concatenate([
+      ((draw[n] - m) / s).numpy().ravel() for n, m, s in zip(layer.parameter_names, locs, scales)
+  ])
   assert abs(z.mean()) < 0.15 and abs(z.std() - 1.0) < 0.1
 
 
@@ -139,8 +142,7 @@ def test_lstm_gradients_finite_in_tf_function():
 
   result = grads(_x(5), tf.constant([5, 0], tf.int64))
   assert len(result) == 6
-  assert all(g is not None and np.all(np.isfinite(g.numpy())) and np.any(g.numpy())
-             for g in result)
+  assert all(g is not None and np.all(np.isfinite(g.numpy())) and np.any(g.numpy()) for g in result)
 
 
 def test_lstm_sample_gradient_finite_when_the_scale_underflows():
@@ -193,9 +195,9 @@ def test_embedding_samples_each_lookup_with_the_row_marginal():
   locs, scales = _random_posterior(layer, np.random.default_rng(6), scale_range=(0.2, 1.0))
   n = 20000
   ids = tf.constant([[3, 7]] * n)
-  samples = layer(ids, seed=tf.constant([1, 1])).numpy()   # [n, 2, 3]
+  samples = layer(ids, seed=tf.constant([1, 1])).numpy()  # [n, 2, 3]
   for pos, token in enumerate((3, 7)):
-    mean, var = locs[0][token], scales[0][token] ** 2
+    mean, var = locs[0][token], scales[0][token]**2
     assert np.all(np.abs(samples[:, pos].mean(0) - mean) < 5 * np.sqrt(var / n))
     np.testing.assert_allclose(samples[:, pos].var(0), var, rtol=5 * np.sqrt(2.0 / n))
   # Two occurrences of one token are independent draws (per-lookup noise).
@@ -211,8 +213,7 @@ def test_embedding_gradients_and_config():
     out = layer(tf.constant([[1, 2, 2]]), seed=tf.constant([0, 1]))
     loss = tf.reduce_sum(out) + layer.kl_divergence()
   grads = tape.gradient(loss, layer.trainable_variables)
-  assert all(g is not None and np.all(np.isfinite(tf.convert_to_tensor(g).numpy()))
-             for g in grads)
+  assert all(g is not None and np.all(np.isfinite(tf.convert_to_tensor(g).numpy())) for g in grads)
   config = layer.get_config()
   assert GaussianEmbedding.from_config(config).get_config() == config
   for kwargs, name in [(dict(input_dim=0, output_dim=2), "input_dim"),

@@ -20,10 +20,12 @@ def make_batch(n, seed, bytes_keys=False):
   images = rng.integers(0, 256, size=(n, 32, 32, 3), dtype=np.uint8)
   images[0] = 0
   images[0, :, :, 0] = 255  # a pure red image
-  batch = {"batch_label": f"batch {seed}",
-           "labels": [int(v) for v in np.arange(n) % 10],
-           "data": images.transpose(0, 3, 1, 2).reshape(n, 3072),  # R, G, B planes
-           "filenames": [f"img_{i}.png" for i in range(n)]}
+  batch = {
+      "batch_label": f"batch {seed}",
+      "labels": [int(v) for v in np.arange(n) % 10],
+      "data": images.transpose(0, 3, 1, 2).reshape(n, 3072),  # R, G, B planes
+      "filenames": [f"img_{i}.png" for i in range(n)]
+  }
   if bytes_keys:  # as the publisher's Python 2 pickles read with encoding="bytes"
     batch = {k.encode(): v for k, v in batch.items()}
   return batch, images
@@ -66,21 +68,36 @@ def test_every_pickle_protocol_loads(tmp_path, protocol):
 
 def test_federated_by_partitioners(cifar):
   directory, _ = cifar
-  fd = data.load_federated("cifar10", data_dir=directory, partition="homogeneous",
-                           num_clients=5, seed=0)
+  fd = data.load_federated("cifar10",
+                           data_dir=directory,
+                           partition="homogeneous",
+                           num_clients=5,
+                           seed=0)
   assert fd.input_shape == (32, 32, 3) and fd.num_classes == 10
   assert [fd.num_examples(c) for c in fd.client_ids] == [30] * 5
   assert [fd.num_examples(c, "test") for c in fd.client_ids] == [4] * 5
-  fd = data.load_federated("cifar10", data_dir=directory, partition="class_dirichlet",
-                           alpha=0.5, num_clients=3, min_size=5, seed=1)
+  fd = data.load_federated("cifar10",
+                           data_dir=directory,
+                           partition="class_dirichlet",
+                           alpha=0.5,
+                           num_clients=3,
+                           min_size=5,
+                           seed=1)
   assert fd.pooled("train")[1].size == 5 * N_BATCH
   for c in fd.client_ids:
     assert set(fd.test[c][1]) <= set(fd.train[c][1])
-  again = data.load_federated("cifar10", data_dir=directory, partition="class_dirichlet",
-                              alpha=0.5, num_clients=3, min_size=5, seed=1)
+  again = data.load_federated("cifar10",
+                              data_dir=directory,
+                              partition="class_dirichlet",
+                              alpha=0.5,
+                              num_clients=3,
+                              min_size=5,
+                              seed=1)
   for c in fd.client_ids:
     np.testing.assert_array_equal(fd.train[c][0], again.train[c][0])
-  pooled = cifar10.load_cifar10(directory, partition="homogeneous", num_clients=4,
+  pooled = cifar10.load_cifar10(directory,
+                                partition="homogeneous",
+                                num_clients=4,
                                 test_source="pooled")
   # 170 pooled examples over 4 clients: 43, 43, 42, 42 -> 11 test examples each
   assert [pooled.num_examples(c, "test") for c in pooled.client_ids] == [11] * 4
@@ -168,8 +185,10 @@ def test_cifar_loader_refuses_a_tampered_batch(tmp_path):
 
 def test_plain_containers_and_arrays_load(tmp_path):
   path = os.path.join(tmp_path, "ok")
-  obj = {"a": [1, 2.5, "s", b"b", None, True, (3, 4)],
-         "x": np.arange(6, dtype=np.int64).reshape(2, 3)}
+  obj = {
+      "a": [1, 2.5, "s", b"b", None, True, (3, 4)],
+      "x": np.arange(6, dtype=np.int64).reshape(2, 3)
+  }
   with open(path, "wb") as f:
     pickle.dump(obj, f, protocol=2)
   out = safe_pickle.load(path, encoding="latin1")

@@ -15,8 +15,8 @@ from tfbfl.data import femnist
 WRITERS = {
     "f0000_14": ([0, 1, 2, 11, 3], [1, 40]),
     "f0001_40": ([5, 5, 6, 7, 8, 9], [5, 9]),
-    "f0002_11": ([10, 20, 30], [12]),          # letters only
-    "f0003_21": ([0, 9, 61], []),              # absent from the test files
+    "f0002_11": ([10, 20, 30], [12]),  # letters only
+    "f0003_21": ([0, 9, 61], []),  # absent from the test files
     "f0004_07": ([3, 3, 4], [4, 35]),
     "f0005_33": ([1, 2], [2]),
 }
@@ -35,12 +35,17 @@ def write_leaf(directory):
     items = [(w, v[index]) for w, v in WRITERS.items() if v[index]]
     for part in range(2):  # writers spread over two files per split
       chunk = items[part::2]
-      obj = {"users": [w for w, _ in chunk],
-             "num_samples": [len(y) for _, y in chunk],
-             "user_data": {w: {"x": _images(y, i).reshape(len(y), 784).tolist(),
-                               "y": y} for i, (w, y) in enumerate(chunk)}}
-      with open(os.path.join(directory, split, f"all_data_{part}_{split}.json"),
-                "w") as f:
+      obj = {
+          "users": [w for w, _ in chunk],
+          "num_samples": [len(y) for _, y in chunk],
+          "user_data": {
+              w: {
+                  "x": _images(y, i).reshape(len(y), 784).tolist(),
+                  "y": y
+              } for i, (w, y) in enumerate(chunk)
+          }
+      }
+      with open(os.path.join(directory, split, f"all_data_{part}_{split}.json"), "w") as f:
         json.dump(obj, f)
   return str(directory)
 
@@ -80,8 +85,13 @@ def _check_digits(fd):
   assert fd.num_classes == 10 and fd.input_shape == (28, 28)
   assert fd.client_ids == ["f0000_14", "f0001_40", "f0003_21", "f0004_07", "f0005_33"]
   sizes = {c: (fd.num_examples(c), fd.num_examples(c, "test")) for c in fd.client_ids}
-  assert sizes == {"f0000_14": (4, 1), "f0001_40": (6, 2), "f0003_21": (2, 0),
-                   "f0004_07": (3, 1), "f0005_33": (2, 1)}
+  assert sizes == {
+      "f0000_14": (4, 1),
+      "f0001_40": (6, 2),
+      "f0003_21": (2, 0),
+      "f0004_07": (3, 1),
+      "f0005_33": (2, 1)
+  }
   for c in fd.client_ids:
     for split in ("train", "test"):
       x, y = getattr(fd, split)[c]
@@ -126,9 +136,10 @@ def test_writer_sampling_deterministic(leaf_dir):
   a = data.load_federated("femnist", data_dir=leaf_dir, num_clients=3, seed=0)
   b = data.load_federated("femnist", data_dir=leaf_dir, num_clients=3, seed=0)
   assert a.client_ids == b.client_ids and len(a.client_ids) == 3
-  subsets = {tuple(data.load_federated("femnist", data_dir=leaf_dir,
-                                       num_clients=3, seed=s).client_ids)
-             for s in range(6)}
+  subsets = {
+      tuple(data.load_federated("femnist", data_dir=leaf_dir, num_clients=3, seed=s).client_ids)
+      for s in range(6)
+  }
   assert len(subsets) > 1
   with pytest.raises(ValueError, match=r"`num_clients`=6 exceeds the 5 clients"):
     data.load_federated("femnist", data_dir=leaf_dir, num_clients=6)

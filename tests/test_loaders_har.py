@@ -60,8 +60,7 @@ def test_per_subject_clients_and_split(har_dir):
     assert set((x[:, 0] // 1000).astype(int)) == {int(c[-2:])}
   # subject 3's rows come from both publisher splits
   x3 = np.concatenate([fd.train["subject_03"][0], fd.test["subject_03"][0]])
-  assert sorted((x3[:, 0] % 1000).astype(int)) == [9, 10, 11, 12, 13, 14,
-                                                   507, 508, 509, 510]
+  assert sorted((x3[:, 0] % 1000).astype(int)) == [9, 10, 11, 12, 13, 14, 507, 508, 509, 510]
   assert all(y.max() <= 5 for _, y in fd.train.values())
 
 
@@ -71,8 +70,7 @@ def test_subject_sampling_and_seed(har_dir):
   assert a.client_ids == b.client_ids and len(a.client_ids) == 2
   for c in a.client_ids:
     np.testing.assert_array_equal(a.test[c][0], b.test[c][0])
-  splits = {tuple(har.load_har(har_dir, seed=s).test["subject_01"][0][:, 0])
-            for s in range(4)}
+  splits = {tuple(har.load_har(har_dir, seed=s).test["subject_01"][0][:, 0]) for s in range(4)}
   assert len(splits) > 1
   with pytest.raises(ValueError, match=r"`num_clients`=5 exceeds the 4 clients"):
     har.load_har(har_dir, num_clients=5)

@@ -43,8 +43,11 @@ def test_plain_and_gz_read_identically(tmp_path, arrays, mnist_dir):
 
 
 def test_homogeneous_uses_official_test_set(mnist_dir, arrays):
-  fd = data.load_federated("mnist", data_dir=mnist_dir, partition="homogeneous",
-                           num_clients=10, seed=0)
+  fd = data.load_federated("mnist",
+                           data_dir=mnist_dir,
+                           partition="homogeneous",
+                           num_clients=10,
+                           seed=0)
   assert len(fd.client_ids) == 10 and fd.num_classes == 10
   assert fd.input_shape == (28, 28)
   assert all(fd.num_examples(c) == 20 for c in fd.client_ids)
@@ -56,23 +59,34 @@ def test_homogeneous_uses_official_test_set(mnist_dir, arrays):
 
 
 def test_label_skewed_test_follows_train_labels(mnist_dir):
-  fd = data.load_federated("mnist", data_dir=mnist_dir, partition="pathological",
-                           num_clients=5, classes_per_client=2, seed=1)
+  fd = data.load_federated("mnist",
+                           data_dir=mnist_dir,
+                           partition="pathological",
+                           num_clients=5,
+                           classes_per_client=2,
+                           seed=1)
   assert fd.pooled("train")[1].size == N_TRAIN
   assert fd.pooled("test")[1].size == N_TEST  # every class is trained on
   for c in fd.client_ids:
     train_labels, test_labels = set(fd.train[c][1]), set(fd.test[c][1])
     assert test_labels <= train_labels
-  fd = data.load_federated("mnist", data_dir=mnist_dir,
-                           partition="class_dirichlet", alpha=0.3,
-                           num_clients=4, min_size=5, seed=2)
+  fd = data.load_federated("mnist",
+                           data_dir=mnist_dir,
+                           partition="class_dirichlet",
+                           alpha=0.3,
+                           num_clients=4,
+                           min_size=5,
+                           seed=2)
   for c in fd.client_ids:
     assert set(fd.test[c][1]) <= set(fd.train[c][1])
 
 
 def test_pooled_test_source_splits_each_client(mnist_dir):
-  fd = mnist.load_mnist(mnist_dir, partition="homogeneous", num_clients=5,
-                        test_source="pooled", test_fraction=0.25)
+  fd = mnist.load_mnist(mnist_dir,
+                        partition="homogeneous",
+                        num_clients=5,
+                        test_source="pooled",
+                        test_fraction=0.25)
   n = N_TRAIN + N_TEST
   assert fd.pooled("train")[1].size + fd.pooled("test")[1].size == n
   assert all(fd.num_examples(c, "test") == 13 for c in fd.client_ids)  # 12.5 up
@@ -81,8 +95,7 @@ def test_pooled_test_source_splits_each_client(mnist_dir):
 
 
 def test_same_seed_same_data(mnist_dir):
-  kw = dict(data_dir=mnist_dir, partition="label_dirichlet", alpha=0.5,
-            num_clients=4)
+  kw = dict(data_dir=mnist_dir, partition="label_dirichlet", alpha=0.5, num_clients=4)
   a = data.load_federated("mnist", seed=3, **kw)
   b = data.load_federated("mnist", seed=3, **kw)
   c = data.load_federated("mnist", seed=4, **kw)
@@ -142,8 +155,7 @@ def test_checksums_only_when_asked(tmp_path, arrays, monkeypatch):
   mnist.load_mnist_arrays(gz_dir)  # not verified by default
   with pytest.raises(ValueError, match=r"has MD5 .* expected f68b3c2d"):
     mnist.load_mnist_arrays(gz_dir, verify_checksums=True)
-  digests = {n: data._files.md5_of_file(os.path.join(gz_dir, n))
-             for n in mnist.GZ_MD5}
+  digests = {n: data._files.md5_of_file(os.path.join(gz_dir, n)) for n in mnist.GZ_MD5}
   monkeypatch.setattr(mnist, "GZ_MD5", digests)
   mnist.load_mnist_arrays(gz_dir, verify_checksums=True)
   plain_dir = write_mnist(tmp_path / "plain", arrays)

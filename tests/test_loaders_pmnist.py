@@ -23,8 +23,7 @@ def mnist_dir(tmp_path_factory):
   for split, n in (("train", 200), ("t10k", 50)):
     _write_idx(os.path.join(directory, f"{split}-images-idx3-ubyte.gz"),
                rng.integers(0, 256, size=(n, 28, 28)))
-    _write_idx(os.path.join(directory, f"{split}-labels-idx1-ubyte.gz"),
-               np.arange(n) % 10)
+    _write_idx(os.path.join(directory, f"{split}-labels-idx1-ubyte.gz"), np.arange(n) % 10)
   return str(directory)
 
 
@@ -40,7 +39,10 @@ def _permutation(x, base):
 
 
 def test_pmnist_sizes_and_permutations(mnist_dir):
-  fd = data.load_federated("pmnist", data_dir=mnist_dir, num_clients=4, seed=5,
+  fd = data.load_federated("pmnist",
+                           data_dir=mnist_dir,
+                           num_clients=4,
+                           seed=5,
                            partition="class_dirichlet")  # partition ignored
   base = data.load_mnist(mnist_dir, partition="homogeneous", num_clients=4, seed=5)
   assert fd.name == "pmnist" and fd.input_shape == (28, 28)

@@ -13,8 +13,13 @@ TEXT = ("To be, or not to be, that is the question:\nWhether 'tis nobler in "
         "the mind to suffer the slings & arrows of outrageous fortune, or to "
         "take arms against a sea of troubles {and} by opposing end them? ") * 3
 # role -> (train sequences, test sequences); KING has less than one batch.
-ROLES = {"HAMLET_HAMLET": (12, 3), "HAMLET_OPHELIA": (10, 0),
-         "LEAR_KING": (9, 4), "LEAR_FOOL": (25, 6), "MACBETH_WITCH": (14, 2)}
+ROLES = {
+    "HAMLET_HAMLET": (12, 3),
+    "HAMLET_OPHELIA": (10, 0),
+    "LEAR_KING": (9, 4),
+    "LEAR_FOOL": (25, 6),
+    "MACBETH_WITCH": (14, 2)
+}
 
 
 def sequences(n, offset):
@@ -35,8 +40,7 @@ def write_leaf(directory):
       obj["hierarchies"].append(role.split("_")[0])
       obj["num_samples"].append(len(ys))
       obj["user_data"][role] = {"x": xs, "y": ys}
-    with open(os.path.join(directory, split, f"all_data_niid_0_{split}.json"),
-              "w") as f:
+    with open(os.path.join(directory, split, f"all_data_niid_0_{split}.json"), "w") as f:
       json.dump(obj, f)
   return str(directory)
 
@@ -47,9 +51,8 @@ def leaf_dir(tmp_path_factory):
 
 
 def test_vocabulary():
-  assert shakespeare.VOCAB == (
-      "\n\r !\"#$%&'()*,-./0123456789:;?@ABCDEFGHIJKLMNOPQRSTUVWXYZ[]_"
-      "abcdefghijklmnopqrstuvwxyz")
+  assert shakespeare.VOCAB == ("\n\r !\"#$%&'()*,-./0123456789:;?@ABCDEFGHIJKLMNOPQRSTUVWXYZ[]_"
+                               "abcdefghijklmnopqrstuvwxyz")
   assert len(shakespeare.VOCAB) == 86 == len(set(shakespeare.VOCAB))
   assert shakespeare.PAD_ID == 0 and shakespeare.OOV_ID == 87
   assert shakespeare.VOCAB_SIZE == shakespeare.NUM_CLASSES == 88
@@ -90,8 +93,10 @@ def test_role_sampling_and_seed(leaf_dir):
   a = shakespeare.load_shakespeare(leaf_dir, num_clients=2, seed=3)
   b = shakespeare.load_shakespeare(leaf_dir, num_clients=2, seed=3)
   assert a.client_ids == b.client_ids and len(a.client_ids) == 2
-  ids = {tuple(shakespeare.load_shakespeare(leaf_dir, num_clients=2, seed=s).client_ids)
-         for s in range(6)}
+  ids = {
+      tuple(shakespeare.load_shakespeare(leaf_dir, num_clients=2, seed=s).client_ids)
+      for s in range(6)
+  }
   assert len(ids) > 1
   fd = shakespeare.load_shakespeare(leaf_dir, num_clients=None, min_sequences=1)
   assert len(fd.client_ids) == 5
@@ -131,17 +136,14 @@ def test_bad_sequences(tmp_path):
 
 
 def test_int_inputs_in_from_client_arrays():
-  fd = data.from_client_arrays([np.arange(6).reshape(3, 2)], [np.zeros(3, int)],
-                               x_dtype="int32")
+  fd = data.from_client_arrays([np.arange(6).reshape(3, 2)], [np.zeros(3, int)], x_dtype="int32")
   assert fd.train["client_00"][0].dtype == np.int32
   assert fd.subset(["client_00"]).x_dtype == np.int32
   fd = data.from_client_arrays([np.ones((4, 2))], [np.zeros(4, int)])
   assert fd.x_dtype == np.float32 and fd.train["client_00"][0].dtype == np.float32
   with pytest.raises(ValueError, match="must hold integer inputs"):
-    data.from_client_arrays([np.full((3, 2), 0.5)], [np.zeros(3, int)],
-                            x_dtype="int32")
+    data.from_client_arrays([np.full((3, 2), 0.5)], [np.zeros(3, int)], x_dtype="int32")
   with pytest.raises(ValueError, match="int32 range"):
-    data.from_client_arrays([np.full((3, 2), 2**40)], [np.zeros(3, int)],
-                            x_dtype="int32")
+    data.from_client_arrays([np.full((3, 2), 2**40)], [np.zeros(3, int)], x_dtype="int32")
   with pytest.raises(ValueError, match="`x_dtype` must be one of"):
     data.from_client_arrays([np.ones((3, 2))], [np.zeros(3, int)], x_dtype="int8")

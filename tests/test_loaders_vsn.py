@@ -77,8 +77,7 @@ def test_sensor_sampling_and_seed(vsn_dir):
   assert a.client_ids == b.client_ids and len(a.client_ids) == 3
   for c in a.client_ids:
     np.testing.assert_array_equal(a.train[c][0], b.train[c][0])
-  ids = {tuple(vsn.load_vsn(vsn_dir, num_clients=3, seed=s).client_ids)
-         for s in range(6)}
+  ids = {tuple(vsn.load_vsn(vsn_dir, num_clients=3, seed=s).client_ids) for s in range(6)}
   assert len(ids) > 1
 
 

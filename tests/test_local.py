@@ -18,8 +18,13 @@ _E, _B, _LR, _SEED = 2, 16, 0.1, 5
 
 
 def _config(**kw):
-  c = dict(input_dim=64, num_classes=10, hidden_units=(10,), epochs=_E, batch_size=_B,
-           client_lr=_LR, seed=_SEED)
+  c = dict(input_dim=64,
+           num_classes=10,
+           hidden_units=(10,),
+           epochs=_E,
+           batch_size=_B,
+           client_lr=_LR,
+           seed=_SEED)
   c.update(kw)
   return fedavg.ModelConfig(**c)
 
@@ -60,11 +65,13 @@ def test_global_one_client_equals_local(tff_runtime, local_algo, one_client):
   for r in (1, 2):
     seeds = [experiment.client_seed(_SEED, r, 0)]
     g_state, g_clients, g_metrics = glob.next(g_state, g_clients, seeds, [one_client.train[cid]])
-    l_state, l_clients, l_metrics = local_algo.next(l_state, l_clients, seeds, [one_client.train[cid]])
+    l_state, l_clients, l_metrics = local_algo.next(l_state, l_clients, seeds,
+                                                    [one_client.train[cid]])
   for a, b in zip(g_state.model_weights.trainable, l_clients[0].trainable):
     np.testing.assert_allclose(a, b, atol=1e-6)
-  assert float(g_metrics["train"]["train_loss"]) == pytest.approx(
-      float(l_metrics["train"]["train_loss"]), rel=1e-5)
+  assert float(g_metrics["train"]["train_loss"]) == pytest.approx(float(
+      l_metrics["train"]["train_loss"]),
+                                                                  rel=1e-5)
   ev = glob.evaluate(g_state, g_clients, seeds, [one_client.test[cid]])[0]
   assert ev["server_loss"] == ev["mt_loss"] and ev["server_correct"] == ev["mt_correct"]
   assert glob.round_bytes(1, {}) == (0, 0)
@@ -107,8 +114,12 @@ def test_local_s_is_uniform_ensemble_and_mt_own_model(tff_runtime):
 
 
 def test_registered_and_validated(tff_runtime):
-  p = training.resolve_params(dict(algorithm="local", num_clients=3, clients_per_round=3,
-                                   hidden_units=(4,), epochs_per_round=1))
+  p = training.resolve_params(
+      dict(algorithm="local",
+           num_clients=3,
+           clients_per_round=3,
+           hidden_units=(4,),
+           epochs_per_round=1))
   fd = training.load_data(p)
   assert training.build_algorithm(fd, p).name == "local"
   with pytest.raises(ValueError, match="--mu"):

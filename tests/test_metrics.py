@@ -33,15 +33,16 @@ def test_tf_bins_equal_numpy_bins_including_edges():
 def test_ece_closed_forms():
   # Always 100% confident and always right: perfectly calibrated.
   probs = np.eye(4, dtype=np.float32)[[0, 1, 2, 3, 0]]
-  assert metrics.expected_calibration_error(metrics.numpy_calibration_sums(probs, [0, 1, 2, 3, 0])) == 0.0
+  assert metrics.expected_calibration_error(metrics.numpy_calibration_sums(probs,
+                                                                           [0, 1, 2, 3, 0])) == 0.0
   # Always 100% confident and always wrong: ECE 1.
-  assert metrics.expected_calibration_error(
-      metrics.numpy_calibration_sums(probs, [1, 2, 3, 0, 1])) == pytest.approx(1.0)
+  assert metrics.expected_calibration_error(metrics.numpy_calibration_sums(
+      probs, [1, 2, 3, 0, 1])) == pytest.approx(1.0)
   # Confidence 0.7 on every example, 50% right: ECE = |0.5 - 0.7| = 0.2.
   probs = np.tile(np.array([[0.7, 0.3]], np.float32), (10, 1))
   labels = [0] * 5 + [1] * 5
-  assert metrics.expected_calibration_error(
-      metrics.numpy_calibration_sums(probs, labels)) == pytest.approx(0.2)
+  assert metrics.expected_calibration_error(metrics.numpy_calibration_sums(
+      probs, labels)) == pytest.approx(0.2)
   with pytest.raises(ValueError, match="shape"):
     metrics.expected_calibration_error(np.zeros(15))
 
@@ -56,22 +57,30 @@ def test_federated_ece_is_the_pooled_ece():
   per_client = []
   for p, y in clients:
     bins = metrics.numpy_calibration_sums(p, y)
-    per_client.append(dict(server_loss=1.0, server_correct=1.0, mt_loss=1.0, mt_correct=1.0,
-                           num_examples=float(len(y)), server_calibration=bins,
-                           mt_calibration=bins))
-  pooled = metrics.expected_calibration_error(metrics.numpy_calibration_sums(
-      np.concatenate([p for p, _ in clients]), np.concatenate([y for _, y in clients])))
+    per_client.append(
+        dict(server_loss=1.0,
+             server_correct=1.0,
+             mt_loss=1.0,
+             mt_correct=1.0,
+             num_examples=float(len(y)),
+             server_calibration=bins,
+             mt_calibration=bins))
+  pooled = metrics.expected_calibration_error(
+      metrics.numpy_calibration_sums(np.concatenate([p for p, _ in clients]),
+                                     np.concatenate([y for _, y in clients])))
   ev = experiment.aggregate_evaluation(per_client)
   assert ev["server_ece"] == pytest.approx(pooled, rel=1e-12)
   assert ev["mt_ece"] == pytest.approx(pooled, rel=1e-12)
   # The mean of per-client ECEs is a different (wrong) number here.
-  mean_of_clients = np.mean([metrics.expected_calibration_error(
-      metrics.numpy_calibration_sums(p, y)) for p, y in clients])
+  mean_of_clients = np.mean([
+      metrics.expected_calibration_error(metrics.numpy_calibration_sums(p, y)) for p, y in clients
+  ])
   assert abs(mean_of_clients - pooled) > 1e-3
 
 
 def test_strict_json_has_no_nan_or_infinity():
   import json
-  out = json.dumps(experiment.strict_json(dict(a=float("nan"), b=[float("inf"), -np.inf],
-                                               c=np.float32(1.5), d=(1, 2))), allow_nan=False)
+  out = json.dumps(experiment.strict_json(
+      dict(a=float("nan"), b=[float("inf"), -np.inf], c=np.float32(1.5), d=(1, 2))),
+                   allow_nan=False)
   assert json.loads(out) == dict(a="nan", b=["inf", "-inf"], c=1.5, d=[1, 2])

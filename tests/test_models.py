@@ -128,15 +128,17 @@ def test_shared_setters_reject_wrong_structure():
 
 def test_private_weights_round_trip():
   a, b = _net(seed=1), _net(seed=2)
-  assert not all(np.array_equal(x, y) for x, y in
-                 zip(a.get_private_weights(), b.get_private_weights()))
+  assert not all(
+      np.array_equal(x, y) for x, y in zip(a.get_private_weights(), b.get_private_weights()))
   b.set_private_weights(a.get_private_weights())
   for x, y in zip(a.get_private_weights(), b.get_private_weights()):
     np.testing.assert_array_equal(x.numpy(), y.numpy())
   b.set_shared_posterior(a.shared_posterior())
   x, seed = _x(), tf.constant([7, 7])
   np.testing.assert_allclose(b.client_logits(x, seed).numpy(),
-                             a.client_logits(x, seed).numpy(), rtol=1e-5, atol=1e-6)
+                             a.client_logits(x, seed).numpy(),
+                             rtol=1e-5,
+                             atol=1e-6)
   with pytest.raises(ValueError, match="`weights`"):
     b.set_private_weights(a.get_private_weights()[:-1])
   with pytest.raises(ValueError, match=r"`weights\[0\]`"):
@@ -170,8 +172,7 @@ def test_initial_values_match_a_fresh_model_and_are_deterministic():
   for w, f in zip(weights, fresh):
     np.testing.assert_array_equal(w, f.numpy())
   net2 = _net(seed=5, adapter_units=2, gate_init=0.25)
-  weights2 = networks.initial_private_weights(**_DIMS, adapter_units=2, gate_init=0.25,
-                                              seed=5)
+  weights2 = networks.initial_private_weights(**_DIMS, adapter_units=2, gate_init=0.25, seed=5)
   for w, f in zip(weights2, net2.get_private_weights()):
     np.testing.assert_array_equal(w, f.numpy())
 
@@ -184,8 +185,8 @@ def test_forward_and_gradient_in_tf_function():
   def step(x, seed):
     with tf.GradientTape() as tape:
       server, client = net.forward(x, seed=seed)
-      loss = (tf.reduce_mean(server**2) + tf.reduce_mean(client**2)
-              + net.kl_shared() + net.kl_private())
+      loss = (tf.reduce_mean(server**2) + tf.reduce_mean(client**2) + net.kl_shared() +
+              net.kl_private())
     return loss, tape.gradient(loss, variables)
 
   for batch in (3, 4):
@@ -218,8 +219,8 @@ def test_builds_and_trains_in_a_tf1_style_graph():
 def test_deterministic_mlp_has_server_shapes():
   net = _net()
   mlp = networks.build_deterministic_mlp(**_DIMS, seed=1)
-  assert [tuple(w.shape) for w in mlp.weights] == [
-      tuple(v.shape) for v in net.shared_trainable_variables[::2]]
+  assert [tuple(w.shape) for w in mlp.weights
+         ] == [tuple(v.shape) for v in net.shared_trainable_variables[::2]]
   assert mlp(_x()).shape == (7, 3)
   again = networks.build_deterministic_mlp(**_DIMS, seed=1)
   np.testing.assert_array_equal(mlp.weights[0].numpy(), again.weights[0].numpy())

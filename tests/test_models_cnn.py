@@ -14,8 +14,8 @@ from tfbfl import networks  # noqa: E402
 def test_cifar_shapes_and_parameter_count():
   model = networks.build_mcmahan_cnn((32, 32, 3), 10, seed=0)
   shapes = [tuple(v.shape) for v in model.trainable_variables]
-  assert shapes == [(5, 5, 3, 32), (32,), (5, 5, 32, 64), (64,),
-                    (8 * 8 * 64, 512), (512,), (512, 10), (10,)]
+  assert shapes == [(5, 5, 3, 32), (32,), (5, 5, 32, 64), (64,), (8 * 8 * 64, 512), (512,),
+                    (512, 10), (10,)]
   # McMahan et al. report about 1.66M parameters for the 28x28 MNIST variant;
   # for 32x32x3 inputs: 2432 + 51264 + 2097664 + 5130.
   assert model.count_params() == 2432 + 51264 + 2097664 + 5130

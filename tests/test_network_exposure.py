@@ -96,16 +96,20 @@ def exposed_listeners(root_pid, include_root=True):
 
 def _all_listeners(root_pid):
   root = psutil.Process(root_pid)
-  return [(p.pid, str(ip), port) for p in [root] + root.children(recursive=True)
+  return [(p.pid, str(ip), port)
+          for p in [root] + root.children(recursive=True)
           for ip, port in _listeners(p.pid)]
 
 
 def _start_worker(tmp_path, port, *extra):
   out = open(tmp_path / f"worker_{port}.out", "wb")  # pylint: disable=consider-using-with
-  proc = subprocess.Popen(
-      [sys.executable, "-m", "tfbfl.worker", f"--port={port}", f"--log_dir={tmp_path}",
-       "--max_concurrent_computation_calls=1", *extra],
-      stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+  proc = subprocess.Popen([
+      sys.executable, "-m", "tfbfl.worker", f"--port={port}", f"--log_dir={tmp_path}",
+      "--max_concurrent_computation_calls=1", *extra
+  ],
+                          stdin=subprocess.DEVNULL,
+                          stdout=out,
+                          stderr=subprocess.STDOUT)
   out.close()
   deadline = time.time() + 60
   text = ""
@@ -175,7 +179,8 @@ def test_local_run_opens_no_network_port(tff_runtime):
 
 def test_the_check_sees_an_open_worker(tmp_path):
   """The same check flags TFF's stock binary, which serves on every interface."""
-  open_worker = runtime.WorkerProcess(isolation="none", log_dir=str(tmp_path),
+  open_worker = runtime.WorkerProcess(isolation="none",
+                                      log_dir=str(tmp_path),
                                       max_concurrent_computation_calls=1)
   try:
     exposed = exposed_listeners(open_worker.process.pid)
@@ -190,12 +195,13 @@ def test_the_check_sees_an_open_worker(tmp_path):
   assert not isolated.alive() and not open_worker.alive()
   if runtime._loopback_shim() is not None:  # pylint: disable=protected-access
     # The fallback where namespaces are not allowed: the binary binds loopback.
-    shimmed = runtime.WorkerProcess(isolation="loopback", log_dir=str(tmp_path),
+    shimmed = runtime.WorkerProcess(isolation="loopback",
+                                    log_dir=str(tmp_path),
                                     max_concurrent_computation_calls=1)
     try:
       assert exposed_listeners(shimmed.process.pid) == []
-      assert [(str(ip), port) for ip, port in _listeners(shimmed.process.pid)] == [
-          ("127.0.0.1", shimmed.port)]
+      assert [(str(ip), port) for ip, port in _listeners(shimmed.process.pid)] == [("127.0.0.1",
+                                                                                    shimmed.port)]
     finally:
       shimmed.close()
   with pytest.raises(ValueError, match="TFBFL_WORKER_ISOLATION"):
@@ -249,17 +255,17 @@ def _make_pki(directory):
   name = lambda cn: x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
 
   def write(stem, key, cert):
-    (directory / f"{stem}.key").write_bytes(key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption()))
+    (directory / f"{stem}.key").write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                          serialization.NoEncryption()))
     (directory / f"{stem}.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
 
   def issue(cn, issuer_name, issuer_key, key, ca=False, san=None):
-    builder = (x509.CertificateBuilder().subject_name(name(cn)).issuer_name(issuer_name)
-               .public_key(key.public_key()).serial_number(x509.random_serial_number())
-               .not_valid_before(now - datetime.timedelta(minutes=5))
-               .not_valid_after(now + datetime.timedelta(days=1))
-               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+    builder = (x509.CertificateBuilder().subject_name(name(cn)).issuer_name(issuer_name).public_key(
+        key.public_key()).serial_number(
+            x509.random_serial_number()).not_valid_before(now - datetime.timedelta(
+                minutes=5)).not_valid_after(now + datetime.timedelta(days=1)).add_extension(
+                    x509.BasicConstraints(ca=ca, path_length=None), critical=True))
     if san:
       builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
     return builder.sign(issuer_key, hashes.SHA256())
@@ -268,8 +274,14 @@ def _make_pki(directory):
   ca = issue("tfbfl test CA", name("tfbfl test CA"), ca_key, ca_key, ca=True)
   write("ca", ca_key, ca)
   key = ec.generate_private_key(ec.SECP256R1())
-  write("worker", key, issue("localhost", ca.subject, ca_key, key, san=[
-      x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]))
+  write(
+      "worker", key,
+      issue("localhost",
+            ca.subject,
+            ca_key,
+            key,
+            san=[x509.DNSName("localhost"),
+                 x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]))
   key = ec.generate_private_key(ec.SECP256R1())
   write("client", key, issue("controller", ca.subject, ca_key, key))
 
@@ -288,8 +300,11 @@ def test_tls_with_client_certificates(tff_runtime, tmp_path):
     assert "TLS, client certificates required" in text, text
     address = f"localhost:{port}"
     mean = _mean_computation()
-    with runtime.RemoteRuntime([address], tls_ca=pem("ca"), tls_cert=pem("client"),
-                               tls_key=pem("client", "key"), call_timeout_s=60,
+    with runtime.RemoteRuntime([address],
+                               tls_ca=pem("ca"),
+                               tls_cert=pem("client"),
+                               tls_key=pem("client", "key"),
+                               call_timeout_s=60,
                                connect_timeout_s=20):
       assert float(mean([1.0, 2.0, 6.0])) == pytest.approx(3.0)
     # A client with no certificate, and a plaintext client, are refused.
@@ -315,10 +330,12 @@ def test_worker_refuses_bad_tls_flags(tmp_path):
   (tmp_path / "x.pem").write_text("not a certificate")
   for flags_, message in [(["--tls_cert=" + str(tmp_path / "x.pem")], "--tls_key must be given"),
                           (["--tls_client_ca=" + str(tmp_path / "x.pem")], "--tls_client_ca needs"),
-                          ([f"--tls_cert={tmp_path}/x.pem", f"--tls_key={tmp_path}/x.pem"],
-                           "--tls_key: .* is not a PEM file")]:
+                          ([f"--tls_cert={tmp_path}/x.pem",
+                            f"--tls_key={tmp_path}/x.pem"], "--tls_key: .* is not a PEM file")]:
     out = subprocess.run([sys.executable, "-m", "tfbfl.worker", "--port=1", *flags_],
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True,
+                         text=True,
+                         timeout=60)
     assert out.returncode == 1, out
     assert __import__("re").search(message, out.stderr), out.stderr
 
@@ -339,7 +356,8 @@ def test_hung_worker_fails_within_one_call_timeout(tff_runtime, tmp_path):
     return a, b, tff.federated_mean(values)
 
   try:
-    with runtime.RemoteRuntime([f"localhost:{port}"], call_timeout_s=timeout_s,
+    with runtime.RemoteRuntime([f"localhost:{port}"],
+                               call_timeout_s=timeout_s,
                                connect_timeout_s=20):
       assert [float(v) for v in mean(0.0, 1.0, [1.0, 2.0, 6.0])] == [0.0, 1.0, 3.0]
       tree = [psutil.Process(proc.pid)] + psutil.Process(proc.pid).children(recursive=True)

@@ -41,7 +41,7 @@ def test_uniform_and_weighted_ensembles_follow_the_definitions():
   np.testing.assert_allclose(u[0], [0.3, 0.25, 0.45])
   counts = [np.array([10, 0, 0]), np.array([0, 5, 5])]
   w = baselines.ensemble_proba([n0, n1], x, counts)
-  np.testing.assert_allclose(w[0], [0.5, 0.2, 0.7])   # 1/n_k sum_j n_jk p_jk
+  np.testing.assert_allclose(w[0], [0.5, 0.2, 0.7])  # 1/n_k sum_j n_jk p_jk
   # A class seen by nobody falls back to uniform weights.
   w2 = baselines.ensemble_proba([n0, n1], x, [np.array([1, 0, 0]), np.array([1, 1, 0])])
   np.testing.assert_allclose(w2[0], [0.3, 0.2, 0.45])
@@ -94,7 +94,7 @@ def test_baselines_give_sensible_numbers_on_homogeneous_digits(homogeneous):
   u_ens = baselines.ensemble_accuracy(nets, x, y)
   w_ens = baselines.ensemble_accuracy(nets, x, y, counts)
   assert u_ens >= local.mean()
-  assert abs(w_ens - u_ens) < 0.03          # balanced classes: weights ~ uniform
+  assert abs(w_ens - u_ens) < 0.03  # balanced classes: weights ~ uniform
   n = [r.num_examples for r in indep]
   fedavg_shared = pfnm.accuracy(baselines.average_networks([r.weights for r in shared], n), x, y)
   fedavg_indep = pfnm.accuracy(baselines.average_networks(nets, n), x, y)
@@ -114,7 +114,10 @@ def test_downpour_sgd(homogeneous):
   x, y = fd.pooled("test")
   one_epoch = pfnm.LocalTrainer(dataclasses.replace(cfg, epochs=1))
   seen = []
-  glob = baselines.downpour_sgd(one_epoch, client_data, comm_rounds=5, seed=0,
+  glob = baselines.downpour_sgd(one_epoch,
+                                client_data,
+                                comm_rounds=5,
+                                seed=0,
                                 callback=lambda r, w: seen.append((r, pfnm.accuracy(w, x, y))))
   assert [r for r, _ in seen] == [1, 2, 3, 4, 5]
   assert seen[0][1] < seen[-1][1]
@@ -122,8 +125,10 @@ def test_downpour_sgd(homogeneous):
   local = baselines.local_accuracies([r.weights for r in indep], x, y)
   assert pfnm.accuracy(glob, x, y) > local.mean() - 0.03
   again = baselines.downpour_sgd(one_epoch, client_data, comm_rounds=1, seed=0)
-  np.testing.assert_allclose(again[0][0], baselines.downpour_sgd(
-      one_epoch, client_data, comm_rounds=1, seed=0)[0][0], atol=1e-6)
+  np.testing.assert_allclose(again[0][0],
+                             baselines.downpour_sgd(one_epoch, client_data, comm_rounds=1,
+                                                    seed=0)[0][0],
+                             atol=1e-6)
   with pytest.raises(ValueError, match="comm_rounds"):
     baselines.downpour_sgd(one_epoch, client_data, comm_rounds=0, seed=0)
   with pytest.raises(ValueError, match="server_lr"):

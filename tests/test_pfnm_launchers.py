@@ -16,8 +16,10 @@ LAUNCHERS = {
     "pfnm_batches": ["--J=2", "--hidden_units=16", "--comm_rounds=1", "--kd_hidden=16"],
     "pfnm_depth": ["--C=2", "--J=2", "--width=8", "--comm_rounds=1", "--kd_hidden=8"],
     "pfnm_streaming": ["--J=2", "--steps=2", "--hidden_units=8"],
-    "pfnm_sensitivity": ["--J=2", "--hidden_units=8", "--sigma0_sq_grid=10", "--gamma0_grid=1",
-                         "--sigma_sq_grid=0.1,1"],
+    "pfnm_sensitivity": [
+        "--J=2", "--hidden_units=8", "--sigma0_sq_grid=10", "--gamma0_grid=1",
+        "--sigma_sq_grid=0.1,1"
+    ],
 }
 FIGURES = {
     "pfnm_batches": ["fig2_constrained.png", "fig3_extra_resources.png"],
@@ -47,7 +49,7 @@ def test_launcher_writes_its_outputs(runs, name):
   for f in FIGURES[name]:
     with open(os.path.join(out, f), "rb") as fh:
       assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
-  assert not [f for f in os.listdir(out) if f.startswith(".tmp-")]   # atomic writes
+  assert not [f for f in os.listdir(out) if f.startswith(".tmp-")]  # atomic writes
   rows = _read_csv(os.path.join(out, "results.csv"))
   assert "trial 1/1" in log
   if name == "pfnm_sensitivity":

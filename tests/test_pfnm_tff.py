@@ -15,7 +15,10 @@ J = 4
 
 @pytest.fixture(scope="module")
 def fd():
-  return data.load_federated("digits", partition="class_dirichlet", num_clients=J, alpha=0.5,
+  return data.load_federated("digits",
+                             partition="class_dirichlet",
+                             num_clients=J,
+                             alpha=0.5,
                              seed=3)
 
 
@@ -54,7 +57,7 @@ def test_training_reduces_each_clients_loss(trainers, client_data):
     l1 = pfnm.cross_entropy(after.weights, x, y)
     np.testing.assert_allclose([before.final_loss, after.initial_loss], [l0, l0], rtol=1e-4)
     np.testing.assert_allclose(after.final_loss, l1, rtol=1e-3, atol=1e-5)
-    assert l0 > 2.0                  # ~log(10) at the small initialisation
+    assert l0 > 2.0  # ~log(10) at the small initialisation
     assert l1 < 0.5 * l0
     assert pfnm.accuracy(after.weights, x, y) > 0.7
     np.testing.assert_array_equal(after.class_counts, np.bincount(y, minlength=10))
@@ -126,7 +129,10 @@ def test_pfnm_beats_oneshot_fedavg_with_independent_init(tff_runtime):
   hp = MatchingHyperparams(sigma_sq=0.1, softmax_precision="class_frequency", max_sweeps=5)
   accs = []
   for trial in range(3):
-    fd10 = data.load_federated("digits", partition="class_dirichlet", num_clients=10, alpha=0.2,
+    fd10 = data.load_federated("digits",
+                               partition="class_dirichlet",
+                               num_clients=10,
+                               alpha=0.2,
                                seed=100 + trial)
     out = trainer.train([fd10.train[c] for c in fd10.client_ids], seed=trial)
     nets, counts = [r.weights for r in out], [r.class_counts for r in out]
@@ -135,7 +141,7 @@ def test_pfnm_beats_oneshot_fedavg_with_independent_init(tff_runtime):
     avg = baselines.average_networks(nets, [r.num_examples for r in out])
     accs.append((pfnm.accuracy(glob, x, y), pfnm.accuracy(avg, x, y)))
     size = pfnm.model_size(glob)
-    assert 100 <= size["neurons"] <= 1000        # compressed below stacking 10 x 100
+    assert 100 <= size["neurons"] <= 1000  # compressed below stacking 10 x 100
   pfnm_acc, fedavg_acc = np.mean(accs, axis=0)
   assert pfnm_acc > fedavg_acc + 0.25, accs
   assert pfnm_acc > 0.6, accs

@@ -28,10 +28,13 @@ from tfbfl import state_io
 # ----------------------------------------------------------------- helpers
 def _start_worker(port, log_dir):
   out = open(os.path.join(log_dir, f"cli_{port}.out"), "wb")  # pylint: disable=consider-using-with
-  proc = subprocess.Popen(
-      [sys.executable, "-m", "tfbfl.worker", f"--port={port}", f"--log_dir={log_dir}",
-       "--max_concurrent_computation_calls=1"],
-      stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+  proc = subprocess.Popen([
+      sys.executable, "-m", "tfbfl.worker", f"--port={port}", f"--log_dir={log_dir}",
+      "--max_concurrent_computation_calls=1"
+  ],
+                          stdin=subprocess.DEVNULL,
+                          stdout=out,
+                          stderr=subprocess.STDOUT)
   out.close()
   return proc
 
@@ -46,8 +49,10 @@ def _binary_pids(proc):
 def _wait_gone(pids, timeout_s=10.0):
   deadline = time.time() + timeout_s
   while time.time() < deadline:
-    alive = [p for p in pids if psutil.pid_exists(p)
-             and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    alive = [
+        p for p in pids
+        if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+    ]
     if not alive:
       return True
     time.sleep(0.1)
@@ -78,8 +83,14 @@ def _tiny_virtual():
   the runs keep their states in their own runners)."""
   from tfbfl.algorithms import virtual  # pylint: disable=g-import-not-at-top
 
-  cfg = virtual.VirtualConfig(input_dim=64, num_classes=10, num_clients=4, hidden_units=(8,),
-                              epochs=1, server_lr=0.25, kl_weight=1e-4, jit_compile=False)
+  cfg = virtual.VirtualConfig(input_dim=64,
+                              num_classes=10,
+                              num_clients=4,
+                              hidden_units=(8,),
+                              epochs=1,
+                              server_lr=0.25,
+                              kl_weight=1e-4,
+                              jit_compile=False)
   return virtual.VirtualAlgorithm(cfg)
 
 
@@ -170,10 +181,12 @@ class _SlowHandler(grpc.GenericRpcHandler):
   """Accepts every RPC and answers only after 5 s: a hung worker."""
 
   def service(self, handler_call_details):
+
     def slow(request, context):
       del request
       time.sleep(5)
       context.abort(grpc.StatusCode.INTERNAL, "too late")
+
     return grpc.unary_unary_rpc_method_handler(slow)
 
 
@@ -187,7 +200,8 @@ def test_call_deadline_names_the_worker():
     stub = runtime.DeadlineGrpcStub(f"localhost:{port}", call_timeout_s=0.5)
     assert stub.wait_ready(10)
     t0 = time.time()
-    with pytest.raises(runtime.WorkerError, match=rf"localhost:{port} did not answer within "
+    with pytest.raises(runtime.WorkerError,
+                       match=rf"localhost:{port} did not answer within "
                        r"call_timeout_s=0.5 s.*GetExecutor") as info:
       stub.get_executor(executor_pb2.GetExecutorRequest())
     assert time.time() - t0 < 4
@@ -224,16 +238,22 @@ def test_worker_refuses_a_taken_port(tmp_path):
   with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
     s.bind(("127.0.0.1", port))
     s.listen(1)
-    out = subprocess.run([sys.executable, "-m", "tfbfl.worker", f"--port={port}",
-                          f"--log_dir={tmp_path}"], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "tfbfl.worker", f"--port={port}", f"--log_dir={tmp_path}"],
+        capture_output=True,
+        text=True,
+        timeout=60)
   assert out.returncode == 1
   assert f"port {port} is already in use" in out.stderr
 
 
 # ------------------------------------------------------------ client stores
 def _state(i):
-  return {"factor": np.full((3, 2), i, np.float32), "private": [np.arange(i + 1.0)],
-          "client_index": np.int32(i)}
+  return {
+      "factor": np.full((3, 2), i, np.float32),
+      "private": [np.arange(i + 1.0)],
+      "client_index": np.int32(i)
+  }
 
 
 @pytest.mark.parametrize("kind", ["memory", "disk"])
@@ -295,10 +315,10 @@ def test_disk_store_snapshot_and_restore(tmp_path):
   snap = tmp_path / name
   # Hard links: no copy of unchanged states.
   assert os.stat(snap / "client_0.npz").st_ino == os.stat(store.path(0)).st_ino
-  store[0], store[2] = _state(9), _state(2)   # later rounds
+  store[0], store[2] = _state(9), _state(2)  # later rounds
   assert store[0]["factor"][0, 0] == 9
-  np.testing.assert_array_equal(state_io.load(str(snap / "client_0.npz"))[0]["factor"],
-                                np.zeros((3, 2), np.float32))
+  np.testing.assert_array_equal(
+      state_io.load(str(snap / "client_0.npz"))[0]["factor"], np.zeros((3, 2), np.float32))
   name8 = client_store.save_snapshot(store, str(tmp_path), round_num=8)
   client_store.prune_snapshots(str(tmp_path), keep=name8)
   assert not snap.exists() and (tmp_path / name8).exists()
@@ -328,8 +348,14 @@ def test_disk_store_resume_matches_uninterrupted_run(tff_runtime, tmp_path):
   data = load_federated("digits", num_clients=4, seed=0)
 
   def run(out, rounds, **kw):
-    config = experiment.RunConfig(rounds=rounds, clients_per_round=2, seed=5, verbose=False,
-                                  eval_every=10, output_dir=str(out), client_store="disk", **kw)
+    config = experiment.RunConfig(rounds=rounds,
+                                  clients_per_round=2,
+                                  seed=5,
+                                  verbose=False,
+                                  eval_every=10,
+                                  output_dir=str(out),
+                                  client_store="disk",
+                                  **kw)
     return experiment.ExperimentRunner(_tiny_virtual(), data, config).run()
 
   snapshots = lambda out: sorted(p for p in os.listdir(out) if p.startswith("client_states_r"))

@@ -20,8 +20,14 @@ _ROUNDS = 2
 
 
 def _params(algorithm, **kw):
-  p = dict(algorithm=algorithm, num_clients=4, clients_per_round=4, epochs_per_round=2,
-           hidden_units=(8,), rounds=_ROUNDS, client_lr=0.2, verbose=False)
+  p = dict(algorithm=algorithm,
+           num_clients=4,
+           clients_per_round=4,
+           epochs_per_round=2,
+           hidden_units=(8,),
+           rounds=_ROUNDS,
+           client_lr=0.2,
+           verbose=False)
   if algorithm == "virtual":
     p.update(client_lr=0.1, server_lr=0.5)
   p.update(kw)
@@ -37,16 +43,21 @@ def _scaled(fd, client, scale):
   """`fd` with client `client`'s training features multiplied by `scale` (finite)."""
   ids = fd.client_ids
   return data_lib.from_client_arrays(
-      {c: fd.train[c][0] * (scale if i == client else 1.0) for i, c in enumerate(ids)},
-      {c: fd.train[c][1] for c in ids}, {c: fd.test[c][0] for c in ids},
-      {c: fd.test[c][1] for c in ids}, num_classes=fd.num_classes)
+      {
+          c: fd.train[c][0] * (scale if i == client else 1.0) for i, c in enumerate(ids)
+      }, {c: fd.train[c][1] for c in ids}, {c: fd.test[c][0] for c in ids},
+      {c: fd.test[c][1] for c in ids},
+      num_classes=fd.num_classes)
 
 
 def _run(p, fd, **run_kw):
   algo = training.build_algorithm(fd, p)
   runner = experiment.ExperimentRunner(
-      algo, fd, experiment.RunConfig(rounds=p["rounds"], clients_per_round=p["clients_per_round"],
-                                     verbose=run_kw.pop("verbose", False), **run_kw))
+      algo, fd,
+      experiment.RunConfig(rounds=p["rounds"],
+                           clients_per_round=p["clients_per_round"],
+                           verbose=run_kw.pop("verbose", False),
+                           **run_kw))
   runner.run()
   return algo, runner
 
@@ -64,10 +75,10 @@ def _assert_same(a, b):
 
 # ------------------------------------------------------------------ the rule
 def test_rule_drops_non_finite_and_outlying_updates_only():
-  ref = [tf.fill([10], 3.0)]                                  # ||ref|| = sqrt(90) ~ 9.49
+  ref = [tf.fill([10], 3.0)]  # ||ref|| = sqrt(90) ~ 9.49
   ok, ratio = robust.check_update([tf.fill([10], 1.0)], ref, 100.0)
   assert bool(ok) and np.isclose(float(ratio), np.sqrt(10) / np.sqrt(90))
-  ok, ratio = robust.check_update([tf.fill([10], 300.0)], ref, 100.0)   # ratio 100: kept
+  ok, ratio = robust.check_update([tf.fill([10], 300.0)], ref, 100.0)  # ratio 100: kept
   assert bool(ok) and np.isclose(float(ratio), 100.0)
   ok, _ = robust.check_update([tf.fill([10], 301.0)], ref, 100.0)
   assert not bool(ok)
@@ -105,11 +116,12 @@ def test_client_with_huge_features_is_dropped(tff_runtime, digits, algorithm):
   assert [row["clients_dropped"] for row in runner.rows] == [1.0] * _ROUNDS
   assert not experiment.non_finite_leaves(runner.state["server_state"])
   assert all(np.isfinite(row["train_loss"]) for row in runner.rows)
-  assert runner.rows[-1]["server_accuracy"] > 0.3      # chance is 0.1
+  assert runner.rows[-1]["server_accuracy"] > 0.3  # chance is 0.1
   # Dropped in every round: its stored state is still its initial one.
   _assert_same(runner.state["clients"][0], algo.initial_client_state(0))
-  assert not np.array_equal(_leaves(runner.state["clients"][1])[0],
-                            _leaves(algo.initial_client_state(1))[0])
+  assert not np.array_equal(
+      _leaves(runner.state["clients"][1])[0],
+      _leaves(algo.initial_client_state(1))[0])
 
 
 def test_outlier_rule_drops_a_finite_update(tff_runtime, digits):
@@ -134,7 +146,7 @@ def test_huge_client_lr_drops_every_client_or_stops(tff_runtime, digits, algorit
   algo = training.build_algorithm(digits, p)
   try:
     _, runner = _run(p, digits, verbose=True)
-  except experiment.NonFiniteServerStateError as e:   # the other allowed outcome
+  except experiment.NonFiniteServerStateError as e:  # the other allowed outcome
     assert "round 1" in str(e) and algorithm in str(e) and "--client_lr" in str(e)
     return
   assert runner.rows[0]["clients_dropped"] == 4.0
@@ -168,8 +180,13 @@ def test_non_finite_server_state_stops_before_writing(tff_runtime, digits, tmp_p
   p = _params("fedavg", rounds=3, epochs_per_round=1)
   algo = _PoisonRound2(training.build_algorithm(digits, p))
   out = str(tmp_path / "run")
-  runner = experiment.ExperimentRunner(algo, digits, experiment.RunConfig(
-      rounds=3, clients_per_round=4, output_dir=out, checkpoint_every=1, verbose=False))
+  runner = experiment.ExperimentRunner(
+      algo, digits,
+      experiment.RunConfig(rounds=3,
+                           clients_per_round=4,
+                           output_dir=out,
+                           checkpoint_every=1,
+                           verbose=False))
   with pytest.raises(experiment.NonFiniteServerStateError,
                      match=r"\[fedavg\] round 2: .*non-finite.*--client_lr") as e:
     runner.run()

@@ -42,9 +42,14 @@ class _Counter:
     return dict(w=server["w"] + step), new, dict(train_loss=float(step))
 
   def evaluate(self, server, states, seeds, test):
-    return [dict(server_loss=float(server["w"][0]), server_correct=1.0, mt_loss=float(s["n"]),
-                 mt_correct=float(len(y) // 2), num_examples=float(len(y)),
-                 client_index=s["client_index"]) for s, (_, y) in zip(states, test)]
+    return [
+        dict(server_loss=float(server["w"][0]),
+             server_correct=1.0,
+             mt_loss=float(s["n"]),
+             mt_correct=float(len(y) // 2),
+             num_examples=float(len(y)),
+             client_index=s["client_index"]) for s, (_, y) in zip(states, test)
+    ]
 
 
 def _data(shift=0.0):
@@ -57,7 +62,9 @@ def _data(shift=0.0):
 def _run(out, data=None, **kw):
   cfg = dict(rounds=3, clients_per_round=2, seed=1, verbose=False, output_dir=str(out))
   cfg.update(kw)
-  runner = experiment.ExperimentRunner(_Counter(), data or _data(), experiment.RunConfig(**cfg),
+  runner = experiment.ExperimentRunner(_Counter(),
+                                       data or _data(),
+                                       experiment.RunConfig(**cfg),
                                        flags=dict(algorithm="counter", seed=1))
   try:
     return runner.run()
@@ -92,14 +99,22 @@ def test_lock_of_another_process(tmp_path):
       print("locked", flush=True)
       sys.stdin.read()  # until the test closes stdin (or dies)
       """)
-  holder = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env=ENV,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+  holder = subprocess.Popen([sys.executable, "-c", script],
+                            cwd=ROOT,
+                            env=ENV,
+                            stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE,
+                            text=True)
   try:
     assert holder.stdout.readline().strip() == "locked"
     t0 = time.time()
-    out = subprocess.run([sys.executable, "-m", "launchers.train", f"--output_dir={tmp_path}",
-                          "--rounds=1"], cwd=ROOT, env=ENV, capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "launchers.train", f"--output_dir={tmp_path}", "--rounds=1"],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=120)
     assert out.returncode == 1, out.stderr[-2000:]
     lines = [l for l in out.stderr.splitlines() if "in use" in l]
     assert len(lines) == 1 and lines[0].startswith("FATAL train: --output_dir="), out.stderr[-2000:]
@@ -120,7 +135,8 @@ def test_old_run_refused_unless_resume_or_overwrite(tmp_path):
   _run(tmp_path, checkpoint_every=1)
   (tmp_path / "notes.txt").write_text("mine")
   (tmp_path / "tb" / "old_events").write_text("x")
-  with pytest.raises(ValueError, match=r"already holds another run \(.*metrics\.csv.*--resume.*--overwrite"):
+  with pytest.raises(ValueError,
+                     match=r"already holds another run \(.*metrics\.csv.*--resume.*--overwrite"):
     _run(tmp_path)
   with pytest.raises(ValueError, match="already holds another run"):
     training.run_training(dict(output_dir=str(tmp_path), rounds=1))  # refused before TFF starts
@@ -143,11 +159,15 @@ def test_resume_refuses_changed_data(tmp_path):
   with pytest.raises(ValueError, match="the data changed since checkpoint"):
     _run(tmp_path, data=_data(shift=1e-3), resume=True)
   with pytest.raises(ValueError, match="other flags"):
-    runner = experiment.ExperimentRunner(
-        _Counter(), _data(), experiment.RunConfig(rounds=3, clients_per_round=2, seed=1,
-                                                  output_dir=str(tmp_path), resume=True,
-                                                  verbose=False),
-        flags=dict(algorithm="counter", seed=2))
+    runner = experiment.ExperimentRunner(_Counter(),
+                                         _data(),
+                                         experiment.RunConfig(rounds=3,
+                                                              clients_per_round=2,
+                                                              seed=1,
+                                                              output_dir=str(tmp_path),
+                                                              resume=True,
+                                                              verbose=False),
+                                         flags=dict(algorithm="counter", seed=2))
     runner.run()
   runner.close()
   _run(tmp_path, resume=True)  # the same data: fine
@@ -174,8 +194,8 @@ def test_output_dir_errors_before_tff_starts(tmp_path, monkeypatch):
 
   monkeypatch.setattr(runtime, "set_local_runtime", never)
   (tmp_path / "file").write_text("x")
-  for out, match in ((tmp_path / "file", "is a regular file"),
-                     (tmp_path / "file" / "sub", "lies under the regular file"),
+  for out, match in ((tmp_path / "file", "is a regular file"), (tmp_path / "file" / "sub",
+                                                                "lies under the regular file"),
                      ("/proc/tfbfl_x/y", "cannot be created")):
     with pytest.raises(ValueError, match=f"--output_dir=.*{match}"):
       training.run_training(dict(output_dir=str(out), rounds=1))
@@ -184,6 +204,7 @@ def test_output_dir_errors_before_tff_starts(tmp_path, monkeypatch):
 
 
 class _Payload:
+
   def __init__(self, marker):
     self.marker = str(marker)
 
@@ -202,8 +223,11 @@ def test_crafted_checkpoints_through_the_launcher(tmp_path):
     with open(out / name, "wb") as f:
       pickle.dump(dict(round=1, flags={}, x=_Payload(marker)), f)
     procs[name] = subprocess.Popen(
-        [sys.executable, "-m", "launchers.train", f"--output_dir={out}", "--resume",
-         "--rounds=2"], cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        [sys.executable, "-m", "launchers.train", f"--output_dir={out}", "--resume", "--rounds=2"],
+        cwd=ROOT,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True)
   for name, proc in procs.items():
     try:
@@ -220,14 +244,20 @@ def test_crafted_checkpoints_through_the_launcher(tmp_path):
 
 # ------------------------------------------------------------ kill -9 / resume
 def _train_args(out):
-  return [sys.executable, "-m", "launchers.train", "--algorithm=fedavg", "--rounds=8",
-          "--checkpoint_every=1", "--epochs_per_round=1", "--num_clients=4",
-          "--clients_per_round=2", "--hidden_units=16", f"--output_dir={out}"]
+  return [
+      sys.executable, "-m", "launchers.train", "--algorithm=fedavg", "--rounds=8",
+      "--checkpoint_every=1", "--epochs_per_round=1", "--num_clients=4", "--clients_per_round=2",
+      "--hidden_units=16", f"--output_dir={out}"
+  ]
 
 
 def _train(out, *extra):
-  return subprocess.Popen([*_train_args(out), *extra], cwd=ROOT, env=ENV,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+  return subprocess.Popen([*_train_args(out), *extra],
+                          cwd=ROOT,
+                          env=ENV,
+                          stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT,
+                          text=True,
                           start_new_session=True)
 
 
@@ -261,8 +291,12 @@ def test_kill_9_then_resume_reproduces_metrics_bit_for_bit(tmp_path):
     log, _ = full.communicate(timeout=300)
     assert full.returncode == 0, log[-3000:]
     # Without --resume the interrupted directory is refused; with it, the run finishes.
-    refused = subprocess.run(_train_args(cut_dir), cwd=ROOT, env=ENV, capture_output=True,
-                             text=True, timeout=120)
+    refused = subprocess.run(_train_args(cut_dir),
+                             cwd=ROOT,
+                             env=ENV,
+                             capture_output=True,
+                             text=True,
+                             timeout=120)
     assert refused.returncode == 1 and "--resume" in refused.stderr
     resumed = _train(cut_dir, "--resume")
     log, _ = resumed.communicate(timeout=300)

@@ -55,9 +55,11 @@ def test_pipeline_ends_promptly_with_no_orphan(tmp_path):
   t0 = time.time()
   # The failure mode being guarded against: an orphaned worker holding the pipe
   # open makes `python run.py | cat` wait forever.
-  out = subprocess.run(
-      f"{sys.executable} {script} {tmp_path} | cat", shell=True, capture_output=True,
-      text=True, timeout=120)
+  out = subprocess.run(f"{sys.executable} {script} {tmp_path} | cat",
+                       shell=True,
+                       capture_output=True,
+                       text=True,
+                       timeout=120)
   elapsed = time.time() - t0
   assert "RESULT 3.0" in out.stdout, out.stdout + out.stderr
   worker_pid = int(out.stdout.split("WORKER_PID")[1].split()[0])
@@ -71,8 +73,8 @@ def test_pipeline_ends_promptly_with_no_orphan(tmp_path):
 def test_worker_dies_when_parent_is_killed(tmp_path):
   script = tmp_path / "run.py"
   script.write_text(_SCRIPT)
-  proc = subprocess.Popen([sys.executable, str(script), str(tmp_path), "sleep"],
-                          stdout=subprocess.PIPE, text=True)
+  proc = subprocess.Popen(
+      [sys.executable, str(script), str(tmp_path), "sleep"], stdout=subprocess.PIPE, text=True)
   try:
     worker_pid = None
     deadline = time.time() + 120
@@ -97,6 +99,7 @@ def test_dead_worker_gives_clear_error(tmp_path):
 
   rt = runtime.LocalRuntime(log_dir=str(tmp_path)).start()
   try:
+
     @tff.federated_computation(tff.FederatedType(np.float32, tff.CLIENTS))
     def total(v):
       return tff.federated_sum(v)
@@ -130,8 +133,10 @@ def test_federated_mean_through_session_runtime(tff_runtime):
 def test_crashed_binary_inside_its_namespace_is_reported(tmp_path):
   worker = runtime.WorkerProcess(log_dir=str(tmp_path), max_concurrent_computation_calls=1)
   try:
-    binaries = [c for c in psutil.Process(worker.process.pid).children(recursive=True)
-                if "worker_binary" in " ".join(c.cmdline())] or [psutil.Process(worker.process.pid)]
+    binaries = [
+        c for c in psutil.Process(worker.process.pid).children(recursive=True)
+        if "worker_binary" in " ".join(c.cmdline())
+    ] or [psutil.Process(worker.process.pid)]
     binaries[0].kill()
     deadline = time.time() + 10
     while worker.alive() and time.time() < deadline:

@@ -22,7 +22,7 @@ from tfbfl import aggregators
 from tfbfl import gaussian
 from tfbfl.aggregators import GaussianProductFactory
 
-_U32 = 2.0**-24   # float32 unit roundoff
+_U32 = 2.0**-24  # float32 unit roundoff
 _LEVELS = 2**32 - 1
 
 
@@ -38,7 +38,7 @@ def _client_factors(num_clients, shapes, seed):
   factors = []
   for _ in range(num_clients):
     mus = [rng.normal(0.0, 2.0, s).astype(np.float32) for s in shapes]
-    precs = [(1.0 / rng.uniform(0.3, 1.5, s) ** 2).astype(np.float32) for s in shapes]
+    precs = [(1.0 / rng.uniform(0.3, 1.5, s)**2).astype(np.float32) for s in shapes]
     factors.append(gaussian.NaturalGaussian([m * p for m, p in zip(mus, precs)], precs))
   return factors
 
@@ -54,7 +54,7 @@ def _flat_natural(g):
 def _tff_quantised_sum(columns, bound):
   """numpy model of TFF's float secure sum (`primitives.secure_quantized_sum`
   with bounds [-B, B]): float64 scale, round-half-to-even, int64 sum, float32 out."""
-  x = np.asarray(columns, np.float64)                       # [clients, coords]
+  x = np.asarray(columns, np.float64)  # [clients, coords]
   scale = np.float64(_LEVELS) / np.float64(2 * bound)
   offset = np.round(np.float64(-bound) * scale)
   q = np.clip(np.round(np.clip(x, -bound, bound) * scale) - offset, 0, _LEVELS).astype(np.int64)
@@ -87,8 +87,9 @@ def test_sum_factory_flag_values_and_errors():
   assert isinstance(aggregators.sum_factory("secure_sum"), tff.aggregators.SecureSumFactory)
   # Composes with the Gaussian product (unweighted: VIRTUAL; weighted: FOLA).
   GaussianProductFactory(value_sum_factory=secure).create(_natural_type([(2,)]))
-  GaussianProductFactory(weighted=True, value_sum_factory=secure).create(
-      _natural_type([(2,)]), tff.TensorType(np.float32))
+  GaussianProductFactory(weighted=True,
+                         value_sum_factory=secure).create(_natural_type([(2,)]),
+                                                          tff.TensorType(np.float32))
 
   with pytest.raises(ValueError, match="--aggregator must be one of .*'secure'"):
     aggregators.sum_factory("secure")
@@ -108,7 +109,8 @@ def test_secure_sum_error_bound_formula():
   assert aggregators.SECURE_SUM_BITS == 32
   assert aggregators.secure_sum_step(1.0) == 2.0 / _LEVELS
   assert aggregators.secure_sum_step(2.0**20) == 2.0**21 / _LEVELS
-  assert aggregators.secure_sum_error_bound(2.0**16, 10) == pytest.approx(10 * 2.0**16 / _LEVELS, rel=1e-15)
+  assert aggregators.secure_sum_error_bound(2.0**16, 10) == pytest.approx(10 * 2.0**16 / _LEVELS,
+                                                                          rel=1e-15)
   assert aggregators.secure_sum_error_bound(4.0, 0) == 0.0
   bound = aggregators.DEFAULT_SECURE_SUM_BOUND
   assert float(np.float32(bound)) == bound
@@ -121,7 +123,8 @@ def test_secure_sum_error_bound_formula():
     x = rng.uniform(-bound, bound, (n, 1000))
     exact = x.sum(0)
     err = np.abs(_tff_quantised_sum(x, bound).astype(np.float64) - exact)
-    assert np.all(err <= aggregators.secure_sum_error_bound(bound, n) + _U32 * np.abs(exact) + 1e-12)
+    assert np.all(err <= aggregators.secure_sum_error_bound(bound, n) + _U32 * np.abs(exact) +
+                  1e-12)
 
 
 def test_lower_secure_intrinsics_only_touches_secure_computations():
@@ -134,7 +137,7 @@ def test_lower_secure_intrinsics_only_touches_secure_computations():
   assert aggregators.lower_secure_intrinsics(plain) is plain
   lowered = aggregators.lower_secure_intrinsics(secure)
   assert not aggregators.contains_secure_intrinsics(lowered)
-  assert lowered.type_signature == secure.type_signature   # Python containers kept
+  assert lowered.type_signature == secure.type_signature  # Python containers kept
 
 
 # --------------------------------------------------------- on the worker
@@ -152,10 +155,11 @@ def test_stock_compiler_rejects_secure_sum_on_the_worker(tff_runtime):
   _in_context(stock, plain.next, plain.initialize(), values)
   with pytest.raises(Exception, match="Cannot embed a federated value"):
     _in_context(stock, secure.next, secure.initialize(), values)
-  out = _in_context(aggregators.secure_sum_context(tff_runtime.context),
-                    secure.next, secure.initialize(), values)
+  out = _in_context(aggregators.secure_sum_context(tff_runtime.context), secure.next,
+                    secure.initialize(), values)
   np.testing.assert_allclose(_flat_natural(out.result),
-                             sum(_flat_natural(v) for v in values), rtol=1e-5)
+                             sum(_flat_natural(v) for v in values),
+                             rtol=1e-5)
 
 
 def test_gaussian_product_secure_sum_equals_plain_within_bound(tff_runtime):
@@ -167,19 +171,20 @@ def test_gaussian_product_secure_sum_equals_plain_within_bound(tff_runtime):
   value_type = _natural_type(shapes)
   factors = _client_factors(num_clients, shapes, seed=0)
   columns = np.stack([_flat_natural(f) for f in factors])
-  assert np.max(np.abs(columns)) < bound       # no clipping: the bound formula applies
+  assert np.max(np.abs(columns)) < bound  # no clipping: the bound formula applies
 
   plain = GaussianProductFactory().create(value_type)
   secure = GaussianProductFactory(
       value_sum_factory=aggregators.sum_factory("secure_sum", bound=bound)).create(value_type)
   want = plain.next(plain.initialize(), factors).result
-  out = _in_context(aggregators.secure_sum_context(tff_runtime.context),
-                    secure.next, secure.initialize(), factors)
+  out = _in_context(aggregators.secure_sum_context(tff_runtime.context), secure.next,
+                    secure.initialize(), factors)
   got = out.result
   assert isinstance(got, gaussian.NaturalGaussian)
-  assert dict(out.measurements) == dict(
-      secure_upper_clipped_count=0, secure_lower_clipped_count=0,
-      secure_upper_threshold=np.float32(bound), secure_lower_threshold=np.float32(-bound))
+  assert dict(out.measurements) == dict(secure_upper_clipped_count=0,
+                                        secure_lower_clipped_count=0,
+                                        secure_upper_threshold=np.float32(bound),
+                                        secure_lower_threshold=np.float32(-bound))
 
   exact = columns.sum(0)
   got_flat, want_flat = _flat_natural(got), _flat_natural(want)
@@ -199,9 +204,10 @@ def test_gaussian_product_secure_sum_equals_plain_within_bound(tff_runtime):
     assert np.all(_flat(gaussian.precision(g)) > 0)
   # mean = eta1 / eta2: |d mean| <= (|d eta1| + |mean| |d eta2|) / eta2.
   mean = _flat(gaussian.mean(want))
-  np.testing.assert_allclose(
-      _flat(gaussian.mean(got)), mean,
-      atol=1.1 * (tol + plain_rounding).max() * (1 + np.max(np.abs(mean))) / np.min(_flat(want.eta2)))
+  np.testing.assert_allclose(_flat(gaussian.mean(got)),
+                             mean,
+                             atol=1.1 * (tol + plain_rounding).max() * (1 + np.max(np.abs(mean))) /
+                             np.min(_flat(want.eta2)))
 
 
 def test_secure_sum_clips_to_the_bound(tff_runtime):
@@ -213,8 +219,8 @@ def test_secure_sum_clips_to_the_bound(tff_runtime):
   values = [f([1.0, 10.0, -1.0], [1.0, 1.0, 1.0]), f([1.0, 1.0, -9.0], [2.0, 2.0, 2.0])]
   secure = GaussianProductFactory(
       value_sum_factory=aggregators.sum_factory("secure_sum", bound=bound)).create(value_type)
-  out = _in_context(aggregators.secure_sum_context(tff_runtime.context),
-                    secure.next, secure.initialize(), values)
+  out = _in_context(aggregators.secure_sum_context(tff_runtime.context), secure.next,
+                    secure.initialize(), values)
   tol = aggregators.secure_sum_error_bound(bound, 2) + 1e-6
   np.testing.assert_allclose(_flat(out.result.eta1), [2.0, 5.0, -5.0], atol=tol)
   np.testing.assert_allclose(_flat(out.result.eta2), [3.0, 3.0, 3.0], atol=tol)
@@ -237,20 +243,24 @@ def test_virtual_round_secure_sum_matches_plain(tff_runtime):
   from tfbfl.data import load_federated  # pylint: disable=g-import-not-at-top
 
   data = load_federated("digits", num_clients=3, seed=0)
-  cfg = virtual.VirtualConfig(input_dim=64, num_classes=10, num_clients=3, hidden_units=(8,),
-                              epochs=1, server_lr=0.5)
-  bound = 2.0**20   # wide, so the quantisation error shows above float32 rounding
+  cfg = virtual.VirtualConfig(input_dim=64,
+                              num_classes=10,
+                              num_clients=3,
+                              hidden_units=(8,),
+                              epochs=1,
+                              server_lr=0.5)
+  bound = 2.0**20  # wide, so the quantisation error shows above float32 rounding
   plain = virtual.VirtualAlgorithm(cfg)
-  secure = virtual.VirtualAlgorithm(cfg, aggregator=GaussianProductFactory(
-      value_sum_factory=aggregators.sum_factory("secure_sum", bound=bound)))
+  secure = virtual.VirtualAlgorithm(
+      cfg,
+      aggregator=GaussianProductFactory(
+          value_sum_factory=aggregators.sum_factory("secure_sum", bound=bound)))
   args = ([plain.initial_client_state(i) for i in range(3)],
-          [np.array([0, i], np.int64) for i in range(3)],
-          [data.train[c] for c in data.client_ids])
+          [np.array([0, i], np.int64) for i in range(3)], [data.train[c] for c in data.client_ids])
   s0 = plain.initial_server_state()
   s_plain, c_plain, m_plain = plain.next(s0, *args)
-  s_secure, c_secure, m_secure = _in_context(
-      aggregators.secure_sum_context(tff_runtime.context), secure.next,
-      secure.initial_server_state(), *args)
+  s_secure, c_secure, m_secure = _in_context(aggregators.secure_sum_context(tff_runtime.context),
+                                             secure.next, secure.initial_server_state(), *args)
 
   for a, b in zip(c_plain, c_secure):
     np.testing.assert_array_equal(_flat_natural(a.shared_factor), _flat_natural(b.shared_factor))
@@ -263,9 +273,8 @@ def test_virtual_round_secure_sum_matches_plain(tff_runtime):
                      for a, b in zip(c_plain, args[0])])
   assert np.max(np.abs(deltas)) < bound
   got, want = _flat_natural(s_secure.posterior), _flat_natural(s_plain.posterior)
-  rounding = 2 * _U32 * (np.abs(want) + np.abs(got)
-                         + alpha * 3 * np.abs(deltas).sum(0)) + 1e-6
+  rounding = 2 * _U32 * (np.abs(want) + np.abs(got) + alpha * 3 * np.abs(deltas).sum(0)) + 1e-6
   tol = alpha * aggregators.secure_sum_error_bound(bound, 3) + rounding
   diff = np.abs(got - want)
   assert np.all(diff <= tol), np.max(diff - tol)
-  assert np.max(diff - rounding) > 0   # the quantised sum ran, not the float one
+  assert np.max(diff - rounding) > 0  # the quantised sum ran, not the float one

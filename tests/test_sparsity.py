@@ -26,7 +26,7 @@ def test_half_pruned_exactly(per_layer):
     for v, m in zip(values, mask):
       m = np.asarray(m)
       assert (m == 0).sum() == round(v.size / 2)
-      assert v[m == 0].max() <= v[m == 1].min()   # the lowest-SNR entries go
+      assert v[m == 0].max() <= v[m == 1].min()  # the lowest-SNR entries go
   else:
     flat_v = np.concatenate([v.ravel() for v in values])
     flat_m = np.concatenate([np.asarray(m).ravel() for m in mask])
@@ -45,8 +45,14 @@ def _round(tff_runtime, percentile):
   rng = np.random.default_rng(0)
   clients = [(rng.normal(size=(30, 6)).astype(np.float32), rng.integers(0, 3, 30).astype(np.int32))
              for _ in range(3)]
-  cfg = virtual.VirtualConfig(input_dim=6, num_classes=3, num_clients=3, hidden_units=(8,),
-                              epochs=2, batch_size=10, server_lr=1.0, prune_percentile=percentile)
+  cfg = virtual.VirtualConfig(input_dim=6,
+                              num_classes=3,
+                              num_clients=3,
+                              hidden_units=(8,),
+                              epochs=2,
+                              batch_size=10,
+                              server_lr=1.0,
+                              prune_percentile=percentile)
   alg = virtual.VirtualAlgorithm(cfg)
   server = alg.initial_server_state()
   states = [alg.initial_client_state(i) for i in range(3)]
@@ -61,7 +67,7 @@ def test_zero_percentile_is_the_unpruned_run(tff_runtime):
   for a, b in zip(tf.nest.flatten(s0.posterior), tf.nest.flatten(s1.posterior)):
     np.testing.assert_array_equal(a, b)
   total = sum(np.size(t) for t in tf.nest.flatten(s0.posterior.eta1))
-  assert int(m0["delta_nonzeros"]) == 3 * total   # dense: every entry moved
+  assert int(m0["delta_nonzeros"]) == 3 * total  # dense: every entry moved
 
 
 def test_half_pruned_deltas_halve_bytes_and_keep_server_valid(tff_runtime):

@@ -34,17 +34,26 @@ class _Payload:
 
 
 def _nested():
-  return dict(
-      round=3, wall_time_s=1.25, nan=float("nan"), inf=float("inf"), big=2**90, none=None,
-      text="é client", flag=True,
-      server_state=Plain(a=gaussian.NaturalGaussian([np.ones((2, 3), np.float32)],
-                                                   [np.full((2, 3), 4.0, np.float32)]),
-                         b=np.int32(7)),
-      clients={0: [np.arange(5, dtype=np.int64), np.float32(0.5)], 3: (np.zeros((0, 4)),)},
-      rows=[dict(round=1, server_accuracy=0.25, mt_accuracy=np.float64(0.5))],
-      ordered=collections.OrderedDict([("z", 1), ("a", np.bool_(False))]),
-      strings=np.array(["a", "bc"]), half=np.array([1.5, -2.0], np.float16),
-      fortran=np.asfortranarray(np.arange(6.0).reshape(2, 3)))
+  return dict(round=3,
+              wall_time_s=1.25,
+              nan=float("nan"),
+              inf=float("inf"),
+              big=2**90,
+              none=None,
+              text="é client",
+              flag=True,
+              server_state=Plain(a=gaussian.NaturalGaussian([np.ones((2, 3), np.float32)],
+                                                            [np.full((2, 3), 4.0, np.float32)]),
+                                 b=np.int32(7)),
+              clients={
+                  0: [np.arange(5, dtype=np.int64), np.float32(0.5)],
+                  3: (np.zeros((0, 4)),)
+              },
+              rows=[dict(round=1, server_accuracy=0.25, mt_accuracy=np.float64(0.5))],
+              ordered=collections.OrderedDict([("z", 1), ("a", np.bool_(False))]),
+              strings=np.array(["a", "bc"]),
+              half=np.array([1.5, -2.0], np.float16),
+              fortran=np.asfortranarray(np.arange(6.0).reshape(2, 3)))
 
 
 def _assert_same(a, b, path="$"):
@@ -151,6 +160,7 @@ def _rewrite_zip(path, change):
 
 
 def _rewrite_manifest(path, edit):
+
   def change(name, data):
     if name != "__manifest__.npy":
       return data
@@ -281,17 +291,21 @@ def test_stale_temporaries_are_removed(tmp_path):
 _leaves = st.one_of(
     st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True), st.text(max_size=5),
     hnp.arrays(hnp.scalar_dtypes(), hnp.array_shapes(min_dims=0, max_dims=3, min_side=0,
-                                                      max_side=3)),
+                                                     max_side=3)),
     hnp.from_dtype(np.dtype(np.float32)).map(np.float32))
 _trees = st.recursive(
-    _leaves, lambda kids: st.one_of(
+    _leaves,
+    lambda kids: st.one_of(
         st.lists(kids, max_size=3), st.tuples(kids, kids),
         st.dictionaries(st.one_of(st.text(max_size=4), st.integers(-5, 5)), kids, max_size=3),
-        st.builds(Plain, kids, kids)), max_leaves=12)
+        st.builds(Plain, kids, kids)),
+    max_leaves=12)
 
 
 @hypothesis.settings(max_examples=int(os.environ.get("TFBFL_FUZZ_EXAMPLES", 0)) or 80,
-                     deadline=None, database=None, derandomize=not os.environ.get("TFBFL_FUZZ_RANDOM"),
+                     deadline=None,
+                     database=None,
+                     derandomize=not os.environ.get("TFBFL_FUZZ_RANDOM"),
                      suppress_health_check=list(hypothesis.HealthCheck))
 @hypothesis.given(tree=_trees, flip=st.integers(0, 10**6), byte=st.integers(1, 255))
 def test_any_tree_round_trips_and_any_flipped_byte_is_caught(tree, flip, byte):

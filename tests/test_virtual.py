@@ -56,10 +56,19 @@ def _flat_posterior(state):
 
 
 def _linear_config(num_clients, **kw):
-  base = dict(input_dim=3, num_classes=1, num_clients=num_clients, hidden_units=(),
-              private=False, likelihood="gaussian", noise_scale=0.5, prior_scale=2.0,
-              init_scale=0.3, kl_weight=1.0, server_lr=1.0,
-              local_solver="conjugate", server_loss_weight=0.0)
+  base = dict(input_dim=3,
+              num_classes=1,
+              num_clients=num_clients,
+              hidden_units=(),
+              private=False,
+              likelihood="gaussian",
+              noise_scale=0.5,
+              prior_scale=2.0,
+              init_scale=0.3,
+              kl_weight=1.0,
+              server_lr=1.0,
+              local_solver="conjugate",
+              server_loss_weight=0.0)
   base.update(kw)
   return virtual.VirtualConfig(**base)
 
@@ -108,8 +117,8 @@ def test_sgd_client_approaches_conjugate_posterior(tff_runtime):
   near the exact answer; the tolerance covers Monte Carlo gradient noise."""
   clients = _orthogonal_regression_clients(2, 3, 0.5, seed=3)
   want_mean, _ = _closed_form_posterior(clients, 2.0, 0.5)
-  alg = virtual.VirtualAlgorithm(_linear_config(
-      2, local_solver="sgd", epochs=300, batch_size=64, client_lr=0.02))
+  alg = virtual.VirtualAlgorithm(
+      _linear_config(2, local_solver="sgd", epochs=300, batch_size=64, client_lr=0.02))
   server = alg.initial_server_state()
   states = [alg.initial_client_state(i) for i in range(2)]
   for r in range(2):
@@ -125,18 +134,23 @@ def test_shared_kl_equals_tfp_against_cavity_prior():
   cavity = gaussian.from_loc_scale(
       [rng.normal(size=t.shape).astype(np.float32) for t in post.eta1],
       [rng.uniform(0.5, 2, size=t.shape).astype(np.float32) for t in post.eta1])
-  prior = gaussian.product(gaussian.power(gaussian.from_loc_scale(
-      [np.zeros(t.shape, np.float32) for t in post.eta1],
-      [np.ones(t.shape, np.float32) for t in post.eta1]), 1.0 / 7), cavity)
+  prior = gaussian.product(
+      gaussian.power(
+          gaussian.from_loc_scale([np.zeros(t.shape, np.float32) for t in post.eta1],
+                                  [np.ones(t.shape, np.float32) for t in post.eta1]), 1.0 / 7),
+      cavity)
   net.set_shared_prior(prior)
-  want = sum(float(tf.reduce_sum(tfp.distributions.kl_divergence(q, p)))
-             for q, p in zip(gaussian.to_normal(post), gaussian.to_normal(prior)))
+  want = sum(
+      float(tf.reduce_sum(tfp.distributions.kl_divergence(q, p)))
+      for q, p in zip(gaussian.to_normal(post), gaussian.to_normal(prior)))
   assert float(net.kl_shared()) == pytest.approx(want, rel=1e-4)
 
 
 # ------------------------------------------------------------------ privacy
-_AGGREGATING = {"federated_sum", "federated_mean", "federated_weighted_mean",
-                "federated_aggregate", "federated_secure_sum_bitwidth"}
+_AGGREGATING = {
+    "federated_sum", "federated_mean", "federated_weighted_mean", "federated_aggregate",
+    "federated_secure_sum_bitwidth"
+}
 
 
 def _intrinsic_calls(bb, found):
@@ -166,8 +180,8 @@ def _has_federated(type_spec):
 
 
 def test_server_only_receives_aggregates(tff_runtime):
-  alg = virtual.VirtualAlgorithm(virtual.VirtualConfig(
-      input_dim=6, num_classes=3, num_clients=4, hidden_units=(5,), epochs=1))
+  alg = virtual.VirtualAlgorithm(
+      virtual.VirtualConfig(input_dim=6, num_classes=3, num_clients=4, hidden_units=(5,), epochs=1))
   # The per-client round and the client-batched one (groups of 2 stacked clients).
   for round_fn in (alg.next_per_client, alg._group_round(2)):  # pylint: disable=protected-access
     calls = _intrinsic_calls(round_fn.to_building_block(), [])
@@ -192,9 +206,16 @@ def test_server_only_receives_aggregates(tff_runtime):
 
 # ------------------------------------------------------------- end to end
 def _tiny_params(tmp_path, **kw):
-  p = dict(algorithm="virtual", num_clients=6, clients_per_round=6, rounds=4,
-           epochs_per_round=5, hidden_units=(32,), seed=3, output_dir=str(tmp_path),
-           verbose=False, client_lr=0.1)
+  p = dict(algorithm="virtual",
+           num_clients=6,
+           clients_per_round=6,
+           rounds=4,
+           epochs_per_round=5,
+           hidden_units=(32,),
+           seed=3,
+           output_dir=str(tmp_path),
+           verbose=False,
+           client_lr=0.1)
   p.update(kw)
   return p
 
@@ -224,9 +245,9 @@ def test_digits_learns_above_per_client_majority(tff_runtime, tmp_path):
   with open(tmp_path / "metrics.csv") as f:
     rows = list(csv.DictReader(f))
   assert len(rows) == 4
-  for col in ("round", "server_accuracy", "server_loss", "mt_accuracy", "mt_loss",
-              "train_loss", "wall_time_s", "bytes_up", "bytes_down", "server_ece", "mt_ece",
-              "cavity_floored", "server_floored"):
+  for col in ("round", "server_accuracy", "server_loss", "mt_accuracy", "mt_loss", "train_loss",
+              "wall_time_s", "bytes_up", "bytes_down", "server_ece", "mt_ece", "cavity_floored",
+              "server_floored"):
     assert col in rows[0]
   # At the shipped defaults (damped EP, one step for server and factors) the server
   # posterior is the product of the stored factors on every row.
@@ -239,7 +260,10 @@ def test_digits_learns_above_per_client_majority(tff_runtime, tmp_path):
 
 
 def test_resume_gives_identical_metrics(tff_runtime, tmp_path):
-  common = dict(num_clients=4, clients_per_round=2, epochs_per_round=1, hidden_units=(8,),
+  common = dict(num_clients=4,
+                clients_per_round=2,
+                epochs_per_round=1,
+                hidden_units=(8,),
                 checkpoint_every=1)
   full = training.run_training(_tiny_params(tmp_path / "full", rounds=3, **common))
   training.run_training(_tiny_params(tmp_path / "part", rounds=2, **common))
@@ -254,7 +278,10 @@ def test_resume_gives_identical_metrics(tff_runtime, tmp_path):
 
 
 def test_resume_refuses_other_flags(tff_runtime, tmp_path):
-  common = dict(num_clients=4, clients_per_round=2, epochs_per_round=1, hidden_units=(8,),
+  common = dict(num_clients=4,
+                clients_per_round=2,
+                epochs_per_round=1,
+                hidden_units=(8,),
                 checkpoint_every=1)
   training.run_training(_tiny_params(tmp_path, rounds=1, **common))
   with pytest.raises(ValueError, match="other flags"):
@@ -283,5 +310,6 @@ def test_config_validation():
     virtual.VirtualConfig(input_dim=2, num_classes=2, num_clients=2, precision_step=1.5)
   cfg = virtual.VirtualConfig(input_dim=2, num_classes=2, num_clients=2, server_lr=0.3)
   assert cfg.step == 0.3
-  assert not virtual.VirtualConfig(input_dim=2, num_classes=2, num_clients=2, precision_step=0.1,
-                                   kl_weight=0.0).natural_precision_step
+  assert not virtual.VirtualConfig(
+      input_dim=2, num_classes=2, num_clients=2, precision_step=0.1,
+      kl_weight=0.0).natural_precision_step

@@ -28,8 +28,8 @@ K = 4
 
 def _default_step(clients_per_round):
   """The step a launcher run with the shipped flags takes (its config, as built by the driver)."""
-  p = training.resolve_params(dict(algorithm="virtual", num_clients=K,
-                                   clients_per_round=clients_per_round))
+  p = training.resolve_params(
+      dict(algorithm="virtual", num_clients=K, clients_per_round=clients_per_round))
   data = types.SimpleNamespace(input_shape=(3,), num_classes=1, client_ids=list(range(K)))
   return registry.get("virtual").make_config(p, data).step
 
@@ -61,18 +61,28 @@ def _rounds_for(alpha, per_round, tol=1e-7):
 
 
 @pytest.mark.parametrize("alpha_name, per_round, disk", [
-    ("default", K, False), ("default", 2, False), ("default", 2, True),
-    ("1", K, False), ("1", 2, False), ("0.5", 2, False), ("1/C", 2, False), ("1/C", K, True),
+    ("default", K, False),
+    ("default", 2, False),
+    ("default", 2, True),
+    ("1", K, False),
+    ("1", 2, False),
+    ("0.5", 2, False),
+    ("1/C", 2, False),
+    ("1/C", K, True),
 ])
-def test_damped_ep_reaches_closed_form_and_keeps_factor_product(
-    tff_runtime, tmp_path, alpha_name, per_round, disk):
-  alpha = {"default": _default_step(per_round), "1": 1.0, "0.5": 0.5,
-           "1/C": 1.0 / per_round}[alpha_name]
+def test_damped_ep_reaches_closed_form_and_keeps_factor_product(tff_runtime, tmp_path, alpha_name,
+                                                                per_round, disk):
+  alpha = {
+      "default": _default_step(per_round),
+      "1": 1.0,
+      "0.5": 0.5,
+      "1/C": 1.0 / per_round
+  }[alpha_name]
   clients = _orthogonal_regression_clients(K, 3, 0.5, seed=2)
   want_mean, want_prec = _closed_form_posterior(clients, 2.0, 0.5)
   alg = virtual.VirtualAlgorithm(_linear_config(K, server_lr=alpha))
-  store = (client_store.DiskClientStore(str(tmp_path / "states")) if disk
-           else client_store.MemoryClientStore())
+  store = (client_store.DiskClientStore(str(tmp_path / "states"))
+           if disk else client_store.MemoryClientStore())
   server, worst_gap = _run(alg, clients, _rounds_for(alpha, per_round), per_round, store)
   assert worst_gap <= 1e-5, worst_gap
   mean, prec = _flat_posterior(server)
@@ -96,10 +106,15 @@ def test_sgd_path_at_default_step_keeps_the_product_and_lands_near_closed_form(t
   clients = _orthogonal_regression_clients(K, 3, 0.5, seed=3)
   want_mean, _ = _closed_form_posterior(clients, 2.0, 0.5)
   alpha = _default_step(2)
-  alg = virtual.VirtualAlgorithm(_linear_config(
-      K, local_solver="sgd", epochs=100, batch_size=64, client_lr=0.02, server_lr=alpha))
-  server, worst_gap = _run(alg, clients, _rounds_for(max(alpha, 0.5), 2, tol=1e-2),
-                           2, client_store.MemoryClientStore())
+  alg = virtual.VirtualAlgorithm(
+      _linear_config(K,
+                     local_solver="sgd",
+                     epochs=100,
+                     batch_size=64,
+                     client_lr=0.02,
+                     server_lr=alpha))
+  server, worst_gap = _run(alg, clients, _rounds_for(max(alpha, 0.5), 2, tol=1e-2), 2,
+                           client_store.MemoryClientStore())
   assert worst_gap <= 1e-5, worst_gap
   mean, _ = _flat_posterior(server)
   np.testing.assert_allclose(mean, want_mean, atol=0.2)

@@ -16,8 +16,10 @@ from launcher_helpers import run_launchers_in_parallel
 from tfbfl import gaussian
 from tfbfl.experiments import virtual_tables as vx
 
-TINY = ["--rounds=1", "--epochs_per_round=1", "--num_clients=3", "--clients_per_round=3",
-        "--hidden_units=8", "--seed=1"]
+TINY = [
+    "--rounds=1", "--epochs_per_round=1", "--num_clients=3", "--clients_per_round=3",
+    "--hidden_units=8", "--seed=1"
+]
 
 
 def _read_csv(path):
@@ -44,8 +46,9 @@ def test_sparsity_launcher_writes_table3(launched):
     assert f"{name} trained" in log
   assert "[3/3]" in log
   rows = _read_csv(os.path.join(out, "table3.csv"))
-  assert [(r["row"], r["metric"]) for r in rows] == [
-      ("0%", "MT"), ("0%", "S"), ("50%", "MT"), ("50%", "S"), ("FedProx", "MT"), ("FedProx", "S")]
+  assert [(r["row"], r["metric"]) for r in rows] == [("0%", "MT"), ("0%", "S"), ("50%", "MT"),
+                                                     ("50%", "S"), ("FedProx", "MT"),
+                                                     ("FedProx", "S")]
   by = {(r["row"], r["metric"]): r for r in rows}
   # Pruning half of every tensor's entries shrinks the upload (sparse, 12 B/entry vs 8 dense).
   assert float(by["50%", "MT"]["delta_bytes"]) < float(by["0%", "MT"]["delta_bytes"])
@@ -57,7 +60,8 @@ def test_sparsity_launcher_writes_table3(launched):
   with open(os.path.join(out, "virtual_p50", "summary.json")) as f:
     summary = json.load(f)
   assert summary["flags"]["prune_percentile"] == 50.0 and not summary["flags"]["fedavg_init"]
-  assert float(by["50%", "S"]["virtual"]) == pytest.approx(100 * summary["best_server_accuracy"], abs=1e-3)
+  assert float(by["50%", "S"]["virtual"]) == pytest.approx(100 * summary["best_server_accuracy"],
+                                                           abs=1e-3)
   md = open(os.path.join(out, "table3.md")).read()
   assert "| 50% |" in md and "VIRTUAL + FedAvg init" in md and "FedProx (dense)" in md
 
@@ -72,8 +76,8 @@ def test_snr_cdf_launcher_writes_fig4(launched):
   for r in rows:
     curves[int(r["layer"]), r["variant"]].append(float(r["cdf"]))
   # hidden_units=8 on digits: kernels 64x8 and 8x10, both variants.
-  assert sorted(curves) == [(1, "virtual"), (1, "virtual_fedavg_init"),
-                            (2, "virtual"), (2, "virtual_fedavg_init")]
+  assert sorted(curves) == [(1, "virtual"), (1, "virtual_fedavg_init"), (2, "virtual"),
+                            (2, "virtual_fedavg_init")]
   assert {r["shape"] for r in rows} == {"64x8", "8x10"}
   for cdf in curves.values():
     assert np.all(np.diff(cdf) >= 0) and cdf[-1] == pytest.approx(1.0)
@@ -85,9 +89,13 @@ def test_snr_cdf_launcher_writes_fig4(launched):
 
 # --------------------------------------------------------- table writer (fast)
 def _fake_summary(best_s, best_mt, rounds=4, per_round=2, up=1000, down=1600, **flags):
-  return dict(best_server_accuracy=best_s, best_mt_accuracy=best_mt,
-              final_server_accuracy=best_s / 2, final_mt_accuracy=best_mt / 2, rounds=rounds,
-              bytes_up_total=up * rounds * per_round, bytes_down_total=down * rounds * per_round,
+  return dict(best_server_accuracy=best_s,
+              best_mt_accuracy=best_mt,
+              final_server_accuracy=best_s / 2,
+              final_mt_accuracy=best_mt / 2,
+              rounds=rounds,
+              bytes_up_total=up * rounds * per_round,
+              bytes_down_total=down * rounds * per_round,
               flags=dict(clients_per_round=per_round, rounds=rounds, **flags))
 
 
@@ -97,7 +105,8 @@ def test_run_record_per_client_round_sizes():
   rec = vx.run_record(spec, _fake_summary(0.8, 0.9, up=660, down=1600), metrics_rows=rows)
   assert rec["delta_bytes"] == 660 and rec["delta_nonzeros"] == 55
   assert rec["delta_entries"] == 200 and rec["zero_fraction"] == pytest.approx(1 - 55 / 200)
-  fed = vx.run_record(vx.RunSpec("fedprox", None, {}), _fake_summary(0.7, 0.8, up=400, down=400),
+  fed = vx.run_record(vx.RunSpec("fedprox", None, {}),
+                      _fake_summary(0.7, 0.8, up=400, down=400),
                       metrics_rows=[])
   assert fed["delta_nonzeros"] == 100 and fed["zero_fraction"] is None
 
@@ -105,23 +114,26 @@ def test_run_record_per_client_round_sizes():
 def test_table3_picks_best_accuracies_and_formats_rows(tmp_path):
   records = []
   for method, pct, s, mt in [("virtual", 0, 0.90, 0.95), ("virtual_fedavg_init", 0, 0.89, 0.86),
-                             ("virtual", 75, 0.908, 0.949), ("virtual_fedavg_init", 75, 0.804, 0.787)]:
+                             ("virtual", 75, 0.908, 0.949),
+                             ("virtual_fedavg_init", 75, 0.804, 0.787)]:
     spec = vx.RunSpec(method, float(pct), {})
     nnz = 400 if pct == 0 else 100
-    records.append(vx.run_record(spec, _fake_summary(s, mt), metrics_rows=[dict(delta_nonzeros=2 * nnz)]))
-  records.append(vx.run_record(vx.RunSpec("fedprox", None, {}), _fake_summary(0.899, 0.945),
-                               metrics_rows=[]))
+    records.append(
+        vx.run_record(spec, _fake_summary(s, mt), metrics_rows=[dict(delta_nonzeros=2 * nnz)]))
+  records.append(
+      vx.run_record(vx.RunSpec("fedprox", None, {}), _fake_summary(0.899, 0.945), metrics_rows=[]))
   md = vx.write_table3(str(tmp_path), records[::-1], title="T")  # order-independent
   rows = _read_csv(tmp_path / "table3.csv")
-  assert [(r["row"], r["metric"]) for r in rows] == [
-      ("0%", "MT"), ("0%", "S"), ("75%", "MT"), ("75%", "S"), ("FedProx", "MT"), ("FedProx", "S")]
+  assert [(r["row"], r["metric"]) for r in rows] == [("0%", "MT"), ("0%", "S"), ("75%", "MT"),
+                                                     ("75%", "S"), ("FedProx", "MT"),
+                                                     ("FedProx", "S")]
   by = {(r["row"], r["metric"]): r for r in rows}
-  assert float(by["75%", "MT"]["virtual"]) == pytest.approx(94.9)          # best, not final
+  assert float(by["75%", "MT"]["virtual"]) == pytest.approx(94.9)  # best, not final
   assert float(by["75%", "S"]["virtual_fedavg_init"]) == pytest.approx(80.4)
   assert float(by["0%", "MT"]["virtual_fedavg_init"]) == pytest.approx(86.0)
   assert float(by["FedProx", "S"]["fedprox"]) == pytest.approx(89.9)
   assert float(by["75%", "S"]["delta_nonzeros"]) == 100
-  assert float(by["75%", "S"]["zero_fraction"]) == pytest.approx(0.5)   # 1 - 100 / (1600 / 8)
+  assert float(by["75%", "S"]["zero_fraction"]) == pytest.approx(0.5)  # 1 - 100 / (1600 / 8)
   assert (tmp_path / "table3.md").read_text() == md
   lines = md.splitlines()
   assert lines[0] == "T"
@@ -138,8 +150,9 @@ def test_table3_missing_variant_is_a_dash():
 
 def test_sparsity_specs_and_percentiles():
   specs = vx.sparsity_specs(dict(rounds=3, fedprox_client_lr=0.1, client_lr=0.05), [0.0, 50.0])
-  assert [s.name for s in specs] == ["virtual_fedavg_init_p0", "virtual_p0",
-                                     "virtual_fedavg_init_p50", "virtual_p50", "fedprox"]
+  assert [s.name for s in specs] == [
+      "virtual_fedavg_init_p0", "virtual_p0", "virtual_fedavg_init_p50", "virtual_p50", "fedprox"
+  ]
   assert specs[0].params["fedavg_init"] and not specs[1].params["fedavg_init"]
   assert specs[3].params["prune_percentile"] == 50.0 and specs[3].params["client_lr"] == 0.05
   assert specs[-1].params["algorithm"] == "fedprox" and specs[-1].params["client_lr"] == 0.1
@@ -163,12 +176,16 @@ class _FakeRunner:
     self.calls.append(dict(params))
     p = training.resolve_params(params)
     flags = {k: (list(v) if isinstance(v, tuple) else v) for k, v in p.items()}
-    summary = dict(algorithm=p["algorithm"], flags=flags, rounds=p["rounds"],
-                   best_server_accuracy=0.5, best_mt_accuracy=0.6,
-                   bytes_up_total=10, bytes_down_total=10)
-    experiment.atomic_write_text(os.path.join(p["output_dir"], "summary.json"),
-                                 json.dumps(summary))
-    state_io.save(os.path.join(p["output_dir"], experiment.CHECKPOINT), dict(round=p["rounds"]),
+    summary = dict(algorithm=p["algorithm"],
+                   flags=flags,
+                   rounds=p["rounds"],
+                   best_server_accuracy=0.5,
+                   best_mt_accuracy=0.6,
+                   bytes_up_total=10,
+                   bytes_down_total=10)
+    experiment.atomic_write_text(os.path.join(p["output_dir"], "summary.json"), json.dumps(summary))
+    state_io.save(os.path.join(p["output_dir"], experiment.CHECKPOINT),
+                  dict(round=p["rounds"]),
                   meta=dict(kind="checkpoint", round=p["rounds"]))
     return summary
 
@@ -194,7 +211,10 @@ def test_ensure_run_reuses_resumes_and_retrains(tmp_path):
   os.remove(tmp_path / spec.name / "checkpoint.npz")
   n = len(runner.calls)
   assert vx.ensure_run(other, str(tmp_path), runner=runner, log=log.append)[1] == "reused"
-  _, how = vx.ensure_run(other, str(tmp_path), runner=runner, log=log.append,
+  _, how = vx.ensure_run(other,
+                         str(tmp_path),
+                         runner=runner,
+                         log=log.append,
                          require_checkpoint=True)
   assert how == "trained" and len(runner.calls) == n + 1
   # Interrupted after the final checkpoint but before summary.json: resumed.
@@ -205,14 +225,18 @@ def test_ensure_run_reuses_resumes_and_retrains(tmp_path):
 
 def test_run_sparsity_table_with_fake_runner(tmp_path):
   runner, log = _FakeRunner(), []
-  records, md = vx.run_sparsity_table(dict(rounds=1, hidden_units="8"), [0.0, 90.0], str(tmp_path),
-                                      runner=runner, log=log.append)
+  records, md = vx.run_sparsity_table(dict(rounds=1, hidden_units="8"), [0.0, 90.0],
+                                      str(tmp_path),
+                                      runner=runner,
+                                      log=log.append)
   assert len(runner.calls) == 5 and len(records) == 5
   assert sum("trained" in line for line in log) == 5
   assert (tmp_path / "table3.md").exists() and (tmp_path / "table3.csv").exists()
   log.clear()
   records2, md2 = vx.run_sparsity_table(dict(rounds=1, hidden_units="8"), [0.0, 90.0],
-                                        str(tmp_path), runner=runner, log=log.append)
+                                        str(tmp_path),
+                                        runner=runner,
+                                        log=log.append)
   assert len(runner.calls) == 5 and md2 == md and sum("reused" in line for line in log) == 5
 
 
@@ -220,8 +244,7 @@ def test_run_sparsity_table_with_fake_runner(tmp_path):
 def _posterior(means, stds):
   means = [np.asarray(m, np.float32) for m in means]
   stds = [np.asarray(s, np.float32) for s in stds]
-  return gaussian.NaturalGaussian([m / s**2 for m, s in zip(means, stds)],
-                                  [1 / s**2 for s in stds])
+  return gaussian.NaturalGaussian([m / s**2 for m, s in zip(means, stds)], [1 / s**2 for s in stds])
 
 
 def test_log10_snr_matches_closed_form_and_sparsity_snr():
@@ -244,7 +267,7 @@ def test_empirical_cdf_of_known_gaussian_posteriors():
   grid = np.linspace(-2.0, 0.7, 55)
   x, f = vx.empirical_cdf(vx.log10_snr(post)[0], grid)
   exact = np.array([math.erf(10**g / math.sqrt(2)) for g in grid])
-  assert np.max(np.abs(f - exact)) < 0.015          # DKW: P(> 0.015) < 2 exp(-9)
+  assert np.max(np.abs(f - exact)) < 0.015  # DKW: P(> 0.015) < 2 exp(-9)
   assert np.all(np.diff(f) >= 0) and np.array_equal(x, grid)
   xs, fs = vx.empirical_cdf(vx.log10_snr(post)[0])
   assert np.all(np.diff(xs) >= 0) and np.all(np.diff(fs) > 0) and fs[-1] == 1.0
@@ -263,17 +286,28 @@ def test_empirical_cdf_counts_zero_means_at_minus_infinity():
 def test_layer_log_snr_pools_trained_clients_dense_kernels():
   State = collections.namedtuple("State", ["shared_posterior", "trained"])
   ones = lambda *s: np.ones(s)
+
   def state(mean, trained):
-    return State(_posterior([mean * ones(3, 2), ones(2), mean * ones(2, 4), ones(4)],
-                            [ones(3, 2), ones(2), ones(2, 4), ones(4)]), np.bool_(trained))
+    return State(
+        _posterior([mean * ones(3, 2), ones(2), mean * ones(2, 4),
+                    ones(4)],
+                   [ones(3, 2), ones(2), ones(2, 4), ones(4)]), np.bool_(trained))
+
   clients = {0: state(10.0, True), 1: state(100.0, True), 2: state(1000.0, False)}
   pooled = vx.layer_log_snr(clients)
   assert sorted(pooled) == [0, 2]
   np.testing.assert_allclose(np.sort(pooled[0]), [1.0] * 6 + [2.0] * 6)
   assert pooled[2].size == 16
-  rows = vx.cdf_curves({"virtual": pooled, "virtual_fedavg_init": vx.layer_log_snr(
-      {0: state(1000.0, False)}, trained_only=True)}, num_points=5,
-      shapes={0: (3, 2), 2: (2, 4)})
+  rows = vx.cdf_curves(
+      {
+          "virtual": pooled,
+          "virtual_fedavg_init": vx.layer_log_snr({0: state(1000.0, False)}, trained_only=True)
+      },
+      num_points=5,
+      shapes={
+          0: (3, 2),
+          2: (2, 4)
+      })
   for layer in (1, 2):
     for variant in ("virtual", "virtual_fedavg_init"):
       cdf = [r["cdf"] for r in rows if r["layer"] == layer and r["variant"] == variant]
@@ -297,8 +331,9 @@ def test_flags_pass_through_to_training():
   p = training.resolve_params(dict(params, algorithm="virtual"))
   assert p["rounds"] == 3 and p["hidden_units"] == (8, 4) and p["kl_weight"] == 0.5
   assert p["partition"] == "homogeneous" and p["server_lr"] == pytest.approx(0.1)
-  for name in set(vx.PASS_THROUGH) - {"rounds", "hidden_units", "kl_weight", "partition",
-                                      "server_lr", "filters", "lstm_units"}:
+  for name in set(vx.PASS_THROUGH) - {
+      "rounds", "hidden_units", "kl_weight", "partition", "server_lr", "filters", "lstm_units"
+  }:
     assert p[name] == training.DEFAULTS[name], name
   assert fv.output_dir is None and fv.fedprox_client_lr is None
 
@@ -306,14 +341,25 @@ def test_flags_pass_through_to_training():
 def test_report_only_leaves_out_missing_and_other_flag_runs(tmp_path):
   runner, log = _FakeRunner(), []
   base = dict(rounds=1, hidden_units="8")
-  vx.run_sparsity_table(base, [0.0], str(tmp_path), variants=["virtual"], fedprox=False,
-                        runner=runner, log=log.append)
+  vx.run_sparsity_table(base, [0.0],
+                        str(tmp_path),
+                        variants=["virtual"],
+                        fedprox=False,
+                        runner=runner,
+                        log=log.append)
   log.clear()
-  records, _ = vx.run_sparsity_table(base, [0.0, 50.0], str(tmp_path), report_only=True,
-                                     runner=runner, log=log.append)
+  records, _ = vx.run_sparsity_table(base, [0.0, 50.0],
+                                     str(tmp_path),
+                                     report_only=True,
+                                     runner=runner,
+                                     log=log.append)
   assert [r["run"] for r in records] == ["virtual_p0"] and len(runner.calls) == 1
   assert sum("no result yet" in line for line in log) == 4
-  records, _ = vx.run_sparsity_table(dict(base, rounds=2), [0.0], str(tmp_path), report_only=True,
-                                     variants=["virtual"], fedprox=False, runner=runner,
+  records, _ = vx.run_sparsity_table(dict(base, rounds=2), [0.0],
+                                     str(tmp_path),
+                                     report_only=True,
+                                     variants=["virtual"],
+                                     fedprox=False,
+                                     runner=runner,
                                      log=log.append)
   assert records == [] and any("other flags" in line for line in log)

@@ -23,16 +23,22 @@ from tfbfl.algorithms import virtual_step
 
 
 def _config(**kw):
-  base = dict(input_dim=8, num_classes=3, num_clients=4, hidden_units=(6, 5), epochs=1,
-              batch_size=16, jit_compile=False, kl_weight=0.5, init_scale=0.05)
+  base = dict(input_dim=8,
+              num_classes=3,
+              num_clients=4,
+              hidden_units=(6, 5),
+              epochs=1,
+              batch_size=16,
+              jit_compile=False,
+              kl_weight=0.5,
+              init_scale=0.05)
   base.update(kw)
   return virtual.VirtualConfig(**base)
 
 
 def _data(n=13, seed=0):
   rng = np.random.default_rng(seed)
-  return (rng.normal(size=(n, 8)).astype(np.float32),
-          rng.integers(0, 3, n).astype(np.int32))
+  return (rng.normal(size=(n, 8)).astype(np.float32), rng.integers(0, 3, n).astype(np.int32))
 
 
 def _flat(parts):
@@ -60,23 +66,27 @@ def _assert_same_update(a, b, atol, rtol=1e-4):
   loc_b, scale_b = gaussian.to_loc_scale(b.client_state.shared_posterior)
   np.testing.assert_allclose(_flat(loc_b), _flat(loc_a), atol=atol, rtol=rtol)
   np.testing.assert_allclose(_flat(scale_b), _flat(scale_a), atol=atol, rtol=rtol)
-  np.testing.assert_allclose(_flat(b.client_state.private), _flat(a.client_state.private),
-                             atol=atol, rtol=rtol)
+  np.testing.assert_allclose(_flat(b.client_state.private),
+                             _flat(a.client_state.private),
+                             atol=atol,
+                             rtol=rtol)
   for key in a.metrics:
     np.testing.assert_allclose(float(b.metrics[key]), float(a.metrics[key]), rtol=1e-5)
   assert float(a.dropped) == float(b.dropped) == 0.0
 
 
-@pytest.mark.parametrize("kw", [
-    dict(),                                     # the default objective, noise on
-    dict(precision_step=0.3),                   # natural precision step of the scales
-    dict(server_loss_weight=0.0),               # eq. (3) alone
-    dict(private=False),                        # server network only
-    dict(kl_weight=50.0, client_lr=0.5),        # stiff KL: proximal step matters
-])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(),  # the default objective, noise on
+        dict(precision_step=0.3),  # natural precision step of the scales
+        dict(server_loss_weight=0.0),  # eq. (3) alone
+        dict(private=False),  # server network only
+        dict(kl_weight=50.0, client_lr=0.5),  # stiff KL: proximal step matters
+    ])
 def test_one_step_matches_keras_path(kw):
   cfg = _config(**kw)
-  x, y = _data(13)   # 13 < batch_size 16: one masked step
+  x, y = _data(13)  # 13 < batch_size 16: one masked step
   a, b = _both_paths(cfg, x, y)
   _assert_same_update(a, b, atol=1e-5)
   # The step moved the parameters (the comparison is not vacuous).
@@ -87,7 +97,7 @@ def test_one_step_matches_keras_path(kw):
 
 
 def test_several_epochs_match_keras_path():
-  cfg = _config(epochs=3, batch_size=5)   # 3 steps an epoch, the last masked
+  cfg = _config(epochs=3, batch_size=5)  # 3 steps an epoch, the last masked
   x, y = _data(13)
   a, b = _both_paths(cfg, x, y, seed=(5, 9))
   _assert_same_update(a, b, atol=1e-4)
@@ -102,9 +112,10 @@ def _net_and_layout(cfg, seed=0):
   rng = np.random.default_rng(seed)
   # Random, distinct KL targets for both roles.
   prior = net.shared_prior()
-  net.set_shared_prior(gaussian.NaturalGaussian(
-      [rng.normal(size=e.shape).astype(np.float32) for e in prior.eta1],
-      [rng.uniform(0.5, 50.0, size=e.shape).astype(np.float32) for e in prior.eta2]))
+  net.set_shared_prior(
+      gaussian.NaturalGaussian(
+          [rng.normal(size=e.shape).astype(np.float32) for e in prior.eta1],
+          [rng.uniform(0.5, 50.0, size=e.shape).astype(np.float32) for e in prior.eta2]))
   # Move the scales off their common initial value.
   for v in net.shared_trainable_variables[1::2] + net.private_trainable_variables:
     if "untransformed_scale" in v.name:
@@ -114,9 +125,12 @@ def _net_and_layout(cfg, seed=0):
 
 def _keras_in_layout(layout, grads_by_var, role):
   variables = {
-      "shared_loc": layout.shared_loc_vars, "shared_u": layout.shared_u_vars,
-      "private_loc": layout.private_loc_vars, "private_u": layout.private_u_vars,
-      "gates": layout.gate_vars}[role]
+      "shared_loc": layout.shared_loc_vars,
+      "shared_u": layout.shared_u_vars,
+      "private_loc": layout.private_loc_vars,
+      "private_u": layout.private_u_vars,
+      "gates": layout.gate_vars
+  }[role]
   return _flat([grads_by_var[v.ref()] for v in variables])
 
 
@@ -131,21 +145,24 @@ def test_data_loss_and_gradient_match_keras_layers(noise):
   with tf.GradientTape() as tape:
     server_out, client_out = net.forward(x, seed=seed if noise else None)
     count = tf.reduce_sum(mask)
-    keras_loss = (virtual._data_loss(cfg, y, client_out, mask)[0]
-                  + virtual._data_loss(cfg, y, server_out, mask)[0]) / count
-  keras_grads = tape.gradient(keras_loss, variables,
+    keras_loss = (virtual._data_loss(cfg, y, client_out, mask)[0] +
+                  virtual._data_loss(cfg, y, server_out, mask)[0]) / count
+  keras_grads = tape.gradient(keras_loss,
+                              variables,
                               unconnected_gradients=tf.UnconnectedGradients.ZERO)
   by_var = {v.ref(): g for v, g in zip(variables, keras_grads)}
   # The lean step is batched over clients: this is C = 1.
   eps = virtual_step.draw_noise(layout, seed[None], 16) if noise else None
-  loss, _, grads = virtual_step.data_loss_and_gradients(
-      cfg, layout, layout.read_parameters(), x[None], y[None], mask[None], eps,
-      virtual._data_loss)
+  loss, _, grads = virtual_step.data_loss_and_gradients(cfg, layout, layout.read_parameters(),
+                                                        x[None], y[None], mask[None], eps,
+                                                        virtual._data_loss)
   np.testing.assert_allclose(float(loss[0]), float(keras_loss), rtol=1e-6)
   for role in virtual_step.Parameters._fields:
-    np.testing.assert_allclose(
-        _flat([getattr(grads, role)]), _keras_in_layout(layout, by_var, role),
-        atol=1e-6, rtol=1e-5, err_msg=role)
+    np.testing.assert_allclose(_flat([getattr(grads, role)]),
+                               _keras_in_layout(layout, by_var, role),
+                               atol=1e-6,
+                               rtol=1e-5,
+                               err_msg=role)
   # A fixed epsilon given explicitly gives the same forward as the drawn one.
   if noise:
     zeros = [tf.zeros_like(e) for e in eps]
@@ -159,17 +176,16 @@ def test_analytic_kl_gradient_equals_autodiff():
   cfg = _config()
   net, layout = _net_and_layout(cfg, seed=4)
   params = layout.read_parameters()
-  for kl, role, prior in (
-      (net.kl_shared, "shared", layout.shared_prior()),
-      (net.kl_private, "private", layout.private_prior())):
+  for kl, role, prior in ((net.kl_shared, "shared", layout.shared_prior()),
+                          (net.kl_private, "private", layout.private_prior())):
     loc_vars = getattr(layout, f"{role}_loc_vars")
     u_vars = getattr(layout, f"{role}_u_vars")
     with tf.GradientTape() as tape:
       value = kl()
     g_loc, g_u = tape.gradient(value, [loc_vars, u_vars])
     a_loc, a_u = virtual_step.kl_gradients(
-        getattr(params, f"{role}_loc")[0], getattr(params, f"{role}_u")[0],
-        getattr(layout, f"{role}_min_scale"), *prior)
+        getattr(params, f"{role}_loc")[0],
+        getattr(params, f"{role}_u")[0], getattr(layout, f"{role}_min_scale"), *prior)
     # float32: sigma prec_t - 1/sigma cancels (prec_t up to 50), ~1e-4 relative.
     np.testing.assert_allclose(a_loc, _flat(g_loc), atol=1e-5, rtol=1e-5, err_msg=role)
     np.testing.assert_allclose(a_u, _flat(g_u), atol=1e-4, rtol=5e-4, err_msg=role)
@@ -218,13 +234,24 @@ def test_layout_round_trips_network_values():
 
 def _rows(tmp_path, lean, monkeypatch):
   spec = registry.get("virtual")
-  monkeypatch.setitem(registry._SPECS, "virtual", dataclasses.replace(  # pylint: disable=protected-access
-      spec, build=lambda data, config, run: spec.build(
-          data, dataclasses.replace(config, lean_step=lean), run)))
+  monkeypatch.setitem(
+      registry._SPECS,
+      "virtual",
+      dataclasses.replace(  # pylint: disable=protected-access
+          spec,
+          build=lambda data, config, run: spec.build(
+              data, dataclasses.replace(config, lean_step=lean), run)))
   out = tmp_path / ("lean" if lean else "keras")
-  p = dict(algorithm="virtual", num_clients=6, clients_per_round=6, rounds=3,
-           epochs_per_round=5, hidden_units=(32,), seed=3, output_dir=str(out),
-           verbose=False, client_lr=0.1)
+  p = dict(algorithm="virtual",
+           num_clients=6,
+           clients_per_round=6,
+           rounds=3,
+           epochs_per_round=5,
+           hidden_units=(32,),
+           seed=3,
+           output_dir=str(out),
+           verbose=False,
+           client_lr=0.1)
   summary = training.run_training(p)
   with open(out / "metrics.csv") as f:
     return summary, list(csv.DictReader(f))

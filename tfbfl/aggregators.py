@@ -44,9 +44,8 @@ _FIELDS = ("eta1", "eta2")
 def _check_natural_type(value_type) -> None:
   """Raises TypeError unless `value_type` is a struct `<eta1=T, eta2=T>` of floats."""
   if not isinstance(value_type, tff.StructType):
-    raise TypeError(
-        "GaussianProductFactory expects a struct <eta1=..., eta2=...> of natural "
-        f"parameters (a tfbfl.gaussian.NaturalGaussian), got {value_type}.")
+    raise TypeError("GaussianProductFactory expects a struct <eta1=..., eta2=...> of natural "
+                    f"parameters (a tfbfl.gaussian.NaturalGaussian), got {value_type}.")
   names = tuple(name for name, _ in tff.structure.iter_elements(value_type))
   if names != _FIELDS:
     raise TypeError(
@@ -107,13 +106,13 @@ class GaussianProductFactory(tff.aggregators.UnweightedAggregationFactory,
       parameters (secure/DP sums plug in here).
   """
 
-  def __init__(self, weighted: bool = False,
+  def __init__(self,
+               weighted: bool = False,
                value_sum_factory: Optional[tff.aggregators.UnweightedAggregationFactory] = None):
     if value_sum_factory is not None and not isinstance(
         value_sum_factory, tff.aggregators.UnweightedAggregationFactory):
-      raise TypeError(
-          "value_sum_factory must be a tff.aggregators.UnweightedAggregationFactory, "
-          f"got {type(value_sum_factory).__name__}.")
+      raise TypeError("value_sum_factory must be a tff.aggregators.UnweightedAggregationFactory, "
+                      f"got {type(value_sum_factory).__name__}.")
     self._weighted = weighted
     self._value_sum_factory = value_sum_factory or tff.aggregators.SumFactory()
 
@@ -154,10 +153,11 @@ SECURE_SUM_BITS = 32
 """Quantisation bits per coordinate of `tff.aggregators.SecureSumFactory`'s
 float path (`tff.aggregators.primitives.secure_quantized_sum`); fixed by TFF."""
 
-_SECURE_LEVELS = 2**SECURE_SUM_BITS - 1   # TFF's `_SECAGG_MAX`.
+_SECURE_LEVELS = 2**SECURE_SUM_BITS - 1  # TFF's `_SECAGG_MAX`.
 _SECURE_INTRINSICS = frozenset({
-    "federated_secure_sum", "federated_secure_sum_bitwidth",
-    "federated_secure_modular_sum", "federated_secure_select"})
+    "federated_secure_sum", "federated_secure_sum_bitwidth", "federated_secure_modular_sum",
+    "federated_secure_select"
+})
 
 
 def _check_secure_sum_bound(bound) -> float:
@@ -172,7 +172,8 @@ def _check_secure_sum_bound(bound) -> float:
         "TFF clips and dequantises with; use e.g. a power of two "
         f"({2.0 ** round(math.log2(bound)):g}).")
   if 2 * bound > float(np.finfo(np.float32).max):
-    raise ValueError(f"--secure_sum_bound must be below 2**127 (2B must fit a float32), got {bound!r}.")
+    raise ValueError(
+        f"--secure_sum_bound must be below 2**127 (2B must fit a float32), got {bound!r}.")
   return bound
 
 
@@ -186,13 +187,16 @@ def secure_sum_error_bound(bound: float, num_clients: int) -> float:
   clients whose values all lie in [-B, B]: `num_clients * Delta / 2` (see
   `sum_factory`). The float32 rounding of the result, `|sum| * 2**-24`, comes on
   top, as it does for the plain float32 sum."""
-  if isinstance(num_clients, bool) or not isinstance(num_clients, (int, np.integer)) or num_clients < 0:
+  if isinstance(num_clients, bool) or not isinstance(num_clients,
+                                                     (int, np.integer)) or num_clients < 0:
     raise ValueError(f"num_clients must be an integer >= 0, got {num_clients!r}.")
   return int(num_clients) * secure_sum_step(bound) / 2.0
 
 
-def sum_factory(name: str = "sum", *, bound: float = DEFAULT_SECURE_SUM_BOUND
-                ) -> tff.aggregators.UnweightedAggregationFactory:
+def sum_factory(
+    name: str = "sum",
+    *,
+    bound: float = DEFAULT_SECURE_SUM_BOUND) -> tff.aggregators.UnweightedAggregationFactory:
   """The inner sum of `GaussianProductFactory` named by the `--aggregator` flag.
 
   * `"sum"`: `tff.aggregators.SumFactory()`, the exact float32 `federated_sum`.
@@ -303,13 +307,11 @@ def secure_sum_context(context=None) -> tff.framework.SyncExecutionContext:
   """
   context = tff.framework.get_context_stack().current if context is None else context
   if not isinstance(context, tff.framework.SyncExecutionContext):
-    raise TypeError(
-        "secure_sum_context needs a tff.framework.SyncExecutionContext (e.g. "
-        "tfbfl.runtime.set_local_runtime().context), got "
-        f"{type(context).__name__}; a multi-worker (mergeable) context must be built "
-        "with compiler_fn=tfbfl.aggregators.mergeable_compiler instead.")
-  return tff.framework.SyncExecutionContext(
-      executor_fn=context.executor_factory,
-      compiler_fn=worker_compiler,
-      transform_args=tff.tensorflow.transform_args,
-      transform_result=tff.tensorflow.transform_result)
+    raise TypeError("secure_sum_context needs a tff.framework.SyncExecutionContext (e.g. "
+                    "tfbfl.runtime.set_local_runtime().context), got "
+                    f"{type(context).__name__}; a multi-worker (mergeable) context must be built "
+                    "with compiler_fn=tfbfl.aggregators.mergeable_compiler instead.")
+  return tff.framework.SyncExecutionContext(executor_fn=context.executor_factory,
+                                            compiler_fn=worker_compiler,
+                                            transform_args=tff.tensorflow.transform_args,
+                                            transform_result=tff.tensorflow.transform_result)

@@ -146,7 +146,7 @@ def top_p_mean(x, p):
   if p == 1.0 or k >= size:
     return x
   flat = tf.reshape(x, [-1])
-  _, top = tf.math.top_k(flat, k=k, sorted=True)   # ties: lower index first
+  _, top = tf.math.top_k(flat, k=k, sorted=True)  # ties: lower index first
   keep = tf.scatter_nd(top[:, None], tf.ones([k], tf.bool), [size])
   # Mean of the dropped entries themselves: sum(all) - sum(top) cancels in float32
   # on heavy-tailed precisions (it gave negative fills where every entry is > 0).
@@ -181,7 +181,7 @@ class CompressedTensor:
     """Bytes of the encoding: CSR arrays + the fill value (dense when p = 1)."""
     itemsize = self.csr.data.dtype.itemsize
     size = int(np.prod(self.shape, dtype=np.int64))
-    if self.csr.nnz == size:   # nothing dropped: sent dense
+    if self.csr.nnz == size:  # nothing dropped: sent dense
       return size * itemsize
     return communication.csr_bytes(self.csr.shape[0], self.csr.nnz, value_bytes=itemsize) + itemsize
 
@@ -203,8 +203,8 @@ def encode(x, p: float) -> CompressedTensor:
   indptr = np.zeros(rows + 1, np.int32)
   np.add.at(indptr, row_of + 1, 1)
   indptr = np.cumsum(indptr, dtype=np.int32)
-  csr = scipy.sparse.csr_matrix(
-      (flat[kept].astype(x.dtype), col_of.astype(np.int32), indptr), shape=(rows, cols))
+  csr = scipy.sparse.csr_matrix((flat[kept].astype(x.dtype), col_of.astype(np.int32), indptr),
+                                shape=(rows, cols))
   return CompressedTensor(tuple(x.shape), csr, fill)
 
 
@@ -214,5 +214,5 @@ def decode(encoded: CompressedTensor) -> np.ndarray:
   dtype = csr.data.dtype
   out = np.full(csr.shape, encoded.fill, dtype=dtype)
   rows = np.repeat(np.arange(csr.shape[0]), np.diff(csr.indptr))
-  out[rows, csr.indices] = csr.data   # explicit entries, zeros included
+  out[rows, csr.indices] = csr.data  # explicit entries, zeros included
   return out.reshape(encoded.shape)

@@ -68,24 +68,24 @@ from tfbfl.data import FederatedData
 
 CHECKPOINT = "checkpoint.npz"  # tfbfl.state_io format; see _save_checkpoint
 LEGACY_CHECKPOINT = "checkpoint.pkl"  # pickles of older versions: never loaded
-BASE_COLUMNS = ("round", "server_accuracy", "server_loss", "mt_accuracy", "mt_loss",
-                "train_loss", "train_accuracy", "wall_time_s")
+BASE_COLUMNS = ("round", "server_accuracy", "server_loss", "mt_accuracy", "mt_loss", "train_loss",
+                "train_accuracy", "wall_time_s")
 
 
 @dataclasses.dataclass
 class RunConfig:
   """How to drive the rounds (the algorithm-independent flags)."""
   rounds: int = options.integer(20, "Communication rounds.", low=1)
-  clients_per_round: int = options.integer(10, "Clients per round C (fixed).", low=1,
-                                           high=10**7)
+  clients_per_round: int = options.integer(10, "Clients per round C (fixed).", low=1, high=10**7)
   eval_every: int = options.integer(1, "Evaluate S and MT every this many rounds.", low=1)
-  seed: int = options.integer(0, "Fixes client sampling, initialisation and data splits.",
+  seed: int = options.integer(0,
+                              "Fixes client sampling, initialisation and data splits.",
                               high=options.MAX_SEED)
-  output_dir: Optional[str] = options.text(
-      None, "Where metrics.csv, summary.json, curves.png go.")
+  output_dir: Optional[str] = options.text(None, "Where metrics.csv, summary.json, curves.png go.")
   checkpoint_every: int = options.integer(0, "Checkpoint every N rounds (0: never).")
-  resume: bool = options.boolean(False, "Continue from the checkpoint in --output_dir (same "
-                                 "flags and data, checked).")
+  resume: bool = options.boolean(
+      False, "Continue from the checkpoint in --output_dir (same "
+      "flags and data, checked).")
   verbose: bool = True
   client_store: str = options.choice(
       "memory", ("memory", "disk"), "Where the controller keeps client states: memory, or "
@@ -106,9 +106,8 @@ class RunConfig:
     if self.rounds < 1:
       raise ValueError(f"--rounds must be >= 1, got {self.rounds}.")
     if not 1 <= self.clients_per_round <= num_clients:
-      raise ValueError(
-          f"--clients_per_round must be in [1, num_clients={num_clients}], "
-          f"got {self.clients_per_round}.")
+      raise ValueError(f"--clients_per_round must be in [1, num_clients={num_clients}], "
+                       f"got {self.clients_per_round}.")
     if self.eval_every < 1:
       raise ValueError(f"--eval_every must be >= 1, got {self.eval_every}.")
     if self.checkpoint_every < 0:
@@ -205,11 +204,13 @@ def aggregate_evaluation(per_client: Sequence[Dict[str, Any]]) -> Dict[str, Any]
   if n <= 0:
     raise ValueError("evaluation needs at least one test example over all clients.")
   total = lambda k: float(sum(float(c[k]) for c in per_client))
-  out = dict(
-      server_accuracy=total("server_correct") / n, server_loss=total("server_loss") / n,
-      mt_accuracy=total("mt_correct") / n, mt_loss=total("mt_loss") / n,
-      client_mt_accuracy=[float(c["mt_correct"]) / max(float(c["num_examples"]), 1.0)
-                          for c in per_client])
+  out = dict(server_accuracy=total("server_correct") / n,
+             server_loss=total("server_loss") / n,
+             mt_accuracy=total("mt_correct") / n,
+             mt_loss=total("mt_loss") / n,
+             client_mt_accuracy=[
+                 float(c["mt_correct"]) / max(float(c["num_examples"]), 1.0) for c in per_client
+             ])
   # Calibration bins add over clients: the ECE of the pooled test set.
   for key in ("server", "mt"):
     if all(f"{key}_calibration" in c for c in per_client):
@@ -253,8 +254,9 @@ def non_finite_leaves(tree, path="server_state"):
     items = [(f"{path}.{k}", v) for k, v in tree.items()]
   elif hasattr(tree, "_fields"):
     items = [(f"{path}.{k}", getattr(tree, k)) for k in tree._fields]
-  elif isinstance(tree, (list, tuple)) or (
-      hasattr(tree, "__iter__") and not isinstance(tree, (str, bytes, np.ndarray, np.generic))):
+  elif isinstance(tree, (list, tuple)) or (hasattr(tree, "__iter__") and
+                                           not isinstance(tree,
+                                                          (str, bytes, np.ndarray, np.generic))):
     items = [(f"{path}[{i}]", v) for i, v in enumerate(tree)]
   else:
     a = np.asarray(tree)
@@ -276,13 +278,18 @@ class ExperimentRunner:
       (e.g. communication accounting adds columns).
   """
 
-  def __init__(self, algorithm, data: FederatedData, config: RunConfig,
+  def __init__(self,
+               algorithm,
+               data: FederatedData,
+               config: RunConfig,
                flags: Optional[Dict[str, Any]] = None,
                round_hook: Optional[Callable[[int, Dict[str, Any]], None]] = None):
     config.validate(len(data.client_ids))
     if not isinstance(algorithm, FederatedAlgorithm):
-      missing = [m for m in ("initial_server_state", "initial_client_state", "next", "evaluate")
-                 if not callable(getattr(algorithm, m, None))]
+      missing = [
+          m for m in ("initial_server_state", "initial_client_state", "next", "evaluate")
+          if not callable(getattr(algorithm, m, None))
+      ]
       raise TypeError(f"{type(algorithm).__name__} is not a tfbfl.algorithms.base."
                       f"FederatedAlgorithm: it lacks {missing}.")
     self.algorithm, self.data, self.config = algorithm, data, config
@@ -303,15 +310,19 @@ class ExperimentRunner:
   # ---------------------------------------------------------------- state
   def _new_client_store(self):
     cfg = self.config
-    directory = cfg.client_store_dir or (
-        os.path.join(cfg.output_dir, "client_states") if cfg.output_dir else None)
+    directory = cfg.client_store_dir or (os.path.join(cfg.output_dir, "client_states")
+                                         if cfg.output_dir else None)
     return client_store_lib.make_client_store(cfg.client_store, directory)
 
   def _fresh_state(self):
     clients = self._new_client_store()
     clients.clear()  # a fresh run in a used directory starts from no states
-    return dict(round=0, server_state=self.algorithm.initial_server_state(),
-                clients=clients, rows=[], client_rows=[], wall_time_s=0.0)
+    return dict(round=0,
+                server_state=self.algorithm.initial_server_state(),
+                clients=clients,
+                rows=[],
+                client_rows=[],
+                wall_time_s=0.0)
 
   def _client_state(self, state, index):
     if index not in state["clients"]:
@@ -340,7 +351,9 @@ class ExperimentRunner:
       tree["client_snapshot"] = snapshot
     else:
       tree["clients"] = dict(state["clients"])
-    meta = dict(kind="checkpoint", round=int(state["round"]), flags=self._checkpoint_flags(),
+    meta = dict(kind="checkpoint",
+                round=int(state["round"]),
+                flags=self._checkpoint_flags(),
                 data_fingerprint=self._data_fingerprint(),
                 client_store=getattr(state["clients"], "kind", "memory"))
     state_io.save(self._checkpoint_path(), tree, meta=meta)
@@ -353,14 +366,14 @@ class ExperimentRunner:
   @staticmethod
   def _comparable_flags(flags):
     """The flags a checkpoint must share with a run that resumes it."""
-    ignore = {"rounds", "resume", "overwrite", "checkpoint_every", "output_dir", "eval_every",
-              "executor", "workers", "call_timeout_s", "verbose", "eval_chunk",
-              "clients_per_group"}
+    ignore = {
+        "rounds", "resume", "overwrite", "checkpoint_every", "output_dir", "eval_every", "executor",
+        "workers", "call_timeout_s", "verbose", "eval_chunk", "clients_per_group"
+    }
     return {k: _plain_flag(v) for k, v in flags.items() if k not in ignore}
 
   @classmethod
-  def check_resumable(cls, output_dir: str, flags: Dict[str, Any],
-                      data_fingerprint: str) -> int:
+  def check_resumable(cls, output_dir: str, flags: Dict[str, Any], data_fingerprint: str) -> int:
     """Cheap check, before any start-up, that `--resume` into `output_dir` can
     work: its checkpoint exists and has a valid manifest written with the same
     flags and data. Returns the checkpoint's round. `run` checks everything
@@ -416,8 +429,8 @@ class ExperimentRunner:
     except ValueError as e:
       raise ValueError(f"--resume: {e}") from None
     self._check_meta(path, meta, self._checkpoint_flags(), self._data_fingerprint())
-    if (not isinstance(state, dict) or state.get("round") != meta["round"]
-        or "server_state" not in state):
+    if (not isinstance(state, dict) or state.get("round") != meta["round"] or
+        "server_state" not in state):
       raise ValueError(f"--resume: {path} is a tfbfl state file but not a checkpoint.")
     if "clients" in state:
       state["clients"] = client_store_lib.MemoryClientStore(state["clients"])
@@ -458,7 +471,8 @@ class ExperimentRunner:
       store_dir = cfg.client_store_dir or os.path.join(cfg.output_dir, "client_states")
       for directory in (cfg.output_dir, store_dir):
         state_io.remove_stale_temporaries(directory)
-      removed = run_dir_lib.refuse_or_clear(cfg.output_dir, resume=cfg.resume,
+      removed = run_dir_lib.refuse_or_clear(cfg.output_dir,
+                                            resume=cfg.resume,
                                             overwrite=cfg.overwrite)
       if removed and cfg.verbose:
         print(f"--overwrite: removed {', '.join(removed)} from {cfg.output_dir}", flush=True)
@@ -556,12 +570,12 @@ class ExperimentRunner:
     clients = state["clients"]
     for ids in chunks([i for i in range(k) if i not in self._mt_cache]):
       states = []
-      for i in ids:   # a never-trained client: its initial state, rebuilt, not stored
+      for i in ids:  # a never-trained client: its initial state, rebuilt, not stored
         s = clients.get(i)
         states.append(self.algorithm.initial_client_state(i) if s is None else s)
       out = self.algorithm.evaluate_clients(states, ids, [seeds[i] for i in ids],
                                             [self._test[i] for i in ids])
-      del states   # disk store: one chunk of states in memory at a time
+      del states  # disk store: one chunk of states in memory at a time
       for i, r in zip(ids, self._rekey(ids, out, "evaluation results")):
         self._mt_cache[i] = _plain_sums(r)
       self.eval_counts["calls"] += 1
@@ -586,7 +600,7 @@ class ExperimentRunner:
     if cfg.resume and self.config.verbose:
       print(f"resumed from {self._checkpoint_path()} at round {state['round']}", flush=True)
     k = len(self.client_ids)
-    self._mt_cache = {}   # a resumed run recomputes every client's MT once
+    self._mt_cache = {}  # a resumed run recomputes every client's MT once
     start_round = state["round"] + 1
     clock = time.time() - state["wall_time_s"]
     session_start, session_rounds = time.time(), 0
@@ -609,20 +623,23 @@ class ExperimentRunner:
       state["server_state"] = server_state
       for i, s in zip(selected, self._rekey(selected, new_states)):
         state["clients"][i] = s
-        self._mt_cache.pop(i, None)   # trained: its MT is recomputed at the next evaluation
+        self._mt_cache.pop(i, None)  # trained: its MT is recomputed at the next evaluation
       state["round"] = r
       session_rounds += 1
       flat = _flatten_metrics(metrics)
       if cfg.verbose and flat.get("clients_dropped", 0) >= len(selected):
-        print(f"[{self.algorithm.name}] round {r}: all {len(selected)} client updates were dropped "
-              "(non-finite, or norm above --max_update_ratio); the server model is unchanged.",
-              flush=True)
+        print(
+            f"[{self.algorithm.name}] round {r}: all {len(selected)} client updates were dropped "
+            "(non-finite, or norm above --max_update_ratio); the server model is unchanged.",
+            flush=True)
       round_bytes = getattr(self.algorithm, "round_bytes", None)
       if round_bytes is not None:
         up, down = round_bytes(len(selected), flat)
         state["bytes_up_total"] = state.get("bytes_up_total", 0) + up
         state["bytes_down_total"] = state.get("bytes_down_total", 0) + down
-        flat.update(bytes_up=up, bytes_down=down, bytes_up_total=state["bytes_up_total"],
+        flat.update(bytes_up=up,
+                    bytes_down=down,
+                    bytes_up_total=state["bytes_up_total"],
                     bytes_down_total=state["bytes_down_total"])
       if self.round_hook is not None:
         self.round_hook(r, flat)
@@ -632,11 +649,17 @@ class ExperimentRunner:
         if diagnostics is not None:
           flat.update(diagnostics(state["server_state"], state["clients"]))
         ev = self.evaluate(state)
-        row = dict(round=r, **{k2: v for k2, v in ev.items() if k2 != "client_mt_accuracy"},
-                   **flat, wall_time_s=time.time() - clock)
+        row = dict(round=r,
+                   **{
+                       k2: v for k2, v in ev.items() if k2 != "client_mt_accuracy"
+                   },
+                   **flat,
+                   wall_time_s=time.time() - clock)
         state["rows"].append(row)
         state["client_rows"].append(
-            dict(round=r, **{c: a for c, a in zip(self.client_ids, ev["client_mt_accuracy"])}))
+            dict(round=r, **{
+                c: a for c, a in zip(self.client_ids, ev["client_mt_accuracy"])
+            }))
         self._report(r, row, session_start, session_rounds)
         self._write_outputs(state)
       if cfg.output_dir and cfg.checkpoint_every and r % cfg.checkpoint_every == 0:
@@ -656,26 +679,35 @@ class ExperimentRunner:
     print(f"[{self.algorithm.name}] round {r}/{self.config.rounds}  "
           f"S acc {row['server_accuracy']:.4f} loss {row['server_loss']:.4f}  "
           f"MT acc {row['mt_accuracy']:.4f} loss {row['mt_loss']:.4f}  "
-          f"train loss {row.get('train_loss', float('nan')):.4f}  "
-          + (f"dropped {int(row['clients_dropped'])}/{self.config.clients_per_round}  "
-             if "clients_dropped" in row else "")
-          + f"{per_round:.2f} s/round  ETA {int(eta // 60)}:{int(eta % 60):02d}",
-          file=sys.stdout, flush=True)
+          f"train loss {row.get('train_loss', float('nan')):.4f}  " +
+          (f"dropped {int(row['clients_dropped'])}/{self.config.clients_per_round}  "
+           if "clients_dropped" in row else "") +
+          f"{per_round:.2f} s/round  ETA {int(eta // 60)}:{int(eta % 60):02d}",
+          file=sys.stdout,
+          flush=True)
 
   def summary(self, state) -> Dict[str, Any]:
     rows = state["rows"]
     best = lambda key: max(r[key] for r in rows)
     return dict(
-        algorithm=self.algorithm.name, flags=self.flags, rounds=state["round"],
-        best_server_accuracy=best("server_accuracy"), best_mt_accuracy=best("mt_accuracy"),
+        algorithm=self.algorithm.name,
+        flags=self.flags,
+        rounds=state["round"],
+        best_server_accuracy=best("server_accuracy"),
+        best_mt_accuracy=best("mt_accuracy"),
         best_global_accuracy=best("server_accuracy"),
-        final_server_accuracy=rows[-1]["server_accuracy"], final_mt_accuracy=rows[-1]["mt_accuracy"],
-        final_server_loss=rows[-1]["server_loss"], final_mt_loss=rows[-1]["mt_loss"],
+        final_server_accuracy=rows[-1]["server_accuracy"],
+        final_mt_accuracy=rows[-1]["mt_accuracy"],
+        final_server_loss=rows[-1]["server_loss"],
+        final_mt_loss=rows[-1]["mt_loss"],
         # NLL = the test cross-entropy of the evaluated predictive (metrics.csv's losses).
-        final_server_nll=rows[-1]["server_loss"], final_mt_nll=rows[-1]["mt_loss"],
-        final_server_ece=rows[-1].get("server_ece"), final_mt_ece=rows[-1].get("mt_ece"),
+        final_server_nll=rows[-1]["server_loss"],
+        final_mt_nll=rows[-1]["mt_loss"],
+        final_server_ece=rows[-1].get("server_ece"),
+        final_mt_ece=rows[-1].get("mt_ece"),
         wall_time_s=state["wall_time_s"],
-        bytes_up_total=state.get("bytes_up_total"), bytes_down_total=state.get("bytes_down_total"))
+        bytes_up_total=state.get("bytes_up_total"),
+        bytes_down_total=state.get("bytes_down_total"))
 
   def _write_outputs(self, state, final=False, summary=None):
     out = self.config.output_dir

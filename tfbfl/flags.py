@@ -38,8 +38,7 @@ def _define_one(name: str, default: Any, option: options.Option, flag_values) ->
   elif option.kind == "str":
     absl_flags.DEFINE_string(name, default, help_text, flag_values=flag_values)
   elif option.kind == "enum":
-    absl_flags.DEFINE_enum(name, default, list(option.choices), help_text,
-                           flag_values=flag_values)
+    absl_flags.DEFINE_enum(name, default, list(option.choices), help_text, flag_values=flag_values)
   else:  # "ints", "strs": comma-separated lists
     listed = None if default is None else [str(x) for x in default]
     absl_flags.DEFINE_list(name, listed, help_text, flag_values=flag_values)
@@ -54,8 +53,10 @@ def _define_one(name: str, default: Any, option: options.Option, flag_values) ->
   absl_flags.register_validator(name, check, flag_values=flag_values)
 
 
-def define(names: Optional[Iterable[str]] = None, flag_values=FLAGS,
-           defaults: Optional[Dict[str, Any]] = None, check_combinations: bool = True) -> List[str]:
+def define(names: Optional[Iterable[str]] = None,
+           flag_values=FLAGS,
+           defaults: Optional[Dict[str, Any]] = None,
+           check_combinations: bool = True) -> List[str]:
   """Defines the flags `names` (default: every setting and `--algorithm`).
 
   `defaults` overrides the declared default of some flags (a launcher running a
@@ -71,27 +72,32 @@ def define(names: Optional[Iterable[str]] = None, flag_values=FLAGS,
   defaults = dict(defaults or {})
   for name in wanted:
     if name == "algorithm":
-      absl_flags.DEFINE_enum(
-          "algorithm", defaults.pop(name, training.DEFAULT_ALGORITHM),
-          list(training.algorithm_names()),
-          "Federated algorithm: " + "; ".join(
-              f"{s.name}: {s.summary}" for s in training.registry.specs()),
-          flag_values=flag_values)
+      absl_flags.DEFINE_enum("algorithm",
+                             defaults.pop(name, training.DEFAULT_ALGORITHM),
+                             list(training.algorithm_names()),
+                             "Federated algorithm: " +
+                             "; ".join(f"{s.name}: {s.summary}" for s in training.registry.specs()),
+                             flag_values=flag_values)
       continue
     default, option = table[name]
     if name in defaults:
       value = defaults.pop(name)
-      option = options.Option(**{**option.__dict__, "help": f"{option.help} (this "
-                                 f"experiment's default; the library's: {default!r})"})
+      option = options.Option(
+          **{
+              **option.__dict__, "help": f"{option.help} (this "
+                                         f"experiment's default; the library's: {default!r})"
+          })
       default = value
     _define_one(name, default, option, flag_values)
   if check_combinations:
+
     def combinations(values):
       try:
         training.resolve_params(_params(values))
       except ValueError as e:
         raise absl_flags.ValidationError(str(e)) from None
       return True
+
     absl_flags.register_multi_flags_validator(wanted, combinations, flag_values=flag_values)
   return wanted
 
@@ -115,12 +121,29 @@ def fail(program: str, message: str) -> None:
 
 def parser(program: str, flag_values=FLAGS) -> Callable[[List[str]], List[str]]:
   """An `app.run(flags_parser=...)` that reports a bad flag in one line."""
+
   def parse(argv: List[str]) -> List[str]:
     try:
       return flag_values(argv)
     except absl_flags.Error as e:
       message = str(e)
-      if message.startswith("flag") and ": --" in message:   # "flag --x=v: --x must ..."
+      if message.startswith("flag") and ": --" in message:  # "flag --x=v: --x must ..."
         message = message[message.index(": --") + 2:]
       fail(program, message)
+
   return parse
+
+
+def run(main: Callable[[List[str]], Any], program: str) -> None:
+  """`app.run(main)` for a launcher: a bad flag (at parse time) or a `ValueError`,
+  `FileNotFoundError` or `app.UsageError` raised by `main` ends the program with one
+  line `FATAL <program>: ...` and status 1, without the module's help."""
+  from absl import app  # pylint: disable=g-import-not-at-top
+
+  def guarded(argv):
+    try:
+      return main(argv)
+    except (app.UsageError, ValueError, FileNotFoundError) as e:
+      fail(program, str(e))
+
+  app.run(guarded, flags_parser=parser(program))

@@ -126,8 +126,7 @@ __all__ = [
 _POLICIES = ("raise", "floor", "allow")
 
 
-class NaturalGaussian(
-    collections.namedtuple("NaturalGaussian", ["eta1", "eta2"])):
+class NaturalGaussian(collections.namedtuple("NaturalGaussian", ["eta1", "eta2"])):
   """A mean-field Gaussian in natural parameters.
 
   `eta1 = mu * lambda` and `eta2 = lambda = 1 / sigma**2`, each a nested
@@ -162,20 +161,17 @@ def _convert_leaves(leaves, name):
   """Converts leaves that are combined elementwise to tensors of one dtype."""
   # A tensor's dtype wins over a numpy array's, which wins over float32, so
   # mixing e.g. a Python number with a float64 tensor just works.
-  tensor_dtypes = {x.dtype for x in leaves
-                   if tf.is_tensor(x) and x.dtype.is_floating}
+  tensor_dtypes = {x.dtype for x in leaves if tf.is_tensor(x) and x.dtype.is_floating}
   if len(tensor_dtypes) > 1:
-    raise ValueError(
-        f"`{name}`: expected leaves of one floating dtype to combine, got "
-        f"{sorted(d.name for d in tensor_dtypes)}.")
+    raise ValueError(f"`{name}`: expected leaves of one floating dtype to combine, got "
+                     f"{sorted(d.name for d in tensor_dtypes)}.")
   if tensor_dtypes:
     dtype = tensor_dtypes.pop()
   else:
     other = {_leaf_dtype(x) for x in leaves} - {None}
     if len(other) > 1:
-      raise ValueError(
-          f"`{name}`: expected leaves of one floating dtype to combine, got "
-          f"{sorted(d.name for d in other)}.")
+      raise ValueError(f"`{name}`: expected leaves of one floating dtype to combine, got "
+                       f"{sorted(d.name for d in other)}.")
     dtype = other.pop() if other else tf.float32
   out = []
   for x in leaves:
@@ -185,9 +181,8 @@ def _convert_leaves(leaves, name):
   first = out[0].shape
   for t in out[1:]:
     if not first.is_compatible_with(t.shape):
-      raise ValueError(
-          f"`{name}`: expected leaves of identical shape, got {first} and "
-          f"{t.shape}.")
+      raise ValueError(f"`{name}`: expected leaves of identical shape, got {first} and "
+                       f"{t.shape}.")
   return out
 
 
@@ -199,15 +194,13 @@ def _as_gaussian(g, name):
     # E.g. a TFF `Struct` whose Python container type was lost.
     eta1, eta2 = g.eta1, g.eta2
   else:
-    raise ValueError(
-        f"`{name}` must be a `NaturalGaussian` (with fields `eta1`, `eta2`), "
-        f"got {type(g).__name__}.")
+    raise ValueError(f"`{name}` must be a `NaturalGaussian` (with fields `eta1`, `eta2`), "
+                     f"got {type(g).__name__}.")
   try:
     tf.nest.assert_same_structure(eta1, eta2, check_types=False)
   except (ValueError, TypeError) as e:
-    raise ValueError(
-        f"`{name}.eta1` and `{name}.eta2` must have the same structure: "
-        f"{e}") from None
+    raise ValueError(f"`{name}.eta1` and `{name}.eta2` must have the same structure: "
+                     f"{e}") from None
   return NaturalGaussian(eta1, eta2)
 
 
@@ -224,22 +217,19 @@ def _canonical(named_gaussians):
     try:
       tf.nest.assert_same_structure(ref, g.eta1, check_types=False)
     except (ValueError, TypeError) as e:
-      raise ValueError(
-          f"`{n}` must have the same structure as `{names[0]}`: {e}") from None
+      raise ValueError(f"`{n}` must have the same structure as `{names[0]}`: {e}") from None
   n = len(tf.nest.flatten(ref))
   e1s = [tf.nest.flatten(g.eta1) for g in gs]
   e2s = [tf.nest.flatten(g.eta2) for g in gs]
   label = "`, `".join(names)
   # converted[i] = [eta1_i of every factor..., eta2_i of every factor...].
-  converted = [
-      _convert_leaves([e[i] for e in e1s] + [e[i] for e in e2s], label)
-      for i in range(n)
-  ]
+  converted = [_convert_leaves([e[i] for e in e1s] + [e[i] for e in e2s], label) for i in range(n)]
   k = len(gs)
   return [
-      NaturalGaussian(
-          tf.nest.pack_sequence_as(ref, [c[j] for c in converted]),
-          tf.nest.pack_sequence_as(ref, [c[k + j] for c in converted]))
+      NaturalGaussian(tf.nest.pack_sequence_as(ref, [c[j]
+                                                     for c in converted]),
+                      tf.nest.pack_sequence_as(ref, [c[k + j]
+                                                     for c in converted]))
       for j in range(k)
   ]
 
@@ -257,8 +247,9 @@ def _map(fn, *structures):
 
 def _count(predicate_fn, structure):
   """int32 number of entries of `structure` where `predicate_fn` is True."""
-  counts = [tf.math.count_nonzero(predicate_fn(x), dtype=tf.int32)
-            for x in tf.nest.flatten(structure)]
+  counts = [
+      tf.math.count_nonzero(predicate_fn(x), dtype=tf.int32) for x in tf.nest.flatten(structure)
+  ]
   return tf.add_n(counts) if counts else tf.constant(0, tf.int32)
 
 
@@ -362,8 +353,7 @@ def precision(g):
 def to_normal(g):
   """Structure of `tfp.distributions.Normal(eta1 / eta2, eta2**-1/2)`."""
   loc, scale = to_loc_scale(g)
-  return _map(lambda m, s: tfp.distributions.Normal(loc=m, scale=s),
-              loc, scale)
+  return _map(lambda m, s: tfp.distributions.Normal(loc=m, scale=s), loc, scale)
 
 
 def flat(like, dtype=None):
@@ -386,8 +376,7 @@ def flat(like, dtype=None):
     dtype = tf.as_dtype(dtype)
     if not dtype.is_floating:
       raise ValueError(f"`dtype` must be a floating dtype, got {dtype.name}.")
-  if isinstance(like, NaturalGaussian) or (
-      hasattr(like, "eta1") and hasattr(like, "eta2")):
+  if isinstance(like, NaturalGaussian) or (hasattr(like, "eta1") and hasattr(like, "eta2")):
     like = like.eta1
 
   def zeros(x):
@@ -435,16 +424,16 @@ def floor_precision(g, fallback, min_precision):
 
   def fix(e1, e2, m):
     bad = e2 < min_precision
-    return (tf.where(bad, min_precision * m, e1), tf.where(bad, tf.ones_like(e2) * min_precision, e2),
-            tf.reduce_sum(tf.cast(bad, tf.int32)))
+    return (tf.where(bad, min_precision * m,
+                     e1), tf.where(bad,
+                                   tf.ones_like(e2) * min_precision,
+                                   e2), tf.reduce_sum(tf.cast(bad, tf.int32)))
 
   fixed = tf.nest.map_structure(fix, g.eta1, g.eta2, fallback_mean)
   leaves = tf.nest.flatten(fixed)
   eta1 = tf.nest.pack_sequence_as(g.eta1, leaves[0::3])
   eta2 = tf.nest.pack_sequence_as(g.eta2, leaves[1::3])
   return NaturalGaussian(eta1, eta2), tf.add_n(leaves[2::3])
-
-
 
 
 def product(*gs):
@@ -474,8 +463,7 @@ def product(*gs):
   return NaturalGaussian(eta1, eta2)
 
 
-def ratio_with_count(numerator, denominator, *, on_nonpositive="floor",
-                     min_precision=1e-8):
+def ratio_with_count(numerator, denominator, *, on_nonpositive="floor", min_precision=1e-8):
   """Ratio `numerator / denominator` and the number of floored entries.
 
   `eta = eta^num - eta^den`; entries whose precision is not positive are
@@ -507,8 +495,7 @@ def ratio_with_count(numerator, denominator, *, on_nonpositive="floor",
     raise ValueError(f"`on_nonpositive` must be one of {_POLICIES}, got "
                      f"{on_nonpositive!r}.")
   _check_python_number(min_precision, "min_precision", low=0., low_open=True)
-  num, den = _canonical([(numerator, "numerator"),
-                         (denominator, "denominator")])
+  num, den = _canonical([(numerator, "numerator"), (denominator, "denominator")])
   eta1 = _map(tf.math.subtract, num.eta1, den.eta1)
   eta2 = _map(tf.math.subtract, num.eta2, den.eta2)
 
@@ -519,8 +506,7 @@ def ratio_with_count(numerator, denominator, *, on_nonpositive="floor",
   if on_nonpositive == "raise":
     # `not (x > 0)` also catches NaN.
     bad = _count(lambda x: tf.math.logical_not(x > 0), eta2)
-    out = _guard(tf.equal(bad, 0),
-                 "ratio left {} entries with non-positive precision", [bad],
+    out = _guard(tf.equal(bad, 0), "ratio left {} entries with non-positive precision", [bad],
                  NaturalGaussian(eta1, eta2))
     return out, tf.constant(0, tf.int32)
 
@@ -529,23 +515,19 @@ def ratio_with_count(numerator, denominator, *, on_nonpositive="floor",
     keep = e2 > floor_value
     # divide_no_nan: a flat numerator gets mean 0 instead of NaN.
     num_mean = tf.math.divide_no_nan(n1, n2)
-    return (tf.where(keep, e1, floor_value * num_mean),
-            tf.where(keep, e2, floor_value))
+    return (tf.where(keep, e1, floor_value * num_mean), tf.where(keep, e2, floor_value))
 
-  floored = [floor(*leaves) for leaves in zip(
-      tf.nest.flatten(eta1), tf.nest.flatten(eta2),
-      tf.nest.flatten(num.eta1), tf.nest.flatten(num.eta2))]
-  count = _count(
-      lambda x: tf.math.logical_not(x > _scalar(min_precision, x.dtype)),
-      eta2)
-  out = NaturalGaussian(
-      tf.nest.pack_sequence_as(eta1, [f[0] for f in floored]),
-      tf.nest.pack_sequence_as(eta2, [f[1] for f in floored]))
+  floored = [
+      floor(*leaves) for leaves in zip(tf.nest.flatten(eta1), tf.nest.flatten(eta2),
+                                       tf.nest.flatten(num.eta1), tf.nest.flatten(num.eta2))
+  ]
+  count = _count(lambda x: tf.math.logical_not(x > _scalar(min_precision, x.dtype)), eta2)
+  out = NaturalGaussian(tf.nest.pack_sequence_as(eta1, [f[0] for f in floored]),
+                        tf.nest.pack_sequence_as(eta2, [f[1] for f in floored]))
   return out, count
 
 
-def ratio(numerator, denominator, *, on_nonpositive="raise",
-          min_precision=1e-8):
+def ratio(numerator, denominator, *, on_nonpositive="raise", min_precision=1e-8):
   """Ratio `numerator / denominator`: `eta = eta^num - eta^den`.
 
   Same as `ratio_with_count` without the count, and raising by default:
@@ -563,7 +545,8 @@ def ratio(numerator, denominator, *, on_nonpositive="raise",
   Raises:
     ValueError: see `ratio_with_count`.
   """
-  out, _ = ratio_with_count(numerator, denominator,
+  out, _ = ratio_with_count(numerator,
+                            denominator,
                             on_nonpositive=on_nonpositive,
                             min_precision=min_precision)
   return out
@@ -618,8 +601,7 @@ def damp(new, old, gamma):
     # Not `o + g * (n - o)`: this form returns each endpoint exactly.
     return g * n + (1. - g) * o
 
-  return NaturalGaussian(_map(mix, new.eta1, old.eta1),
-                         _map(mix, new.eta2, old.eta2))
+  return NaturalGaussian(_map(mix, new.eta1, old.eta1), _map(mix, new.eta2, old.eta2))
 
 
 def precision_weighted_mean(gs, weights):
@@ -660,18 +642,15 @@ def precision_weighted_mean(gs, weights):
 
   if tf.is_tensor(weights):
     if weights.shape.rank is not None and weights.shape.rank != 1:
-      raise ValueError(
-          f"`weights` must be 1-D, got shape {weights.shape}.")
+      raise ValueError(f"`weights` must be 1-D, got shape {weights.shape}.")
     if weights.shape.rank == 1 and weights.shape[0] not in (None, n):
       raise ValueError(f"`weights` must have length len(gs) = {n}, got "
                        f"{weights.shape[0]}.")
     w = tf.cast(weights, dtype)
     w = _guard(
-        tf.math.logical_and(
-            tf.equal(tf.size(w), n),
-            tf.reduce_all(tf.math.logical_and(w >= 0, tf.math.is_finite(w)))),
-        "`weights` must be " + str(n) +
-        " non-negative finite numbers, got {}", [w], w)
+        tf.math.logical_and(tf.equal(tf.size(w), n),
+                            tf.reduce_all(tf.math.logical_and(w >= 0, tf.math.is_finite(w)))),
+        "`weights` must be " + str(n) + " non-negative finite numbers, got {}", [w], w)
     ws = tf.unstack(tf.reshape(w, [n]), num=n)
   else:
     array = np.asarray(weights, dtype=np.float64)
@@ -688,8 +667,7 @@ def precision_weighted_mean(gs, weights):
   def combine(*xs):
     return tf.math.add_n([wi * x for wi, x in zip(ws, xs)])
 
-  return NaturalGaussian(_map(combine, *[g.eta1 for g in gs]),
-                         _map(combine, *[g.eta2 for g in gs]))
+  return NaturalGaussian(_map(combine, *[g.eta1 for g in gs]), _map(combine, *[g.eta2 for g in gs]))
 
 
 # ---------------------------------------------------------------------------
@@ -765,8 +743,7 @@ def sample(g, seed):
   seeds = tf.random.experimental.stateless_split(seed, num=len(eta1))
   draws = []
   for i, (e1, e2) in enumerate(zip(eta1, eta2)):
-    eps = tf.random.stateless_normal(tf.shape(e1), seed=seeds[i],
-                                     dtype=e1.dtype)
+    eps = tf.random.stateless_normal(tf.shape(e1), seed=seeds[i], dtype=e1.dtype)
     draws.append(e1 / e2 + eps * tf.math.rsqrt(e2))
   return tf.nest.pack_sequence_as(g.eta1, draws)
 
@@ -790,11 +767,9 @@ def check_valid(g, name):
     raise ValueError(f"`name` must be a string, got {type(name).__name__}.")
   g = _canonical([(g, name)])[0]
   nonpositive = _count(lambda x: tf.math.logical_not(x > 0), g.eta2)
-  nonfinite = _count(lambda x: tf.math.logical_not(tf.math.is_finite(x)),
-                     [g.eta1, g.eta2])
+  nonfinite = _count(lambda x: tf.math.logical_not(tf.math.is_finite(x)), [g.eta1, g.eta2])
   # `{}` in a user-given name would be read as a placeholder.
   label = name.replace("{", "(").replace("}", ")")
-  return _guard(
-      tf.math.logical_and(tf.equal(nonpositive, 0), tf.equal(nonfinite, 0)),
-      label + ": {} entries with non-positive precision and {} non-finite "
-      "parameters", [nonpositive, nonfinite], g)
+  return _guard(tf.math.logical_and(tf.equal(nonpositive, 0), tf.equal(nonfinite, 0)),
+                label + ": {} entries with non-positive precision and {} non-finite "
+                "parameters", [nonpositive, nonfinite], g)

@@ -38,8 +38,8 @@ def calibration_sums(probs, labels, num_bins: int = NUM_BINS):
 
   probs = tf.convert_to_tensor(probs, tf.float32)
   conf = tf.reduce_max(probs, axis=-1)
-  correct = tf.cast(tf.equal(tf.argmax(probs, -1, output_type=tf.int32),
-                             tf.cast(labels, tf.int32)), tf.float32)
+  correct = tf.cast(tf.equal(tf.argmax(probs, -1, output_type=tf.int32), tf.cast(labels, tf.int32)),
+                    tf.float32)
   # Bin b holds (b/B, (b+1)/B]; ceil(conf * B) - 1, clipped, puts 0 into bin 0.
   bins = tf.clip_by_value(tf.cast(tf.math.ceil(conf * num_bins), tf.int32) - 1, 0, num_bins - 1)
   ones = tf.ones_like(conf)
@@ -59,7 +59,8 @@ def expected_calibration_error(sums: Sequence[Sequence[float]]) -> float:
   return float(np.sum(np.abs(correct - conf)) / n)
 
 
-def numpy_calibration_sums(probs: np.ndarray, labels: np.ndarray,
+def numpy_calibration_sums(probs: np.ndarray,
+                           labels: np.ndarray,
                            num_bins: int = NUM_BINS) -> np.ndarray:
   """`calibration_sums` in numpy (the reference the TF version is tested against)."""
   probs = np.asarray(probs, np.float32)

@@ -6,16 +6,16 @@ Import from `tfbfl.networks` (or its family modules) in new code.
 
 from tfbfl.networks.conv import build_mcmahan_cnn
 from tfbfl.networks.mlp import (
-  VirtualNetworks,
-  build_deterministic_mlp,
-  initial_private_weights,
-  initial_shared_posterior,
+    VirtualNetworks,
+    build_deterministic_mlp,
+    initial_private_weights,
+    initial_shared_posterior,
 )
 
 __all__ = [
-  "VirtualNetworks",
-  "build_deterministic_mlp",
-  "initial_private_weights",
-  "initial_shared_posterior",
-  "build_mcmahan_cnn",
+    "VirtualNetworks",
+    "build_deterministic_mlp",
+    "initial_private_weights",
+    "initial_shared_posterior",
+    "build_mcmahan_cnn",
 ]

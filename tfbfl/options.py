@@ -24,10 +24,10 @@ import math
 import numbers
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
-MAX_RATE = 1e3       # learning rates / steps and prior / initial scales
-MAX_WEIGHT = 1e6     # penalty strengths and loss weights (KL beta, mu, lambdas)
+MAX_RATE = 1e3  # learning rates / steps and prior / initial scales
+MAX_WEIGHT = 1e6  # penalty strengths and loss weights (KL beta, mu, lambdas)
 MAX_SEED = 2**63 - 1
-MAX_COUNT = 10**9    # rounds, epochs, batch sizes, ...
+MAX_COUNT = 10**9  # rounds, epochs, batch sizes, ...
 # Upper bounds that only guard the command line against typos (see `Option.check`).
 SANITY_CEILINGS = (MAX_RATE, MAX_WEIGHT, MAX_COUNT)
 
@@ -150,15 +150,26 @@ def _field(default, option: Option):
   return dataclasses.field(default=default, metadata={"option": option})
 
 
-def integer(default: Optional[int], help: str, *, low: float = 0, high: float = MAX_COUNT,
-            flag: Optional[str] = None, none_ok: bool = False):
+def integer(default: Optional[int],
+            help: str,
+            *,
+            low: float = 0,
+            high: float = MAX_COUNT,
+            flag: Optional[str] = None,
+            none_ok: bool = False):
   """An int setting in [low, high]."""
   return _field(default, Option("int", help, flag, low, high, none_ok=none_ok))
 
 
-def real(default: Optional[float], help: str, *, low: Optional[float] = 0.0,
-         high: Optional[float] = MAX_RATE, low_open: bool = False, inf_ok: bool = False,
-         flag: Optional[str] = None, none_ok: bool = False):
+def real(default: Optional[float],
+         help: str,
+         *,
+         low: Optional[float] = 0.0,
+         high: Optional[float] = MAX_RATE,
+         low_open: bool = False,
+         inf_ok: bool = False,
+         flag: Optional[str] = None,
+         none_ok: bool = False):
   """A float setting in [low, high] (or (low, high] with `low_open`); +inf if `inf_ok`."""
   return _field(default, Option("float", help, flag, low, high, low_open, inf_ok, none_ok))
 

@@ -37,8 +37,8 @@ from tfbfl import state_io
 LOCK_FILE = ".tfbfl.lock"
 # Files and directories a run writes into its output directory (besides the
 # lock and temporaries); `clear_outputs` removes exactly these.
-OUTPUT_FILES = ("metrics.csv", "client_metrics.csv", "summary.json", "curves.png",
-                "checkpoint.npz", "checkpoint.pkl")
+OUTPUT_FILES = ("metrics.csv", "client_metrics.csv", "summary.json", "curves.png", "checkpoint.npz",
+                "checkpoint.pkl")
 OUTPUT_DIRS = ("tb", "client_states")
 _SNAPSHOT = re.compile(r"^client_states_r\d+$")
 

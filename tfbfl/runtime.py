@@ -100,10 +100,8 @@ def worker_binary_path() -> str:
     raise RuntimeError("tensorflow-federated is not installed; see BUILD.md.")
   path = os.path.join(list(spec.submodule_search_locations)[0], "data", "worker_binary")
   if not os.path.isfile(path):
-    raise RuntimeError(
-        f"TFF worker binary not found at {path}; reinstall "
-        "tensorflow-federated==0.87.0 (see BUILD.md)."
-    )
+    raise RuntimeError(f"TFF worker binary not found at {path}; reinstall "
+                       "tensorflow-federated==0.87.0 (see BUILD.md).")
   return path
 
 
@@ -128,7 +126,8 @@ def _die_with_parent() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def _terminate(process: Optional[subprocess.Popen], timeout_s: float = 5.0,
+def _terminate(process: Optional[subprocess.Popen],
+               timeout_s: float = 5.0,
                sock_dir: Optional[str] = None) -> None:
   """SIGTERM, then SIGKILL after `timeout_s`; always reaps the process and
   removes its socket directory."""
@@ -311,10 +310,13 @@ def _netns_available() -> bool:
   if _NETNS_OK is None:
     _libc()
     try:
-      subprocess.run([sys.executable, "-S", "-c", ""], preexec_fn=_enter_private_network,
+      subprocess.run([sys.executable, "-S", "-c", ""],
+                     preexec_fn=_enter_private_network,
                      check=True,
-                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                     stderr=subprocess.DEVNULL, timeout=30)
+                     stdin=subprocess.DEVNULL,
+                     stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL,
+                     timeout=30)
       _NETNS_OK = True
     except (subprocess.SubprocessError, OSError):
       _NETNS_OK = False
@@ -342,7 +344,9 @@ def _loopback_shim() -> Optional[str]:
       f.write(_SHIM_SOURCE)
     out = os.path.join(tmp, "shim.so")
     done = subprocess.run([compiler, "-shared", "-fPIC", "-O2", "-o", out, src, "-ldl"],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True,
+                          text=True,
+                          timeout=120)
     if done.returncode != 0:
       return None
     os.replace(out, path)
@@ -421,16 +425,21 @@ class WorkerProcess:
       self._sock_dir = tempfile.mkdtemp(prefix="tfbfl-w-", dir=_short_tmp())
       sock_path = os.path.join(self._sock_dir, "worker.sock")
       self.address = f"unix:{sock_path}"
-      args = [sys.executable, "-S", "-c", _BRIDGE_SOURCE, self.binary, str(self.port),
-              sock_path, str(max_concurrent_computation_calls)]
+      args = [
+          sys.executable, "-S", "-c", _BRIDGE_SOURCE, self.binary,
+          str(self.port), sock_path,
+          str(max_concurrent_computation_calls)
+      ]
       preexec = _enter_private_network
       name = f"{os.getpid()}_{os.path.basename(self._sock_dir)}"
     else:
       self.port = port or portpicker.pick_unused_port()
       host = "127.0.0.1" if self.isolation == "loopback" else "localhost"
       self.address = f"{host}:{self.port}"
-      args = [self.binary, f"--port={self.port}",
-              f"--max_concurrent_computation_calls={max_concurrent_computation_calls}"]
+      args = [
+          self.binary, f"--port={self.port}",
+          f"--max_concurrent_computation_calls={max_concurrent_computation_calls}"
+      ]
       if self.isolation == "loopback":
         env["LD_PRELOAD"] = " ".join(filter(None, [_loopback_shim(), env.get("LD_PRELOAD")]))
       preexec = _die_with_parent
@@ -441,8 +450,13 @@ class WorkerProcess:
     self._log_file = open(self.log_path, "ab")  # pylint: disable=consider-using-with
     try:
       self.process = subprocess.Popen(  # pylint: disable=consider-using-with
-          args, stdin=subprocess.DEVNULL, stdout=self._log_file, stderr=subprocess.STDOUT,
-          preexec_fn=preexec, close_fds=True, env=env)
+          args,
+          stdin=subprocess.DEVNULL,
+          stdout=self._log_file,
+          stderr=subprocess.STDOUT,
+          preexec_fn=preexec,
+          close_fds=True,
+          env=env)
     except BaseException:
       self._log_file.close()
       self._remove_sock_dir()
@@ -481,8 +495,7 @@ class WorkerProcess:
         self.close()
         raise RuntimeError(
             f"TFF worker {self.binary} at {self.address} did not become ready "
-            f"within {timeout_s:.0f} s. Log {self.log_path}:\n{_log_tail(self.log_path)}"
-        )
+            f"within {timeout_s:.0f} s. Log {self.log_path}:\n{_log_tail(self.log_path)}")
 
   def alive(self) -> bool:
     return self.process.poll() is None
@@ -491,10 +504,8 @@ class WorkerProcess:
     """Raises RuntimeError (with the worker's log tail) if the worker has exited."""
     code = self.process.poll()
     if code is not None:
-      raise RuntimeError(
-          f"TFF worker {self.binary} at {self.address} exited with code {code}. "
-          f"Log {self.log_path}:\n{_log_tail(self.log_path)}"
-      )
+      raise RuntimeError(f"TFF worker {self.binary} at {self.address} exited with code {code}. "
+                         f"Log {self.log_path}:\n{_log_tail(self.log_path)}")
 
   def close(self) -> None:
     try:
@@ -627,7 +638,11 @@ class WorkerError(RuntimeError, grpc.RpcError):
     status_code: the `grpc.StatusCode`, or None.
   """
 
-  def __init__(self, worker: str, method: str, status_code, details: str,
+  def __init__(self,
+               worker: str,
+               method: str,
+               status_code,
+               details: str,
                timeout_s: Optional[float] = None):
     self.worker, self.method, self.status_code = worker, method, status_code
     if status_code == grpc.StatusCode.DEADLINE_EXCEEDED:
@@ -665,7 +680,8 @@ def _read_pem(path: Optional[str], flag: str) -> Optional[bytes]:
   return data
 
 
-def channel_credentials(tls_ca: Optional[str] = None, tls_cert: Optional[str] = None,
+def channel_credentials(tls_ca: Optional[str] = None,
+                        tls_cert: Optional[str] = None,
                         tls_key: Optional[str] = None) -> Optional[grpc.ChannelCredentials]:
   """Controller-side TLS credentials from PEM files, or None (plaintext) if no
   file is given.
@@ -685,10 +701,9 @@ def channel_credentials(tls_ca: Optional[str] = None, tls_cert: Optional[str] = 
   if not tls_ca:
     raise ValueError("--tls_cert/--tls_key need --tls_ca (the CA that signed the workers' "
                      "certificates).")
-  return grpc.ssl_channel_credentials(
-      root_certificates=_read_pem(tls_ca, "tls_ca"),
-      private_key=_read_pem(tls_key, "tls_key"),
-      certificate_chain=_read_pem(tls_cert, "tls_cert"))
+  return grpc.ssl_channel_credentials(root_certificates=_read_pem(tls_ca, "tls_ca"),
+                                      private_key=_read_pem(tls_key, "tls_key"),
+                                      certificate_chain=_read_pem(tls_cert, "tls_cert"))
 
 
 class DeadlineGrpcStub:
@@ -716,14 +731,21 @@ class DeadlineGrpcStub:
   certificate (default: the host of `address`).
   """
 
-  _RPCS = dict(get_executor="GetExecutor", create_value="CreateValue",
-               create_struct="CreateStruct", create_call="CreateCall",
-               create_selection="CreateSelection", compute="Compute",
+  _RPCS = dict(get_executor="GetExecutor",
+               create_value="CreateValue",
+               create_struct="CreateStruct",
+               create_call="CreateCall",
+               create_selection="CreateSelection",
+               compute="Compute",
                dispose_executor="DisposeExecutor")
 
   _UNREACHABLE = (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE)
 
-  def __init__(self, address: str, *, call_timeout_s: float = 600.0, channel=None,
+  def __init__(self,
+               address: str,
+               *,
+               call_timeout_s: float = 600.0,
+               channel=None,
                credentials: Optional[grpc.ChannelCredentials] = None,
                server_name: Optional[str] = None):
     from tensorflow_federated.proto.v0 import executor_pb2_grpc  # pylint: disable=g-import-not-at-top
@@ -750,9 +772,10 @@ class DeadlineGrpcStub:
       self._failed = None  # A new computation: give the worker a new chance.
     failed = self._failed
     if failed is not None:
-      raise WorkerError(self.address, rpc, failed[0],
-                        f"{failed[1]} (not sent: an earlier call of this computation to "
-                        "this worker failed)", self.call_timeout_s)
+      raise WorkerError(
+          self.address, rpc, failed[0],
+          f"{failed[1]} (not sent: an earlier call of this computation to "
+          "this worker failed)", self.call_timeout_s)
     try:
       response = getattr(self._stub, rpc)(request, timeout=self.call_timeout_s)
     except grpc.RpcError as e:
@@ -937,9 +960,12 @@ class RemoteRuntime:
       return self
     tff.framework.RemoteExecutorStub.register(DeadlineGrpcStub)
     tff.framework.AsyncContext.register(_ThreadedAsyncContext)
-    stubs = [DeadlineGrpcStub(w, call_timeout_s=self.call_timeout_s,
-                              credentials=self._credentials, server_name=self.tls_server_name)
-             for w in self.workers]
+    stubs = [
+        DeadlineGrpcStub(w,
+                         call_timeout_s=self.call_timeout_s,
+                         credentials=self._credentials,
+                         server_name=self.tls_server_name) for w in self.workers
+    ]
     futures = [grpc.channel_ready_future(s.channel) for s in stubs]
     deadline = time.monotonic() + self.connect_timeout_s
     unreachable = []
@@ -955,19 +981,21 @@ class RemoteRuntime:
           ", ".join(unreachable), "connect", grpc.StatusCode.UNAVAILABLE,
           f"not reachable within connect_timeout_s={self.connect_timeout_s:g} s; start "
           "`tfbfl-worker --port=PORT` there (same TFF and tfbfl versions) and check the "
-          "address, --host, firewall / SSH tunnel" + (
-              ", and that the worker runs with TLS (--tls_cert/--tls_key) signed by "
-              "--tls_ca, and accepts this controller's --tls_cert" if self._credentials
-              else "; a worker started with --tls_cert needs --tls_ca here") + ".")
+          "address, --host, firewall / SSH tunnel" +
+          (", and that the worker runs with TLS (--tls_cert/--tls_key) signed by "
+           "--tls_ca, and accepts this controller's --tls_cert" if self._credentials else
+           "; a worker started with --tls_cert needs --tls_ca here") + ".")
     self.stubs = stubs
-    self._pool = concurrent.futures.ThreadPoolExecutor(
-        max_workers=len(stubs), thread_name_prefix="tfbfl-remote")
+    self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(stubs),
+                                                       thread_name_prefix="tfbfl-remote")
     latch = _FailureLatch()
     async_contexts = [
         _ThreadedAsyncContext(self._worker_context(stub), self._pool, stub.address, latch)
-        for stub in stubs]
+        for stub in stubs
+    ]
     self.context = tff.framework.MergeableCompExecutionContext(
-        async_contexts=async_contexts, compiler_fn=aggregators.mergeable_compiler,
+        async_contexts=async_contexts,
+        compiler_fn=aggregators.mergeable_compiler,
         num_subrounds=self.num_subrounds)
     self._previous_context = tff.framework.get_context_stack().current
     tff.framework.set_default_context(self.context)
@@ -1070,7 +1098,9 @@ class RuntimeOptions:
       "tunnels, or TLS; see BUILD.md).")
   call_timeout_s: float = options.real(
       600.0, "--executor=remote: deadline of each call to a worker (above the longest "
-      "subround).", low_open=True, high=1e7)
+      "subround).",
+      low_open=True,
+      high=1e7)
   tls_ca: Optional[str] = options.text(
       None, "--executor=remote: PEM CA certificate that signed the workers' certificates; "
       "turns on TLS (workers run with --tls_cert/--tls_key). See BUILD.md.")
@@ -1089,7 +1119,7 @@ class RuntimeOptions:
     if self.executor != "remote" and tls:
       raise ValueError("--tls_ca/--tls_cert/--tls_key are only used with --executor=remote.")
     if tls:
-      channel_credentials(self.tls_ca, self.tls_cert, self.tls_key)   # names the bad flag
+      channel_credentials(self.tls_ca, self.tls_cert, self.tls_key)  # names the bad flag
 
 
 def set_runtime(executor: str = "local", workers: Optional[Sequence[str]] = None, **kwargs):
@@ -1165,8 +1195,10 @@ def check_install(stream=sys.stdout) -> float:
 
   with LocalRuntime(max_concurrent_computation_calls=2) as rt:
     result = float(federated_mean([1.0, 2.0, 6.0]))
-    print(f"tff.federated_mean([1, 2, 6]) over 3 clients = {result} "
-          f"(worker pid {rt.worker.process.pid}, log {rt.worker.log_path})", file=stream)
+    print(
+        f"tff.federated_mean([1, 2, 6]) over 3 clients = {result} "
+        f"(worker pid {rt.worker.process.pid}, log {rt.worker.log_path})",
+        file=stream)
   if abs(result - 3.0) > 1e-6:
     raise RuntimeError(f"federated_mean returned {result}, expected 3.0")
   return result

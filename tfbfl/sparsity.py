@@ -42,8 +42,9 @@ def keep_mask(snr_structure, percentile: float, per_layer: bool = True):
     raise ValueError(f"prune_percentile must be in [0, 100), got {percentile}.")
   leaves = tf.nest.flatten(snr_structure)
   if per_layer:
-    masks = [tf.reshape(_keep_mask_flat(tf.reshape(v, [-1]), percentile), tf.shape(v))
-             for v in leaves]
+    masks = [
+        tf.reshape(_keep_mask_flat(tf.reshape(v, [-1]), percentile), tf.shape(v)) for v in leaves
+    ]
   else:
     flat = tf.concat([tf.reshape(v, [-1]) for v in leaves], 0)
     mask = _keep_mask_flat(flat, percentile)
@@ -54,13 +55,13 @@ def keep_mask(snr_structure, percentile: float, per_layer: bool = True):
 
 def apply_mask(g: gaussian.NaturalGaussian, mask) -> gaussian.NaturalGaussian:
   """Zeroes both natural parameters where `mask` is 0."""
-  return gaussian.NaturalGaussian(
-      tf.nest.map_structure(tf.multiply, g.eta1, mask),
-      tf.nest.map_structure(tf.multiply, g.eta2, mask))
+  return gaussian.NaturalGaussian(tf.nest.map_structure(tf.multiply, g.eta1, mask),
+                                  tf.nest.map_structure(tf.multiply, g.eta2, mask))
 
 
 def count_nonzero(g: gaussian.NaturalGaussian):
   """Entries with a non-zero natural parameter (what a sparse upload carries)."""
-  return tf.add_n([tf.reduce_sum(tf.cast(tf.logical_or(tf.not_equal(a, 0), tf.not_equal(b, 0)),
-                                         tf.int32))
-                   for a, b in zip(tf.nest.flatten(g.eta1), tf.nest.flatten(g.eta2))])
+  return tf.add_n([
+      tf.reduce_sum(tf.cast(tf.logical_or(tf.not_equal(a, 0), tf.not_equal(b, 0)), tf.int32))
+      for a, b in zip(tf.nest.flatten(g.eta1), tf.nest.flatten(g.eta2))
+  ])

@@ -155,18 +155,27 @@ class _Encoder:
       return self.encode(value if isinstance(value, np.ndarray) else np.asarray(value), path)
     if _is_namedtuple(x):
       cls = type(x)
-      return {"t": "namedtuple", "name": _type_name(cls), "fields": list(cls._fields),
-              "v": [self.encode(v, f"{path}.{f}") for f, v in zip(cls._fields, x)]}
+      return {
+          "t": "namedtuple",
+          "name": _type_name(cls),
+          "fields": list(cls._fields),
+          "v": [self.encode(v, f"{path}.{f}") for f, v in zip(cls._fields, x)]
+      }
     if isinstance(x, (list, tuple)):
       if type(x) not in (list, tuple):
         raise TypeError(f"state_io: cannot store {type(x).__name__} at {path}.")
-      return {"t": "list" if isinstance(x, list) else "tuple",
-              "v": [self.encode(v, f"{path}[{i}]") for i, v in enumerate(x)]}
+      return {
+          "t": "list" if isinstance(x, list) else "tuple",
+          "v": [self.encode(v, f"{path}[{i}]") for i, v in enumerate(x)]
+      }
     if isinstance(x, dict):
       tag = "odict" if isinstance(x, collections.OrderedDict) else "dict"
       keys = list(x.keys())
-      return {"t": tag, "k": [self.encode(k, f"{path}<key>") for k in keys],
-              "v": [self.encode(x[k], f"{path}[{k!r}]") for k in keys]}
+      return {
+          "t": tag,
+          "k": [self.encode(k, f"{path}<key>") for k in keys],
+          "v": [self.encode(x[k], f"{path}[{k!r}]") for k in keys]
+      }
     raise TypeError(f"state_io: cannot store a {type(x).__module__}.{type(x).__qualname__} "
                     f"at {path}; states hold arrays, scalars, str, lists, tuples, dicts "
                     "and namedtuples only.")
@@ -214,10 +223,10 @@ class _Decoder:
       return tuple(items)
     if tag == "namedtuple":
       name, fields = node.get("name"), node.get("fields")
-      if (not isinstance(name, str) or not isinstance(fields, list) or len(fields) != len(items)
-          or not all(isinstance(f, str) and f.isidentifier() and not f.startswith("_")
-                     and not keyword.iskeyword(f) for f in fields)
-          or len(set(fields)) != len(fields)):
+      if (not isinstance(name, str) or not isinstance(fields, list) or len(fields) != len(items) or
+          not all(
+              isinstance(f, str) and f.isidentifier() and not f.startswith("_") and
+              not keyword.iskeyword(f) for f in fields) or len(set(fields)) != len(fields)):
         self.fail(f"bad namedtuple {str(name)[:60]!r}")
       return _namedtuple_type(name, tuple(fields))(*items)
     if tag in ("dict", "odict"):
@@ -261,8 +270,12 @@ def fsync_dir(path: str) -> None:
     os.close(fd)
 
 
-def save(path: str, tree: Any, *, meta: Optional[Dict[str, Any]] = None,
-         fsync: bool = True, mode: Optional[int] = None) -> None:
+def save(path: str,
+         tree: Any,
+         *,
+         meta: Optional[Dict[str, Any]] = None,
+         fsync: bool = True,
+         mode: Optional[int] = None) -> None:
   """Writes `tree` (and the JSON-scalar dict `meta`) to `path` atomically.
 
   Args:
@@ -283,9 +296,18 @@ def save(path: str, tree: Any, *, meta: Optional[Dict[str, Any]] = None,
   structure = enc.encode(tree)
   meta_tree = _Encoder(allow_arrays=False).encode(dict(meta or {}), "meta")
   manifest = {
-      "format": FORMAT, "version": VERSION, "meta": meta_tree, "structure": structure,
-      "arrays": {k: {"dtype": a.dtype.str, "shape": list(a.shape), "sha256": _sha256(a)}
-                 for k, a in enc.arrays.items()}}
+      "format": FORMAT,
+      "version": VERSION,
+      "meta": meta_tree,
+      "structure": structure,
+      "arrays": {
+          k: {
+              "dtype": a.dtype.str,
+              "shape": list(a.shape),
+              "sha256": _sha256(a)
+          } for k, a in enc.arrays.items()
+      }
+  }
   manifest_bytes = json.dumps(manifest, allow_nan=False, separators=(",", ":")).encode("utf-8")
   members = dict(enc.arrays)
   members[MANIFEST] = np.frombuffer(manifest_bytes, dtype=np.uint8)
@@ -347,8 +369,9 @@ def _open_checked(path: str):
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
       raise ValueError(f"{path}: the manifest is not valid JSON ({str(e)[:80]}).") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-      raise ValueError(f"{path}: not a tfbfl state file (format "
-                       f"{str(manifest.get('format') if isinstance(manifest, dict) else None)[:40]!r}).")
+      raise ValueError(
+          f"{path}: not a tfbfl state file (format "
+          f"{str(manifest.get('format') if isinstance(manifest, dict) else None)[:40]!r}).")
     if manifest.get("version") != VERSION:
       raise ValueError(f"{path}: state file format version "
                        f"{str(manifest.get('version'))[:20]}, this tfbfl reads version "

@@ -52,16 +52,19 @@ def algorithm_names():
 
 
 # Defaults of every flag (a view of the declarations above, not a source of its own).
-DEFAULTS: Dict[str, Any] = dict(
-    algorithm=DEFAULT_ALGORITHM, verbose=True,
-    **{name: default for name, (default, _) in settings().items()})
+DEFAULTS: Dict[str, Any] = dict(algorithm=DEFAULT_ALGORITHM,
+                                verbose=True,
+                                **{
+                                    name: default for name, (default, _) in settings().items()
+                                })
 
 
 def _bounds(kind):
   inf = float("inf")
-  return {name: (-inf if o.low is None else o.low, inf if o.high is None else o.high,
-                 o.low_open, o.inf_ok)
-          for name, (_, o) in settings().items() if o.kind == kind}
+  return {
+      name: (-inf if o.low is None else o.low, inf if o.high is None else o.high, o.low_open,
+             o.inf_ok) for name, (_, o) in settings().items() if o.kind == kind
+  }
 
 
 # name -> (low, high, low is exclusive, +inf allowed) of the int / float flags (views).
@@ -77,7 +80,7 @@ def resolve_params(params: Dict[str, Any]) -> Dict[str, Any]:
   if unknown:
     raise ValueError(f"unknown parameters {sorted(unknown)}; known: {sorted(DEFAULTS)}.")
   p = dict(DEFAULTS, **{k: v for k, v in params.items() if v is not None or k == "data_dir"})
-  spec = registry.get(p["algorithm"])   # names the valid algorithms
+  spec = registry.get(p["algorithm"])  # names the valid algorithms
   for name, (_, option) in table.items():
     if name in params:
       p[name] = option.check(p[name], name)
@@ -92,7 +95,8 @@ def resolve_params(params: Dict[str, Any]) -> Dict[str, Any]:
   _check_output_dir(p)
   runtime_options(p).check()
   if p["client_store"] == "disk" and not p["output_dir"]:
-    raise ValueError("--client_store=disk needs --output_dir (states go to <output_dir>/client_states).")
+    raise ValueError(
+        "--client_store=disk needs --output_dir (states go to <output_dir>/client_states).")
   return p
 
 
@@ -174,12 +178,16 @@ def run_training(params: Dict[str, Any], *, round_hook=None) -> Dict[str, Any]:
   if p["resume"]:
     fingerprint = run_dir.data_fingerprint(fd)
     experiment.ExperimentRunner.check_resumable(p["output_dir"], flags, fingerprint)
-  config = spec.make_config(p, fd)   # the algorithm's own checks, before TFF starts
+  config = spec.make_config(p, fd)  # the algorithm's own checks, before TFF starts
   run = run_config(p, data_fingerprint=fingerprint)
   rt = runtime_options(p)
   if rt.executor == "remote":
-    runtime_lib.set_runtime("remote", workers=rt.workers, call_timeout_s=rt.call_timeout_s,
-                        tls_ca=rt.tls_ca, tls_cert=rt.tls_cert, tls_key=rt.tls_key)
+    runtime_lib.set_runtime("remote",
+                            workers=rt.workers,
+                            call_timeout_s=rt.call_timeout_s,
+                            tls_ca=rt.tls_ca,
+                            tls_cert=rt.tls_cert,
+                            tls_key=rt.tls_key)
   else:
     runtime_lib.set_local_runtime()
   algorithm = spec.build(fd, config, run)

@@ -59,14 +59,18 @@ import portpicker
 
 from tfbfl import runtime
 
-_PORT = flags.DEFINE_integer("port", None, "Port this worker listens on (on --host).",
-                             lower_bound=1, upper_bound=65535)
+_PORT = flags.DEFINE_integer("port",
+                             None,
+                             "Port this worker listens on (on --host).",
+                             lower_bound=1,
+                             upper_bound=65535)
 _HOST = flags.DEFINE_string(
     "host", "127.0.0.1", "Address to listen on. Default 127.0.0.1: this machine only (reach "
     "it through an SSH tunnel). 0.0.0.0 (all IPv4 interfaces), [::] (all) or one interface's "
     "address opens it to the network: use TLS with --tls_client_ca then.")
-_TLS_CERT = flags.DEFINE_string("tls_cert", None, "PEM certificate (chain) of this worker; "
-                                "with --tls_key turns on TLS.")
+_TLS_CERT = flags.DEFINE_string(
+    "tls_cert", None, "PEM certificate (chain) of this worker; "
+    "with --tls_key turns on TLS.")
 _TLS_KEY = flags.DEFINE_string("tls_key", None, "PEM private key of --tls_cert.")
 _TLS_CLIENT_CA = flags.DEFINE_string(
     "tls_client_ca", None, "PEM CA certificate(s): only callers presenting a client "
@@ -84,7 +88,8 @@ _SERVICE_PREFIX = "/tensorflow_federated.v0.ExecutorGroup/"
 _RELAY_THREADS = 64  # Concurrent calls in flight; each waits on the binary.
 
 
-def server_credentials(tls_cert: Optional[str] = None, tls_key: Optional[str] = None,
+def server_credentials(tls_cert: Optional[str] = None,
+                       tls_key: Optional[str] = None,
                        tls_client_ca: Optional[str] = None):
   """gRPC server credentials from PEM files, or None (plaintext) if none is given.
 
@@ -100,9 +105,9 @@ def server_credentials(tls_cert: Optional[str] = None, tls_key: Optional[str] = 
     return None
   read = runtime._read_pem  # pylint: disable=protected-access
   client_ca = read(tls_client_ca, "tls_client_ca")
-  return grpc.ssl_server_credentials(
-      [(read(tls_key, "tls_key"), read(tls_cert, "tls_cert"))],
-      root_certificates=client_ca, require_client_auth=client_ca is not None)
+  return grpc.ssl_server_credentials([(read(tls_key, "tls_key"), read(tls_cert, "tls_cert"))],
+                                     root_certificates=client_ca,
+                                     require_client_auth=client_ca is not None)
 
 
 class _Relay(grpc.GenericRpcHandler):
@@ -149,10 +154,16 @@ def _bind_address(host: str, port: int) -> str:
   return f"{host}:{port}"
 
 
-def serve(port: int, *, host: str = "127.0.0.1", log_dir=None,
-          max_concurrent_computation_calls=None, startup_timeout_s: float = 60.0,
-          tls_cert: Optional[str] = None, tls_key: Optional[str] = None,
-          tls_client_ca: Optional[str] = None, stop_event: threading.Event = None,
+def serve(port: int,
+          *,
+          host: str = "127.0.0.1",
+          log_dir=None,
+          max_concurrent_computation_calls=None,
+          startup_timeout_s: float = 60.0,
+          tls_cert: Optional[str] = None,
+          tls_key: Optional[str] = None,
+          tls_client_ca: Optional[str] = None,
+          stop_event: threading.Event = None,
           stream=sys.stdout) -> int:
   """Runs one worker on `host:port` until `stop_event` is set (or the binary
   dies); returns the exit code: 0 after a requested stop, 1 if the binary exited
@@ -172,20 +183,20 @@ def serve(port: int, *, host: str = "127.0.0.1", log_dir=None,
   # "fine" and the kernel would split connections between the two. Refuse.
   if not portpicker.is_port_free(port):
     raise RuntimeError(f"port {port} is already in use on this machine.")
-  worker = runtime.WorkerProcess(
-      log_dir=log_dir, log_path=os.path.join(log_dir, f"tfbfl_worker_{port}.log"),
-      max_concurrent_computation_calls=max_concurrent_computation_calls,
-      startup_timeout_s=startup_timeout_s)
+  worker = runtime.WorkerProcess(log_dir=log_dir,
+                                 log_path=os.path.join(log_dir, f"tfbfl_worker_{port}.log"),
+                                 max_concurrent_computation_calls=max_concurrent_computation_calls,
+                                 startup_timeout_s=startup_timeout_s)
   server = None
   try:
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=_RELAY_THREADS, thread_name_prefix="tfbfl-relay"),
-        handlers=[_Relay(worker.channel)],
-        options=runtime._GRPC_OPTIONS + [("grpc.so_reuseport", 0)])  # pylint: disable=protected-access
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=_RELAY_THREADS,
+                                                    thread_name_prefix="tfbfl-relay"),
+                         handlers=[_Relay(worker.channel)],
+                         options=runtime._GRPC_OPTIONS + [("grpc.so_reuseport", 0)])  # pylint: disable=protected-access
     address = _bind_address(host, port)
     try:
-      bound = (server.add_secure_port(address, credentials) if credentials
-               else server.add_insecure_port(address))
+      bound = (server.add_secure_port(address, credentials)
+               if credentials else server.add_insecure_port(address))
     except RuntimeError as e:  # grpc raises instead of returning 0 in some versions
       bound, why = 0, str(e)
     else:
@@ -200,20 +211,27 @@ def serve(port: int, *, host: str = "127.0.0.1", log_dir=None,
     else:
       security = "TLS, no client authentication"
     scope = "this machine only" if _is_loopback(host) else "OPEN to the network"
-    print(f"tfbfl-worker: TFF executor service listening on {address} ({scope}; {security}), "
-          f"pid {worker.process.pid}, max_concurrent_computation_calls="
-          f"{max_concurrent_computation_calls}, binary {worker.isolation}-isolated at "
-          f"{worker.address}, log {worker.log_path}", file=stream, flush=True)
+    print(
+        f"tfbfl-worker: TFF executor service listening on {address} ({scope}; {security}), "
+        f"pid {worker.process.pid}, max_concurrent_computation_calls="
+        f"{max_concurrent_computation_calls}, binary {worker.isolation}-isolated at "
+        f"{worker.address}, log {worker.log_path}",
+        file=stream,
+        flush=True)
     if not _is_loopback(host) and not tls_client_ca:
-      print(f"tfbfl-worker: WARNING: --host={host} without --tls_client_ca: anybody who can "
-            "reach this port can run code as this user. See BUILD.md.",
-            file=sys.stderr, flush=True)
+      print(
+          f"tfbfl-worker: WARNING: --host={host} without --tls_client_ca: anybody who can "
+          "reach this port can run code as this user. See BUILD.md.",
+          file=sys.stderr,
+          flush=True)
     while not stop_event.wait(0.5):
       if not worker.alive():
-        print(f"tfbfl-worker: worker_binary on port {port} exited with code "
-              f"{worker.process.returncode}. Log {worker.log_path}:\n"
-              f"{runtime._log_tail(worker.log_path)}",  # pylint: disable=protected-access
-              file=sys.stderr, flush=True)
+        print(
+            f"tfbfl-worker: worker_binary on port {port} exited with code "
+            f"{worker.process.returncode}. Log {worker.log_path}:\n"
+            f"{runtime._log_tail(worker.log_path)}",  # pylint: disable=protected-access
+            file=sys.stderr,
+            flush=True)
         return 1
     print(f"tfbfl-worker: stopping (port {port})", file=stream, flush=True)
     return 0
@@ -236,10 +254,15 @@ def _main(argv) -> None:
   signal.signal(signal.SIGTERM, request_stop)
   signal.signal(signal.SIGINT, request_stop)
   try:
-    code = serve(_PORT.value, host=_HOST.value, log_dir=flags.FLAGS.log_dir or None,
+    code = serve(_PORT.value,
+                 host=_HOST.value,
+                 log_dir=flags.FLAGS.log_dir or None,
                  max_concurrent_computation_calls=_MAX_CALLS.value,
-                 startup_timeout_s=_STARTUP_TIMEOUT.value, tls_cert=_TLS_CERT.value,
-                 tls_key=_TLS_KEY.value, tls_client_ca=_TLS_CLIENT_CA.value, stop_event=stop)
+                 startup_timeout_s=_STARTUP_TIMEOUT.value,
+                 tls_cert=_TLS_CERT.value,
+                 tls_key=_TLS_KEY.value,
+                 tls_client_ca=_TLS_CLIENT_CA.value,
+                 stop_event=stop)
   except (RuntimeError, ValueError) as e:  # start-up failed: port taken, bad TLS file, ...
     print(f"tfbfl-worker: {e}", file=sys.stderr, flush=True)
     code = 1

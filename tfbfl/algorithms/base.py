@@ -72,15 +72,15 @@ class ClientTraining:
   """
   hidden_units: Sequence[int] = options.int_list(
       (100, 100), "Hidden layer widths of the MLP (empty: a linear model).")
-  epochs: int = options.integer(20, "Local epochs E per round.", low=1,
-                                flag="epochs_per_round")
+  epochs: int = options.integer(20, "Local epochs E per round.", low=1, flag="epochs_per_round")
   batch_size: int = options.integer(20, "Client minibatch size B.", low=1)
   client_lr: float = options.real(0.05, "Client SGD learning rate.", low_open=True)
   server_lr: Optional[float] = options.real(
       None, "Server step. VIRTUAL: the damped-EP step alpha in (0, 1], taken by the server "
       "posterior and each client factor alike (default 1/clients_per_round, measured); "
       "FedAvg family and FedPA: server learning rate (default 1.0).",
-      low_open=True, none_ok=True)
+      low_open=True,
+      none_ok=True)
   architecture: str = options.choice(
       "mlp", ARCHITECTURES, "Network: mlp (all algorithms), conv (FEMNIST net: VIRTUAL and "
       "the FedAvg family), lstm (Shakespeare, VIRTUAL), cnn (McMahan et al. CIFAR-10 CNN, "
@@ -91,7 +91,10 @@ class ClientTraining:
   max_update_ratio: float = options.real(
       DEFAULT_MAX_UPDATE_RATIO, "Robust rounds: drop a client update that is non-finite or "
       "whose norm exceeds this times max(norm of the server value it updates, 1) "
-      "(inf: finiteness only).", low_open=True, high=None, inf_ok=True)
+      "(inf: finiteness only).",
+      low_open=True,
+      high=None,
+      inf_ok=True)
   seed: int = 0
 
   def __post_init__(self):
@@ -100,8 +103,8 @@ class ClientTraining:
     object.__setattr__(self, "filters", tuple(int(f) for f in self.filters or ()))
     if self.image_shape is not None:
       object.__setattr__(self, "image_shape", tuple(int(d) for d in self.image_shape) or None)
-    for name, option in ((f.name, f.metadata["option"]) for f in dataclasses.fields(self)
-                         if "option" in f.metadata):
+    for name, option in (
+        (f.name, f.metadata["option"]) for f in dataclasses.fields(self) if "option" in f.metadata):
       value = getattr(self, name)
       if option.kind in ("int", "float") and value is not None:
         # The flag's rule (and message), without its command-line sanity ceiling.

@@ -101,9 +101,8 @@ rounds = _lazy.load("tfbfl.algorithms.rounds")
 ServerState = collections.namedtuple(
     "ServerState", ["model_weights", "finalizer_state", "aggregator_state", "round_num"])
 ClientOutput = collections.namedtuple(
-    "ClientOutput", ["update", "model_weights", "metrics", "num_examples", "dropped",
-                     "update_ratio"])
-
+    "ClientOutput",
+    ["update", "model_weights", "metrics", "num_examples", "dropped", "update_ratio"])
 
 ARCHITECTURES = ("mlp", "conv")
 
@@ -122,8 +121,8 @@ class ModelConfig(base.ClientTraining):
   input_dim: int
   num_classes: int
   activation: str = "relu"
-  mu: float = 0.0   # FedProx's proximal strength (`FedProxConfig` makes it a flag)
-  input_shape: Optional[Sequence[int]] = None   # None: (input_dim,)
+  mu: float = 0.0  # FedProx's proximal strength (`FedProxConfig` makes it a flag)
+  input_shape: Optional[Sequence[int]] = None  # None: (input_dim,)
 
   @property
   def example_shape(self):
@@ -170,10 +169,11 @@ def train_metrics(client_output):
   """In a federated computation: {train: example-weighted mean of the clients'
   train metrics, num_examples: their sum, clients_dropped, update_ratio_max},
   all at SERVER (a dropped client has weight 0; 0 if all are dropped)."""
-  return collections.OrderedDict(
-      train=robust.federated_weighted_mean(client_output.metrics, client_output.num_examples),
-      num_examples=tff.federated_sum(client_output.num_examples),
-      **robust.drop_metrics(client_output.dropped, client_output.update_ratio))
+  return collections.OrderedDict(train=robust.federated_weighted_mean(client_output.metrics,
+                                                                      client_output.num_examples),
+                                 num_examples=tff.federated_sum(client_output.num_examples),
+                                 **robust.drop_metrics(client_output.dropped,
+                                                       client_output.update_ratio))
 
 
 class ModelComputations:
@@ -209,13 +209,14 @@ class ModelComputations:
     @tff.tensorflow.computation
     def initial_weights_fn():
       model = self._model()
-      return tff.learning.models.ModelWeights(
-          list(model.trainable_weights), list(model.non_trainable_weights))
+      return tff.learning.models.ModelWeights(list(model.trainable_weights),
+                                              list(model.non_trainable_weights))
 
     self.initial_weights = _as_model_weights(initial_weights_fn())
-    self.weights_type = tff.to_type(tff.learning.models.ModelWeights(
-        [tff.TensorType(np.float32, w.shape) for w in self.initial_weights.trainable],
-        [tff.TensorType(w.dtype, w.shape) for w in self.initial_weights.non_trainable]))
+    self.weights_type = tff.to_type(
+        tff.learning.models.ModelWeights(
+            [tff.TensorType(np.float32, w.shape) for w in self.initial_weights.trainable],
+            [tff.TensorType(w.dtype, w.shape) for w in self.initial_weights.non_trainable]))
     self.seed_type = tff.TensorType(np.int64, [2])
     x_type = tff.TensorType(np.float32, [None, *cfg.example_shape])
     self.data_type = tff.to_type((x_type, tff.TensorType(np.int32, [None])))
@@ -244,21 +245,30 @@ class ModelComputations:
         epoch e (IASG samples; `w0` for a client without examples). The loop
         then also carries these per-epoch sums (E copies of the weights).
     """
+
     @tff.tensorflow.computation(self.weights_type, self.seed_type, self.data_type)
     def client_update(weights, seed, data):
       return self._train(_as_model_weights(weights), seed, *data, delta_fn=delta_fn)
+
     return client_update
 
   # --------------------------------------------------------------- helpers
   def _model(self) -> tf.keras.Model:
     c = self.config
     if c.architecture == "conv":
-      return architectures.build_deterministic_conv(
-          input_shape=tuple(c.image_shape or c.example_shape), num_classes=c.num_classes,
-          hidden_units=tuple(c.hidden_units), seed=c.seed, filters=tuple(c.filters),
-          activation=c.activation, data_shape=c.example_shape)
-    return models.build_deterministic_mlp(
-        c.input_dim, c.num_classes, tuple(c.hidden_units), activation=c.activation, seed=c.seed)
+      return architectures.build_deterministic_conv(input_shape=tuple(c.image_shape or
+                                                                      c.example_shape),
+                                                    num_classes=c.num_classes,
+                                                    hidden_units=tuple(c.hidden_units),
+                                                    seed=c.seed,
+                                                    filters=tuple(c.filters),
+                                                    activation=c.activation,
+                                                    data_shape=c.example_shape)
+    return models.build_deterministic_mlp(c.input_dim,
+                                          c.num_classes,
+                                          tuple(c.hidden_units),
+                                          activation=c.activation,
+                                          seed=c.seed)
 
   def _flat(self, x):
     """MLP inputs are flattened; the conv net reshapes `example_shape` itself."""
@@ -285,52 +295,59 @@ class ModelComputations:
       n = tf.shape(y)[0]
       # The shared minibatch schedule (one client): fixed-size batches, the last
       # one of an epoch masked; the masked mean is the short batch's mean.
-      schedule = client_batch.MinibatchSchedule(seed[None], n[None], n, cfg.epochs,
-                                                cfg.batch_size)
+      schedule = client_batch.MinibatchSchedule(seed[None], n[None], n, cfg.epochs, cfg.batch_size)
 
       def step_fn(params, xb, yb, mask, step):
         with tf.GradientTape() as tape:
-          loss, size, correct = client_batch.masked_cross_entropy(
-              model(xb, training=True), yb, mask)
+          loss, size, correct = client_batch.masked_cross_entropy(model(xb, training=True), yb,
+                                                                  mask)
         grads = tape.gradient(loss, variables)
-        if cfg.mu > 0:   # gradient of mu/2 ||w - w^(t)||^2
+        if cfg.mu > 0:  # gradient of mu/2 ||w - w^(t)||^2
           grads = [g + cfg.mu * (v - w0) for g, v, w0 in zip(grads, variables, weights.trainable)]
         with tf.control_dependencies(
             [v.assign_sub(cfg.client_lr * g) for v, g in zip(variables, grads)]):
-          if delta_fn is not None:   # add the new iterate to its epoch's sum
+          if delta_fn is not None:  # add the new iterate to its epoch's sum
             epoch = tf.reshape(step // schedule.steps_per_epoch[0], [1, 1])
-            params = [tf.tensor_scatter_nd_add(s, epoch, v.read_value()[None])
-                      for s, v in zip(params, variables)]
+            params = [
+                tf.tensor_scatter_nd_add(s, epoch,
+                                         v.read_value()[None]) for s, v in zip(params, variables)
+            ]
           return params, (loss * size, tf.identity(correct))
 
       zero = tf.zeros([1])
       sums = () if delta_fn is None else [
-          tf.zeros([1, cfg.epochs, *w.shape], w.dtype) for w in weights.trainable]
-      sums, (loss_sum, correct_sum) = client_batch.train_loop(
-          schedule, x[None], y[None], sums, step_fn, (zero, zero))
+          tf.zeros([1, cfg.epochs, *w.shape], w.dtype) for w in weights.trainable
+      ]
+      sums, (loss_sum, correct_sum) = client_batch.train_loop(schedule, x[None], y[None], sums,
+                                                              step_fn, (zero, zero))
       loss_sum, correct_sum = loss_sum[0], correct_sum[0]
       new_weights = tff.learning.models.ModelWeights(
           [tf.identity(v) for v in model.trainable_weights],
           [tf.identity(v) for v in model.non_trainable_weights])
       if delta_fn is None:
         update = [w0 - w for w0, w in zip(weights.trainable, new_weights.trainable)]
-      else:   # every epoch has steps_per_epoch steps; none at all when n = 0
+      else:  # every epoch has steps_per_epoch steps; none at all when n = 0
         count = tf.cast(schedule.steps_per_epoch[0], tf.float32)
-        means = [tf.where(n > 0, s[0] / count, tf.broadcast_to(w0[None], s[0].shape))
-                 for s, w0 in zip(sums, weights.trainable)]
+        means = [
+            tf.where(n > 0, s[0] / count, tf.broadcast_to(w0[None], s[0].shape))
+            for s, w0 in zip(sums, weights.trainable)
+        ]
         update = list(delta_fn(list(weights.trainable), means))
       # Robust rounds: drop a non-finite or outlying update (robust.check_update).
-      ok, ratio = robust.check_update(update, weights.trainable, cfg.max_update_ratio,
+      ok, ratio = robust.check_update(update,
+                                      weights.trainable,
+                                      cfg.max_update_ratio,
                                       check_norm=self.check_norm)
       ok = tf.logical_and(ok, robust.all_finite(new_weights.non_trainable))
       update = robust.zeros_unless(ok, update)
       new_weights = robust.keep_if(ok, new_weights, weights)
-      seen = tf.maximum(tf.cast(n * cfg.epochs, tf.float32), 1.0)   # n = 0: metrics 0, not NaN
-      metrics = robust.zeros_unless(ok, collections.OrderedDict(
-          train_loss=loss_sum / seen, train_accuracy=correct_sum / seen))
+      seen = tf.maximum(tf.cast(n * cfg.epochs, tf.float32), 1.0)  # n = 0: metrics 0, not NaN
+      metrics = robust.zeros_unless(
+          ok, collections.OrderedDict(train_loss=loss_sum / seen,
+                                      train_accuracy=correct_sum / seen))
       num_examples = tf.where(ok, tf.cast(n, tf.float32), 0.0)
-      return ClientOutput(update, new_weights, metrics, num_examples,
-                          1.0 - tf.cast(ok, tf.float32), ratio)
+      return ClientOutput(update, new_weights, metrics, num_examples, 1.0 - tf.cast(ok, tf.float32),
+                          ratio)
 
     return train()
 
@@ -351,7 +368,8 @@ class ModelComputations:
     """Summed cross-entropy, correct count, n and calibration bins (`tfbfl.metrics`)."""
     logits = self._logits(weights, x)
     loss = tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
-    correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=y.dtype), y), tf.float32))
+    correct = tf.reduce_sum(
+        tf.cast(tf.equal(tf.argmax(logits, -1, output_type=y.dtype), y), tf.float32))
     calibration = metrics_lib.calibration_sums(tf.nn.softmax(logits), y)
     return loss, correct, tf.cast(tf.shape(y)[0], tf.float32), calibration
 
@@ -361,21 +379,25 @@ class ModelComputations:
     test_data@CLIENTS)` -> per-client sums {server_loss, server_correct, mt_loss,
     mt_correct, num_examples}@CLIENTS (the evaluation protocol of
     `tfbfl.experiment`)."""
+
     @tff.tensorflow.computation(self.weights_type, self.weights_type, self.data_type)
     def client_eval(server_weights, own_weights, data):
       s_loss, s_correct, n, s_cal = self._score(_as_model_weights(server_weights), *data)
       m_loss, m_correct, _, m_cal = self._score(_as_model_weights(own_weights), *data)
-      return collections.OrderedDict(server_loss=s_loss, server_correct=s_correct,
-                                     mt_loss=m_loss, mt_correct=m_correct, num_examples=n,
-                                     server_calibration=s_cal, mt_calibration=m_cal)
+      return collections.OrderedDict(server_loss=s_loss,
+                                     server_correct=s_correct,
+                                     mt_loss=m_loss,
+                                     mt_correct=m_correct,
+                                     num_examples=n,
+                                     server_calibration=s_cal,
+                                     mt_calibration=m_cal)
 
-    @tff.federated_computation(
-        tff.FederatedType(self.weights_type, tff.SERVER),
-        tff.FederatedType(self.weights_type, tff.CLIENTS),
-        tff.FederatedType(self.data_type, tff.CLIENTS))
+    @tff.federated_computation(tff.FederatedType(self.weights_type, tff.SERVER),
+                               tff.FederatedType(self.weights_type, tff.CLIENTS),
+                               tff.FederatedType(self.data_type, tff.CLIENTS))
     def evaluate_fn(server_weights, client_weights, data):
-      return tff.federated_map(
-          client_eval, (tff.federated_broadcast(server_weights), client_weights, data))
+      return tff.federated_map(client_eval,
+                               (tff.federated_broadcast(server_weights), client_weights, data))
 
     return evaluate_fn
 
@@ -409,16 +431,17 @@ class ModelComputations:
 
     def over_clients(placement, comp):
       """`comp` mapped over the clients, the weights at `placement` (SERVER: broadcast)."""
-      @tff.federated_computation(
-          tff.FederatedType(self.weights_type, placement),
-          tff.FederatedType(index_type, tff.CLIENTS),
-          tff.FederatedType(self.seed_type, tff.CLIENTS),
-          tff.FederatedType(self.data_type, tff.CLIENTS))
+
+      @tff.federated_computation(tff.FederatedType(self.weights_type, placement),
+                                 tff.FederatedType(index_type, tff.CLIENTS),
+                                 tff.FederatedType(self.seed_type, tff.CLIENTS),
+                                 tff.FederatedType(self.data_type, tff.CLIENTS))
       def run(weights, indices, seeds, data):
         del seeds
         if placement is tff.SERVER:
           weights = tff.federated_broadcast(weights)
         return tff.federated_map(comp, (weights, indices, data))
+
       return run
 
     return over_clients(tff.SERVER, server_eval), over_clients(tff.CLIENTS, own_eval)
@@ -478,9 +501,9 @@ class FedAvgAlgorithm:
     FedPA's hook (`tfbfl.algorithms.fedpa`): the same server step on another upload."""
     comps, weights_type = self.computations, self.computations.weights_type
     distributor, aggregation, finalizer = self._distributor, self._aggregation, self._finalizer
-    server_state_type = tff.to_type(ServerState(
-        weights_type, finalizer.initialize.type_signature.result.member,
-        aggregation.initialize.type_signature.result.member, tff.TensorType(np.int32)))
+    server_state_type = tff.to_type(
+        ServerState(weights_type, finalizer.initialize.type_signature.result.member,
+                    aggregation.initialize.type_signature.result.member, tff.TensorType(np.int32)))
 
     @tff.tensorflow.computation(tff.TensorType(np.float32), weights_type, weights_type)
     def keep_previous_if_dropped(dropped, new, previous):
@@ -492,14 +515,16 @@ class FedAvgAlgorithm:
       # its previous state (deployed model).
       dist = distributor.next(distributor.initialize(), server_state.model_weights)
       out = tff.federated_map(client_update, (dist.result, seeds, data))
-      kept = tff.federated_map(keep_previous_if_dropped, (out.dropped, out.model_weights,
-                                                          client_states))
+      kept = tff.federated_map(keep_previous_if_dropped,
+                               (out.dropped, out.model_weights, client_states))
       agg = aggregation.next(server_state.aggregator_state, out.update, out.num_examples)
       fin = finalizer.next(server_state.finalizer_state, server_state.model_weights, agg.result)
-      new_state = tff.federated_zip(ServerState(
-          fin.result, fin.state, agg.state, tff.federated_map(increment_round(), server_state.round_num)))
-      metrics = tff.federated_zip(collections.OrderedDict(
-          **train_metrics(out), update_non_finite=fin.measurements.update_non_finite))
+      new_state = tff.federated_zip(
+          ServerState(fin.result, fin.state, agg.state,
+                      tff.federated_map(increment_round(), server_state.round_num)))
+      metrics = tff.federated_zip(
+          collections.OrderedDict(**train_metrics(out),
+                                  update_non_finite=fin.measurements.update_non_finite))
       return new_state, kept, metrics
 
     return next_fn
@@ -537,9 +562,11 @@ class FedAvgAlgorithm:
     return num_selected * size, num_selected * size
 
 
-registry.register(registry.AlgorithmSpec(
-    "fedavg", ModelConfig, lambda data, config, run: FedAvgAlgorithm(config, name="fedavg"),
-    "FedAvg (McMahan et al., 2017): server SGD on the mean client model delta."))
-registry.register(registry.AlgorithmSpec(
-    "fedprox", FedProxConfig, lambda data, config, run: FedAvgAlgorithm(config, name="fedprox"),
-    "FedProx (Li et al., 2020): FedAvg with the proximal term mu/2 ||w - w_server||^2."))
+registry.register(
+    registry.AlgorithmSpec(
+        "fedavg", ModelConfig, lambda data, config, run: FedAvgAlgorithm(config, name="fedavg"),
+        "FedAvg (McMahan et al., 2017): server SGD on the mean client model delta."))
+registry.register(
+    registry.AlgorithmSpec(
+        "fedprox", FedProxConfig, lambda data, config, run: FedAvgAlgorithm(config, name="fedprox"),
+        "FedProx (Li et al., 2020): FedAvg with the proximal term mu/2 ||w - w_server||^2."))

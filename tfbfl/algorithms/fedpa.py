@@ -179,11 +179,11 @@ def posterior_delta(x0, samples, rho: float):
 
   def body(t, mean, delta, vs, vu, gammas):
     # Row k of vs / vu / gammas: v_k, v_k . u_k, gamma_k (zeros until written).
-    tt = tf.cast(t + 1, f64)                    # samples so far, x_t included
+    tt = tf.cast(t + 1, f64)  # samples so far, x_t included
     u = xs[t] - mean
     gamma = rho * (tt - 1.0) / tt
     coeff = gammas * tf.linalg.matvec(vs, u) / (1.0 + gammas * vu)
-    v = u - tf.linalg.matvec(vs, coeff, transpose_a=True)     # A_(t-1)^-1 u_t
+    v = u - tf.linalg.matvec(vs, coeff, transpose_a=True)  # A_(t-1)^-1 u_t
     uv, ud = tf.reduce_sum(u * v), tf.reduce_sum(u * delta)
     delta = delta - (1.0 + rho * (tt - 1.0) * ud) / (tt * (1.0 + gamma * uv)) * v
     row = tf.reshape(t, [1, 1])
@@ -224,8 +224,8 @@ class FedPAAlgorithm(fedavg.FedAvgAlgorithm):
     cfg = self.config
     sizes = [w.shape.num_elements() for w in w0]
     x0 = tf.concat([tf.reshape(w, [-1]) for w in w0], 0)
-    samples = tf.concat([tf.reshape(m[cfg.fedpa_burn_in:], [cfg.num_samples, -1])
-                         for m in means], 1)
+    samples = tf.concat([tf.reshape(m[cfg.fedpa_burn_in:], [cfg.num_samples, -1]) for m in means],
+                        1)
     flat = posterior_delta(x0, samples, cfg.fedpa_shrinkage)
     return [tf.reshape(part, w.shape) for part, w in zip(tf.split(flat, sizes), w0)]
 
@@ -243,7 +243,8 @@ def build(data, config: FedPAConfig, run) -> FedPAAlgorithm:
   return FedPAAlgorithm(config)
 
 
-registry.register(registry.AlgorithmSpec(
-    "fedpa", FedPAConfig, build,
-    "FedPA (Al-Shedivat et al., ICLR 2021): FedAvg's server step on client deltas "
-    "Sigma_i^-1 (w - mu_i) from IASG posterior samples with shrinkage covariances."))
+registry.register(
+    registry.AlgorithmSpec(
+        "fedpa", FedPAConfig, build,
+        "FedPA (Al-Shedivat et al., ICLR 2021): FedAvg's server step on client deltas "
+        "Sigma_i^-1 (w - mu_i) from IASG posterior samples with shrinkage covariances."))

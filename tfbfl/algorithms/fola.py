@@ -169,15 +169,16 @@ FISHER_MODES = ("online", "offline", "identity")
 MODELS = ("mlp", "cnn")
 _CAVITY_MIN_PRECISION = 1e-30
 
-ServerModel = collections.namedtuple("ServerModel", ["weights", "precision", "prior_mean", "round_num"])
+ServerModel = collections.namedtuple("ServerModel",
+                                     ["weights", "precision", "prior_mean", "round_num"])
 FolaServerState = collections.namedtuple("FolaServerState", ["model", "aggregator_state"])
 CurvModel = collections.namedtuple("CurvModel", ["weights", "curvature", "round_num"])
-FedCurvServerState = collections.namedtuple(
-    "FedCurvServerState", ["model", "mean_state", "curvature_state"])
+FedCurvServerState = collections.namedtuple("FedCurvServerState",
+                                            ["model", "mean_state", "curvature_state"])
 ClientState = collections.namedtuple("ClientState", ["weights", "fisher"])
 ClientOutput = collections.namedtuple(
-    "ClientOutput", ["upload", "client_state", "metrics", "num_examples", "non_finite",
-                     "dropped", "update_ratio"])
+    "ClientOutput",
+    ["upload", "client_state", "metrics", "num_examples", "non_finite", "dropped", "update_ratio"])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,18 +191,29 @@ class LaplaceConfig(base.ClientTraining):
   input_shape: Sequence[int]
   num_classes: int
   fisher: str = "online"
-  fola_lambda: float = options.real(10.0, "FOLA: strength lambda of the prior penalty.",
+  fola_lambda: float = options.real(10.0,
+                                    "FOLA: strength lambda of the prior penalty.",
                                     high=options.MAX_WEIGHT)
-  fola_gamma: float = options.real(
-      float("inf"), "FOLA: variance of the round-1 prior N(0, gamma I) (inf: flat).",
-      low_open=True, high=None, inf_ok=True)
-  eps: float = options.real(1e-8, "FOLA: server epsilon for zero aggregate precision.",
-                            low_open=True, high=1.0, flag="fola_eps")
-  clip_norm: float = options.real(0.0, "FOLA/FedCurv: client gradient clip norm (0: none).",
-                                  high=1e9, flag="fola_clip_norm")
-  compress_p: float = options.real(1.0, "FOLA: fraction of precisions kept per layer (1: none).",
-                                   low_open=True, high=1.0)
-  fedcurv_lambda: float = options.real(1.0, "FedCurv: penalty strength lambda.",
+  fola_gamma: float = options.real(float("inf"),
+                                   "FOLA: variance of the round-1 prior N(0, gamma I) (inf: flat).",
+                                   low_open=True,
+                                   high=None,
+                                   inf_ok=True)
+  eps: float = options.real(1e-8,
+                            "FOLA: server epsilon for zero aggregate precision.",
+                            low_open=True,
+                            high=1.0,
+                            flag="fola_eps")
+  clip_norm: float = options.real(0.0,
+                                  "FOLA/FedCurv: client gradient clip norm (0: none).",
+                                  high=1e9,
+                                  flag="fola_clip_norm")
+  compress_p: float = options.real(1.0,
+                                   "FOLA: fraction of precisions kept per layer (1: none).",
+                                   low_open=True,
+                                   high=1.0)
+  fedcurv_lambda: float = options.real(1.0,
+                                       "FedCurv: penalty strength lambda.",
                                        high=options.MAX_WEIGHT)
 
   def __post_init__(self):
@@ -209,7 +221,7 @@ class LaplaceConfig(base.ClientTraining):
     self.check_architecture(MODELS, "FOLA/FedCurv")
     if self.fisher not in FISHER_MODES:
       raise ValueError(f"--fisher must be one of {FISHER_MODES}, got {self.fisher!r}.")
-    if self.architecture == "cnn":   # the CNN's (H, W, C), checked here
+    if self.architecture == "cnn":  # the CNN's (H, W, C), checked here
       object.__setattr__(self, "image_shape", self._cnn_input_shape())
 
   @property
@@ -247,7 +259,8 @@ def shuffle_order(seed, epochs, num_examples):
 def _cross_entropy(logits, y):
   """(mean cross-entropy, number correct) of a batch."""
   loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
-  correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=y.dtype), y), tf.float32))
+  correct = tf.reduce_sum(
+      tf.cast(tf.equal(tf.argmax(logits, -1, output_type=y.dtype), y), tf.float32))
   return loss, correct
 
 
@@ -262,8 +275,10 @@ def posterior_from_aggregate(aggregate, previous_mean, eps):
   information, so the server keeps its previous weights there.
   """
   aggregate = gaussian.NaturalGaussian(*aggregate)
-  ok = [tf.math.logical_and(tf.math.is_finite(e1), tf.math.is_finite(e2))
-        for e1, e2 in zip(aggregate.eta1, aggregate.eta2)]
+  ok = [
+      tf.math.logical_and(tf.math.is_finite(e1), tf.math.is_finite(e2))
+      for e1, e2 in zip(aggregate.eta1, aggregate.eta2)
+  ]
   aggregate = gaussian.NaturalGaussian(
       [tf.where(k, e, tf.zeros_like(e)) for k, e in zip(ok, aggregate.eta1)],
       [tf.where(k, e, tf.zeros_like(e)) for k, e in zip(ok, aggregate.eta2)])
@@ -298,8 +313,7 @@ def drop_if_outlier(upload, num_examples, weights, server_weights, max_ratio):
   ok, ratio = robust.check_update(move, list(server_weights), max_ratio)
   ok = tf.logical_and(ok, non_finite < 0.5)
   upload = robust.zeros_unless(ok, upload)
-  return (upload, tf.where(ok, num_examples, 0.0), non_finite,
-          1.0 - tf.cast(ok, tf.float32), ratio)
+  return (upload, tf.where(ok, num_examples, 0.0), non_finite, 1.0 - tf.cast(ok, tf.float32), ratio)
 
 
 def list_natural(g):
@@ -307,7 +321,9 @@ def list_natural(g):
   return gaussian.NaturalGaussian(list(g.eta1), list(g.eta2))
 
 
-def build_gaussian_product(weights_type, eps, factory: Optional[aggregators.GaussianProductFactory] = None):
+def build_gaussian_product(weights_type,
+                           eps,
+                           factory: Optional[aggregators.GaussianProductFactory] = None):
   """The server's Gaussian product as a TFF aggregation + server step.
 
   Args:
@@ -334,9 +350,10 @@ def build_gaussian_product(weights_type, eps, factory: Optional[aggregators.Gaus
   def server_step(aggregate, previous_mean):
     return posterior_from_aggregate(aggregate, previous_mean, eps)
 
-  @tff.federated_computation(
-      tff.FederatedType(state_type, tff.SERVER), tff.FederatedType(natural_type, tff.CLIENTS),
-      tff.FederatedType(np.float32, tff.CLIENTS), tff.FederatedType(weights_type, tff.SERVER))
+  @tff.federated_computation(tff.FederatedType(state_type, tff.SERVER),
+                             tff.FederatedType(natural_type, tff.CLIENTS),
+                             tff.FederatedType(np.float32, tff.CLIENTS),
+                             tff.FederatedType(weights_type, tff.SERVER))
   def product(state, natural, num_examples, previous_mean):
     out = process.next(state, natural, num_examples)
     mean, precision, weak = tff.federated_map(server_step, (out.result, previous_mean))
@@ -362,23 +379,28 @@ class _LaplaceBase:
     c = self.config
     if c.model == "cnn":
       return models.build_mcmahan_cnn(c.image_shape, c.num_classes, seed=c.seed)
-    return models.build_deterministic_mlp(
-        int(np.prod(c.input_shape)), c.num_classes, tuple(c.hidden_units), seed=c.seed)
+    return models.build_deterministic_mlp(int(np.prod(c.input_shape)),
+                                          c.num_classes,
+                                          tuple(c.hidden_units),
+                                          seed=c.seed)
 
   def _reshape(self, x):
     return tf.reshape(x, [tf.shape(x)[0], *self.config.model_input_shape])
 
   def _build_types(self):
+
     @tff.tensorflow.computation
     def initial_weights():
       return [tf.identity(v) for v in self._model().trainable_variables]
 
     self._init_weights = [np.asarray(w, np.float32) for w in initial_weights()]
-    self.weights_type = tff.to_type([tff.TensorType(np.float32, w.shape) for w in self._init_weights])
+    self.weights_type = tff.to_type(
+        [tff.TensorType(np.float32, w.shape) for w in self._init_weights])
     self.client_state_type = tff.to_type(ClientState(self.weights_type, self.weights_type))
     self.seed_type = tff.TensorType(np.int64, [2])
-    self.data_type = tff.to_type((tff.TensorType(np.float32, [None, *self.config.input_shape]),
-                                  tff.TensorType(np.int32, [None])))
+    self.data_type = tff.to_type(
+        (tff.TensorType(np.float32,
+                        [None, *self.config.input_shape]), tff.TensorType(np.int32, [None])))
 
   @property
   def initial_weights(self) -> List[np.ndarray]:
@@ -421,14 +443,16 @@ class _LaplaceBase:
       def step_fn(fisher, xb, yb, mask, step):
         del step
         with tf.GradientTape() as tape:
-          loss, size, correct = client_batch.masked_cross_entropy(
-              model(xb, training=True), yb, mask)
+          loss, size, correct = client_batch.masked_cross_entropy(model(xb, training=True), yb,
+                                                                  mask)
         grads = tape.gradient(loss, variables)
         if fisher_mode == "online":
           fisher = tuple(f + size * tf.square(g) for f, g in zip(fisher, grads))
         if use_penalty:
-          grads = [g + penalty_scale * (p2 * v - p1)
-                   for g, v, p1, p2 in zip(grads, variables, prior.eta1, prior.eta2)]
+          grads = [
+              g + penalty_scale * (p2 * v - p1)
+              for g, v, p1, p2 in zip(grads, variables, prior.eta1, prior.eta2)
+          ]
         if c.clip_norm > 0:
           grads, _ = tf.clip_by_global_norm(grads, c.clip_norm)
         with tf.control_dependencies(
@@ -437,8 +461,8 @@ class _LaplaceBase:
 
       carried = tuple(tf.zeros_like(v)[None] for v in variables) if fisher_mode == "online" else ()
       zero = tf.zeros([1])
-      fisher, (loss_sum, correct_sum) = client_batch.train_loop(
-          schedule, x[None], y[None], carried, step_fn, (zero, zero))
+      fisher, (loss_sum, correct_sum) = client_batch.train_loop(schedule, x[None], y[None], carried,
+                                                                step_fn, (zero, zero))
       fisher = [f[0] for f in fisher]
       loss_sum, correct_sum = loss_sum[0], correct_sum[0]
       if fisher_mode == "online":
@@ -456,13 +480,15 @@ class _LaplaceBase:
         fisher = [tf.ones_like(v) for v in variables]
       seen = tf.maximum(tf.cast(n * c.epochs, tf.float32), 1.0)
       weights = [tf.identity(v.read_value()) for v in variables]
-      metrics = collections.OrderedDict(train_loss=loss_sum / seen, train_accuracy=correct_sum / seen)
+      metrics = collections.OrderedDict(train_loss=loss_sum / seen,
+                                        train_accuracy=correct_sum / seen)
       return weights, fisher, metrics
 
     return run()
 
   # ------------------------------------------------------------ evaluation
   def _build_evaluation(self):
+
     @tff.tensorflow.computation(self.weights_type, self.client_state_type, self.data_type)
     def client_eval(server_weights, state, data):
       model = self._model()
@@ -471,23 +497,27 @@ class _LaplaceBase:
 
       @tf.function
       def run():
+
         def score(weights):
           for v, w in zip(model.trainable_variables, weights):
             v.assign(w)
           logits = model(x, training=False)
-          nll = tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
+          nll = tf.reduce_sum(
+              tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
           return nll, _cross_entropy(logits, y)[1]
 
         s_loss, s_correct = score(list(server_weights))
         m_loss, m_correct = score(list(state.weights))
-        return collections.OrderedDict(
-            server_loss=s_loss, server_correct=s_correct, mt_loss=m_loss, mt_correct=m_correct,
-            num_examples=tf.cast(tf.shape(y)[0], tf.float32))
+        return collections.OrderedDict(server_loss=s_loss,
+                                       server_correct=s_correct,
+                                       mt_loss=m_loss,
+                                       mt_correct=m_correct,
+                                       num_examples=tf.cast(tf.shape(y)[0], tf.float32))
 
       return run()
 
-    @rounds.round_computation(
-        self.server_state_type, self.client_state_type, self.seed_type, self.data_type)
+    @rounds.round_computation(self.server_state_type, self.client_state_type, self.seed_type,
+                              self.data_type)
     def evaluate_fn(server_state, client_states, seeds, data):
       del seeds  # deterministic models
       weights = tff.federated_broadcast(server_state.model.weights)
@@ -514,18 +544,23 @@ class FolaAlgorithm(_LaplaceBase):
     name: the algorithm's name in outputs.
   """
 
-  def __init__(self, config: LaplaceConfig, aggregator: Optional[aggregators.GaussianProductFactory] = None,
+  def __init__(self,
+               config: LaplaceConfig,
+               aggregator: Optional[aggregators.GaussianProductFactory] = None,
                name: Optional[str] = None):
     self._aggregator = aggregator or aggregators.GaussianProductFactory(weighted=True)
-    self.name = name or {"online": "fola", "offline": "laplace_offline"}.get(config.fisher, "product")
+    self.name = name or {
+        "online": "fola",
+        "offline": "laplace_offline"
+    }.get(config.fisher, "product")
     super().__init__(config)
 
   def initial_server_state(self) -> FolaServerState:
     c = self.config
     prior_precision = 0.0 if math.isinf(c.fola_gamma) else 1.0 / c.fola_gamma
-    model = ServerModel(
-        self.initial_weights, [np.full_like(w, prior_precision) for w in self._init_weights],
-        [np.zeros_like(w) for w in self._init_weights], np.int32(0))
+    model = ServerModel(self.initial_weights,
+                        [np.full_like(w, prior_precision) for w in self._init_weights],
+                        [np.zeros_like(w) for w in self._init_weights], np.int32(0))
     return FolaServerState(model, self._process.initialize())
 
   def round_bytes(self, num_selected: int, metrics) -> tuple:
@@ -539,13 +574,13 @@ class FolaAlgorithm(_LaplaceBase):
     c = self.config
     model = self._model()
     precision = list(server_model.precision)
-    prior = gaussian.NaturalGaussian(
-        [p * m for p, m in zip(precision, server_model.prior_mean)], precision)
-    weights, fisher, metrics = self._local_training(
-        model, list(server_model.weights), prior, c.fola_lambda, seed, x, y, c.fisher)
+    prior = gaussian.NaturalGaussian([p * m for p, m in zip(precision, server_model.prior_mean)],
+                                     precision)
+    weights, fisher, metrics = self._local_training(model, list(server_model.weights), prior,
+                                                    c.fola_lambda, seed, x, y, c.fisher)
     r = tf.cast(server_model.round_num + 1, tf.float32)
-    upload = [f / r + (r - 1.0) / r * p for f, p in zip(fisher, precision)]     # eq. (17)
-    upload = compression.top_p_mean_structure(upload, c.compress_p)             # Sec. 3.5
+    upload = [f / r + (r - 1.0) / r * p for f, p in zip(fisher, precision)]  # eq. (17)
+    upload = compression.top_p_mean_structure(upload, c.compress_p)  # Sec. 3.5
     natural = gaussian.NaturalGaussian([p * w for p, w in zip(upload, weights)], upload)
     natural, num_examples, non_finite, dropped, ratio = drop_if_outlier(
         natural, tf.cast(tf.shape(y)[0], tf.float32), weights, list(server_model.weights),
@@ -561,10 +596,11 @@ class FolaAlgorithm(_LaplaceBase):
     c = self.config
     self._process, self.product = build_gaussian_product(self.weights_type, c.eps, self._aggregator)
     process, product = self._process, self.product
-    model_type = tff.to_type(ServerModel(self.weights_type, self.weights_type, self.weights_type,
-                                         tff.TensorType(np.int32)))
-    self.server_state_type = tff.to_type(FolaServerState(
-        model_type, process.initialize.type_signature.result.member))
+    model_type = tff.to_type(
+        ServerModel(self.weights_type, self.weights_type, self.weights_type,
+                    tff.TensorType(np.int32)))
+    self.server_state_type = tff.to_type(
+        FolaServerState(model_type, process.initialize.type_signature.result.member))
 
     @tff.tensorflow.computation(model_type, self.client_state_type, self.seed_type, self.data_type)
     def client_update(server_model, state, seed, data):
@@ -580,20 +616,24 @@ class FolaAlgorithm(_LaplaceBase):
       return ServerModel(keep(mean, previous.weights), keep(precision, previous.precision),
                          keep(mean, previous.prior_mean), previous.round_num + 1)
 
-    @rounds.round_computation(
-        self.server_state_type, self.client_state_type, self.seed_type, self.data_type)
+    @rounds.round_computation(self.server_state_type, self.client_state_type, self.seed_type,
+                              self.data_type)
     def next_fn(server_state, client_states, seeds, data):
       model = server_state.model
-      out = tff.federated_map(client_update, (tff.federated_broadcast(model), client_states, seeds, data))
-      agg_state, mean, precision, weak = product(
-          server_state.aggregator_state, out.upload, out.num_examples, model.weights)
+      out = tff.federated_map(client_update,
+                              (tff.federated_broadcast(model), client_states, seeds, data))
+      agg_state, mean, precision, weak = product(server_state.aggregator_state, out.upload,
+                                                 out.num_examples, model.weights)
       num_examples = tff.federated_sum(out.num_examples)
       updated = tff.federated_map(new_model, (mean, precision, model, num_examples))
       new_state = tff.federated_zip(FolaServerState(updated, agg_state))
-      metrics = tff.federated_zip(collections.OrderedDict(
-          train=robust.federated_weighted_mean(out.metrics, out.num_examples),
-          weak_precision=weak, non_finite_clients=tff.federated_sum(out.non_finite),
-          num_examples=num_examples, **robust.drop_metrics(out.dropped, out.update_ratio)))
+      metrics = tff.federated_zip(
+          collections.OrderedDict(train=robust.federated_weighted_mean(
+              out.metrics, out.num_examples),
+                                  weak_precision=weak,
+                                  non_finite_clients=tff.federated_sum(out.non_finite),
+                                  num_examples=num_examples,
+                                  **robust.drop_metrics(out.dropped, out.update_ratio)))
       return new_state, out.client_state, metrics
 
     self.client_update = client_update
@@ -612,8 +652,10 @@ class FedCurvAlgorithm(_LaplaceBase):
 
   def initial_server_state(self) -> FedCurvServerState:
     zeros = [np.zeros_like(w) for w in self._init_weights]
-    model = CurvModel(self.initial_weights, gaussian.NaturalGaussian(zeros, list(zeros)), np.int32(0))
-    return FedCurvServerState(model, self._mean_process.initialize(), self._curv_process.initialize())
+    model = CurvModel(self.initial_weights, gaussian.NaturalGaussian(zeros, list(zeros)),
+                      np.int32(0))
+    return FedCurvServerState(model, self._mean_process.initialize(),
+                              self._curv_process.initialize())
 
   def round_bytes(self, num_selected: int, metrics) -> tuple:
     """Dense: up theta_j and the factor delta (2 tensors), down theta, u, v."""
@@ -626,17 +668,18 @@ class FedCurvAlgorithm(_LaplaceBase):
     model = self._model()
     own = gaussian.NaturalGaussian([f * w for f, w in zip(state.fisher, state.weights)],
                                    list(state.fisher))
-    cavity, _ = gaussian.ratio_with_count(
-        list_natural(server_model.curvature), own, on_nonpositive="floor",
-        min_precision=_CAVITY_MIN_PRECISION)
-    weights, fisher, metrics = self._local_training(
-        model, list(server_model.weights), list_natural(cavity), 2.0 * c.fedcurv_lambda,
-        seed, x, y, "offline")
+    cavity, _ = gaussian.ratio_with_count(list_natural(server_model.curvature),
+                                          own,
+                                          on_nonpositive="floor",
+                                          min_precision=_CAVITY_MIN_PRECISION)
+    weights, fisher, metrics = self._local_training(model, list(server_model.weights),
+                                                    list_natural(cavity), 2.0 * c.fedcurv_lambda,
+                                                    seed, x, y, "offline")
     new = gaussian.NaturalGaussian([f * w for f, w in zip(fisher, weights)], fisher)
-    delta = list_natural(gaussian.product(new, gaussian.power(own, -1.0)))   # new / old
+    delta = list_natural(gaussian.product(new, gaussian.power(own, -1.0)))  # new / old
     upload, num_examples, non_finite, dropped, ratio = drop_if_outlier(
-        (weights, delta), tf.cast(tf.shape(y)[0], tf.float32), weights,
-        list(server_model.weights), c.max_update_ratio)
+        (weights, delta), tf.cast(tf.shape(y)[0], tf.float32), weights, list(server_model.weights),
+        c.max_update_ratio)
     # A dropped client keeps its old state: the server never received its new factor.
     ok = dropped < 0.5
     state = robust.keep_if(ok, ClientState(weights, fisher),
@@ -646,14 +689,14 @@ class FedCurvAlgorithm(_LaplaceBase):
 
   def _build_computations(self):
     natural_type = tff.to_type(gaussian.NaturalGaussian(self.weights_type, self.weights_type))
-    self._mean_process = tff.aggregators.MeanFactory().create(
-        self.weights_type, tff.TensorType(np.float32))
+    self._mean_process = tff.aggregators.MeanFactory().create(self.weights_type,
+                                                              tff.TensorType(np.float32))
     self._curv_process = aggregators.GaussianProductFactory().create(natural_type)
     mean_process, curv_process = self._mean_process, self._curv_process
     model_type = tff.to_type(CurvModel(self.weights_type, natural_type, tff.TensorType(np.int32)))
-    self.server_state_type = tff.to_type(FedCurvServerState(
-        model_type, mean_process.initialize.type_signature.result.member,
-        curv_process.initialize.type_signature.result.member))
+    self.server_state_type = tff.to_type(
+        FedCurvServerState(model_type, mean_process.initialize.type_signature.result.member,
+                           curv_process.initialize.type_signature.result.member))
 
     @tff.tensorflow.computation(model_type, self.client_state_type, self.seed_type, self.data_type)
     def client_update(server_model, state, seed, data):
@@ -668,21 +711,24 @@ class FedCurvAlgorithm(_LaplaceBase):
       weights = [tf.where(total_weight > 0, w, o) for w, o in zip(weights, previous.weights)]
       return CurvModel(weights, list_natural(curvature), previous.round_num + 1)
 
-    @rounds.round_computation(
-        self.server_state_type, self.client_state_type, self.seed_type, self.data_type)
+    @rounds.round_computation(self.server_state_type, self.client_state_type, self.seed_type,
+                              self.data_type)
     def next_fn(server_state, client_states, seeds, data):
       model = server_state.model
-      out = tff.federated_map(client_update, (tff.federated_broadcast(model), client_states, seeds, data))
+      out = tff.federated_map(client_update,
+                              (tff.federated_broadcast(model), client_states, seeds, data))
       weights, delta = out.upload[0], out.upload[1]
       mean = mean_process.next(server_state.mean_state, weights, out.num_examples)
       curv = curv_process.next(server_state.curvature_state, delta)
       num_examples = tff.federated_sum(out.num_examples)
       updated = tff.federated_map(new_model, (mean.result, model, curv.result, num_examples))
       new_state = tff.federated_zip(FedCurvServerState(updated, mean.state, curv.state))
-      metrics = tff.federated_zip(collections.OrderedDict(
-          train=robust.federated_weighted_mean(out.metrics, out.num_examples),
-          non_finite_clients=tff.federated_sum(out.non_finite),
-          num_examples=num_examples, **robust.drop_metrics(out.dropped, out.update_ratio)))
+      metrics = tff.federated_zip(
+          collections.OrderedDict(train=robust.federated_weighted_mean(
+              out.metrics, out.num_examples),
+                                  non_finite_clients=tff.federated_sum(out.non_finite),
+                                  num_examples=num_examples,
+                                  **robust.drop_metrics(out.dropped, out.update_ratio)))
       return new_state, out.client_state, metrics
 
     self.client_update = client_update
@@ -691,13 +737,17 @@ class FedCurvAlgorithm(_LaplaceBase):
 
 
 # ---------------------------------------------------------------- registry
-registry.register(registry.AlgorithmSpec(
-    "fola", LaplaceConfig, lambda data, config, run: FolaAlgorithm(config),
-    "FOLA (Liu et al.): Gaussian-product aggregation of online Laplace approximations."))
-registry.register(registry.AlgorithmSpec(
-    "laplace_offline", LaplaceConfig, lambda data, config, run: FolaAlgorithm(config),
-    "Gaussian product of offline Laplace approximations (FOLA's ablation).",
-    fixed=dict(fisher="offline")))
-registry.register(registry.AlgorithmSpec(
-    "fedcurv", LaplaceConfig, lambda data, config, run: FedCurvAlgorithm(config),
-    "FedCurv (Shoham et al., 2019): FedAvg with a Fisher-weighted penalty."))
+registry.register(
+    registry.AlgorithmSpec(
+        "fola", LaplaceConfig, lambda data, config, run: FolaAlgorithm(config),
+        "FOLA (Liu et al.): Gaussian-product aggregation of online Laplace approximations."))
+registry.register(
+    registry.AlgorithmSpec("laplace_offline",
+                           LaplaceConfig,
+                           lambda data, config, run: FolaAlgorithm(config),
+                           "Gaussian product of offline Laplace approximations (FOLA's ablation).",
+                           fixed=dict(fisher="offline")))
+registry.register(
+    registry.AlgorithmSpec("fedcurv", LaplaceConfig,
+                           lambda data, config, run: FedCurvAlgorithm(config),
+                           "FedCurv (Shoham et al., 2019): FedAvg with a Fisher-weighted penalty."))

@@ -101,10 +101,9 @@ class LocalAlgorithm:
       metrics = tff.federated_zip(fedavg.train_metrics(out))
       return tff.federated_map(fedavg.increment_round(), round_num), out.model_weights, metrics
 
-    @tff.federated_computation(
-        tff.FederatedType(comps.weights_type, tff.CLIENTS),
-        tff.FederatedType(comps.x_type, tff.SERVER),
-        tff.FederatedType(comps.data_type, tff.CLIENTS))
+    @tff.federated_computation(tff.FederatedType(comps.weights_type, tff.CLIENTS),
+                               tff.FederatedType(comps.x_type, tff.SERVER),
+                               tff.FederatedType(comps.data_type, tff.CLIENTS))
     def evaluate_fn(client_weights, pooled_x, data):
       probs = tff.federated_map(predict_proba, (client_weights, tff.federated_broadcast(pooled_x)))
       return probs, tff.federated_map(score, (client_weights, data))
@@ -131,11 +130,14 @@ class LocalAlgorithm:
       p = ensemble[start:start + len(y)]
       start += len(y)
       p_true = p[np.arange(len(y)), y]
-      out.append(dict(server_loss=float(-np.sum(np.log(np.maximum(p_true, _MIN_PROB)))),
-                      server_correct=float(np.sum(np.argmax(p, axis=-1) == y)),
-                      mt_loss=float(mt_loss), mt_correct=float(mt_correct), num_examples=float(n),
-                      server_calibration=metrics_lib.numpy_calibration_sums(p, y),
-                      mt_calibration=np.asarray(mt_cal)))
+      out.append(
+          dict(server_loss=float(-np.sum(np.log(np.maximum(p_true, _MIN_PROB)))),
+               server_correct=float(np.sum(np.argmax(p, axis=-1) == y)),
+               mt_loss=float(mt_loss),
+               mt_correct=float(mt_correct),
+               num_examples=float(n),
+               server_calibration=metrics_lib.numpy_calibration_sums(p, y),
+               mt_calibration=np.asarray(mt_cal)))
     return out
 
   def round_bytes(self, num_selected: int, metrics) -> Tuple[int, int]:
@@ -170,7 +172,7 @@ class GlobalAlgorithm:
 
   def initial_client_state(self, client_index: int):
     del client_index
-    return ()   # clients hold no model of their own
+    return ()  # clients hold no model of their own
 
   def next(self, server_state: GlobalState, client_states: Sequence, seeds, data):
     """E epochs of SGD on the pooled data with seed `client_seed(seed, t, 0)`; a
@@ -180,7 +182,8 @@ class GlobalAlgorithm:
     seed = base.client_seed(self.config.seed, round_num, 0)
     out = self.computations.client_update(server_state.model_weights, seed, self._pooled)
     # The pooled update stands for every selected client: dropped, it drops them all.
-    metrics = collections.OrderedDict(train=out.metrics, num_examples=out.num_examples,
+    metrics = collections.OrderedDict(train=out.metrics,
+                                      num_examples=out.num_examples,
                                       clients_dropped=out.dropped * len(client_states))
     return GlobalState(out.model_weights, np.int32(round_num)), list(client_states), metrics
 
@@ -195,10 +198,11 @@ class GlobalAlgorithm:
     return 0, 0
 
 
-registry.register(registry.AlgorithmSpec(
-    "local", fedavg.ModelConfig, lambda data, config, run: LocalAlgorithm(config),
-    "Local: one model per client on its own data (no communication)."))
-registry.register(registry.AlgorithmSpec(
-    "global", fedavg.ModelConfig,
-    lambda data, config, run: GlobalAlgorithm(config, data.pooled("train")),
-    "Global: one model on the pooled data of all clients (reference)."))
+registry.register(
+    registry.AlgorithmSpec("local", fedavg.ModelConfig,
+                           lambda data, config, run: LocalAlgorithm(config),
+                           "Local: one model per client on its own data (no communication)."))
+registry.register(
+    registry.AlgorithmSpec("global", fedavg.ModelConfig,
+                           lambda data, config, run: GlobalAlgorithm(config, data.pooled("train")),
+                           "Global: one model on the pooled data of all clients (reference)."))

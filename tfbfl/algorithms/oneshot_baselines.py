@@ -71,8 +71,7 @@ CONSTRAINT = {
     "downpour_sgd": "one communication per round (comm_rounds rounds)",
 }
 
-
-_DISTILL_FNS = {}   # student config -> tf.function (one trace per config)
+_DISTILL_FNS = {}  # student config -> tf.function (one trace per config)
 
 
 def derive_seed(*ints: int) -> int:
@@ -108,12 +107,15 @@ def average_networks(nets: Sequence[pfnm.Network],
   if a.shape != (len(nets),) or np.any(a < 0) or a.sum() <= 0:
     raise ValueError(f"weights must be {len(nets)} non-negative numbers with a positive sum")
   a = a / a.sum()
-  return [(sum(ai * np.asarray(n[l][0], np.float64) for ai, n in zip(a, nets)),
-           sum(ai * np.asarray(n[l][1], np.float64) for ai, n in zip(a, nets)))
+  return [(sum(ai * np.asarray(n[l][0], np.float64)
+               for ai, n in zip(a, nets)),
+           sum(ai * np.asarray(n[l][1], np.float64)
+               for ai, n in zip(a, nets)))
           for l in range(len(nets[0]))]
 
 
-def ensemble_proba(nets: Sequence[pfnm.Network], x: np.ndarray,
+def ensemble_proba(nets: Sequence[pfnm.Network],
+                   x: np.ndarray,
                    class_counts: Optional[Sequence[np.ndarray]] = None) -> np.ndarray:
   """Ensemble class scores ``(n, K)``.
 
@@ -123,7 +125,7 @@ def ensemble_proba(nets: Sequence[pfnm.Network], x: np.ndarray,
   not sum to one over classes; only their argmax is used.
   """
   nets = _check_nets(nets)
-  probs = np.stack([pfnm.predict_proba(n, x) for n in nets])       # (J, n, K)
+  probs = np.stack([pfnm.predict_proba(n, x) for n in nets])  # (J, n, K)
   if class_counts is None:
     return probs.mean(axis=0)
   n_jk = np.asarray(class_counts, np.float64)
@@ -135,7 +137,9 @@ def ensemble_proba(nets: Sequence[pfnm.Network], x: np.ndarray,
   return np.einsum("jk,jnk->nk", w, probs)
 
 
-def ensemble_accuracy(nets: Sequence[pfnm.Network], x: np.ndarray, y: np.ndarray,
+def ensemble_accuracy(nets: Sequence[pfnm.Network],
+                      x: np.ndarray,
+                      y: np.ndarray,
                       class_counts: Optional[Sequence[np.ndarray]] = None) -> float:
   """Accuracy of the uniform (or, with ``class_counts``, weighted) ensemble."""
   return float(np.mean(ensemble_proba(nets, x, class_counts).argmax(axis=1) == np.asarray(y)))
@@ -146,12 +150,18 @@ def ensemble_size(nets: Sequence[pfnm.Network]) -> dict:
   sizes = [pfnm.model_size(n) for n in _check_nets(nets)]
   depth = len(sizes[0]["layers"])
   layers = [int(sum(s["layers"][c] for s in sizes)) for c in range(depth)]
-  return {"neurons": int(sum(layers)), "layers": layers,
-          "params": int(sum(s["params"] for s in sizes))}
+  return {
+      "neurons": int(sum(layers)),
+      "layers": layers,
+      "params": int(sum(s["params"] for s in sizes))
+  }
 
 
-def distill(nets: Sequence[pfnm.Network], x_pool: np.ndarray, cfg: pfnm.LocalTrainingConfig,
-            seed: int, hidden_units: Sequence[int] = (500,),
+def distill(nets: Sequence[pfnm.Network],
+            x_pool: np.ndarray,
+            cfg: pfnm.LocalTrainingConfig,
+            seed: int,
+            hidden_units: Sequence[int] = (500,),
             epochs: Optional[int] = None) -> pfnm.Network:
   """Knowledge distillation of the uniform ensemble into a new network.
 
@@ -163,7 +173,8 @@ def distill(nets: Sequence[pfnm.Network], x_pool: np.ndarray, cfg: pfnm.LocalTra
   """
   x = np.asarray(x_pool, np.float32).reshape(len(x_pool), -1)
   targets = ensemble_proba(nets, x).astype(np.float32)
-  student = dataclasses.replace(cfg, hidden_units=tuple(hidden_units),
+  student = dataclasses.replace(cfg,
+                                hidden_units=tuple(hidden_units),
                                 epochs=cfg.epochs if epochs is None else int(epochs))
   init = pfnm.initial_weights(student, [seed, 7])
   flat = [a for W, b in init for a in (W, b)]
@@ -177,8 +188,12 @@ def distill(nets: Sequence[pfnm.Network], x_pool: np.ndarray, cfg: pfnm.LocalTra
   return [(out[i], out[i + 1]) for i in range(0, len(out), 2)]
 
 
-def downpour_sgd(trainer: pfnm.LocalTrainer, client_data, comm_rounds: int, seed: int,
-                 server_lr: float = 1.0, init_weights: Optional[pfnm.Network] = None,
+def downpour_sgd(trainer: pfnm.LocalTrainer,
+                 client_data,
+                 comm_rounds: int,
+                 seed: int,
+                 server_lr: float = 1.0,
+                 init_weights: Optional[pfnm.Network] = None,
                  callback: Optional[Callable[[int, pfnm.Network], None]] = None) -> pfnm.Network:
   """Downpour SGD with ``comm_rounds`` communications (see module doc).
 
@@ -197,9 +212,9 @@ def downpour_sgd(trainer: pfnm.LocalTrainer, client_data, comm_rounds: int, seed
     raise ValueError(f"comm_rounds must be an int >= 1, got {comm_rounds!r}")
   if not np.isfinite(server_lr) or server_lr <= 0:
     raise ValueError(f"server_lr must be a finite number > 0, got {server_lr!r}")
-  glob = (pfnm.initial_weights(trainer.config, pfnm.init_seeds(seed, 1, True)[0])
-          if init_weights is None else [(np.asarray(W, np.float32), np.asarray(b, np.float32))
-                                        for W, b in init_weights])
+  glob = (pfnm.initial_weights(trainer.config,
+                               pfnm.init_seeds(seed, 1, True)[0]) if init_weights is None else
+          [(np.asarray(W, np.float32), np.asarray(b, np.float32)) for W, b in init_weights])
   for r in range(int(comm_rounds)):
     mean = trainer.dsgd_round(glob, client_data, seed=derive_seed(seed, r))
     glob = [(W + server_lr * (Wm - W), b + server_lr * (bm - b))
@@ -209,8 +224,11 @@ def downpour_sgd(trainer: pfnm.LocalTrainer, client_data, comm_rounds: int, seed
   return glob
 
 
-def dpmeans_network(nets: Sequence[pfnm.Network], class_counts=None, lam: float = 1.0,
-                    max_iter: int = 30, seed: int = 0) -> pfnm.Network:
+def dpmeans_network(nets: Sequence[pfnm.Network],
+                    class_counts=None,
+                    lam: float = 1.0,
+                    max_iter: int = 30,
+                    seed: int = 0) -> pfnm.Network:
   """Global one-hidden-layer network from DP-means clustering of all neurons.
 
   Raises:
@@ -219,7 +237,9 @@ def dpmeans_network(nets: Sequence[pfnm.Network], class_counts=None, lam: float 
   nets = _check_nets(nets)
   if any(len(n) != 2 for n in nets):
     raise ValueError("dpmeans_network supports one hidden layer only")
-  W1, b1, W2, b2 = dpmeans_single_layer(
-      [(n[0][0], n[0][1], n[1][0], n[1][1]) for n in nets], class_counts, lam=lam,
-      max_iter=max_iter, seed=seed)
+  W1, b1, W2, b2 = dpmeans_single_layer([(n[0][0], n[0][1], n[1][0], n[1][1]) for n in nets],
+                                        class_counts,
+                                        lam=lam,
+                                        max_iter=max_iter,
+                                        seed=seed)
   return [(W1, b1), (W2, b2)]

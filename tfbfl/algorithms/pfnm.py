@@ -201,8 +201,10 @@ def init_seeds(seed: int, num_clients: int, shared: bool) -> np.ndarray:
 
 def shuffle_seeds(seed: int, num_clients: int) -> np.ndarray:
   """``(J, 2)`` int64 stateless shuffling seeds, one per client."""
-  return np.stack([np.full(num_clients, seed, np.int64),
-                   _SHUFFLE_SALT + np.arange(num_clients, dtype=np.int64)], axis=1)
+  return np.stack([
+      np.full(num_clients, seed, np.int64), _SHUFFLE_SALT + np.arange(num_clients, dtype=np.int64)
+  ],
+                  axis=1)
 
 
 # ------------------------------------------------------------- TF building blocks
@@ -285,8 +287,8 @@ def train_tensors(cfg: LocalTrainingConfig, flat, seed, x, targets, epochs=None)
 
   one = lambda ts: tuple(t[None] for t in ts)
   zeros = [tf.zeros_like(w) for w in flat]
-  (trained, _, _), _ = client_batch.train_loop(
-      schedule, x[None], targets[None], (one(flat), one(zeros), one(zeros)), step_fn, ())
+  (trained, _, _), _ = client_batch.train_loop(schedule, x[None], targets[None],
+                                               (one(flat), one(zeros), one(zeros)), step_fn, ())
   return [w[0] for w in trained]
 
 
@@ -334,11 +336,15 @@ class LocalTrainer:
     x = tf.reshape(x, [tf.shape(x)[0], cfg.input_dim])
     targets = tf.one_hot(y, cfg.num_classes, dtype=tf.float32)
     trained = train_tensors(cfg, flat, seed, x, targets)
-    counts = tf.math.bincount(y, minlength=cfg.num_classes, maxlength=cfg.num_classes,
+    counts = tf.math.bincount(y,
+                              minlength=cfg.num_classes,
+                              maxlength=cfg.num_classes,
                               dtype=tf.int32)
-    return collections.OrderedDict(
-        weights=trained, class_counts=counts, num_examples=tf.cast(tf.shape(y)[0], tf.float32),
-        initial_loss=_mean_ce(flat, x, targets), final_loss=_mean_ce(trained, x, targets))
+    return collections.OrderedDict(weights=trained,
+                                   class_counts=counts,
+                                   num_examples=tf.cast(tf.shape(y)[0], tf.float32),
+                                   initial_loss=_mean_ce(flat, x, targets),
+                                   final_loss=_mean_ce(trained, x, targets))
 
   def _computation(self, name):
     """Builds (traces) the named federated computation on first use."""
@@ -346,15 +352,18 @@ class LocalTrainer:
       return self._computations[name]
     import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
     cfg = self.config
-    weights_type = tff.to_type(
-        [tff.TensorType(np.float32, s) for n_in, n_out in cfg.layer_shapes
-         for s in ((n_in, n_out), (n_out,))])
+    weights_type = tff.to_type([
+        tff.TensorType(np.float32, s)
+        for n_in, n_out in cfg.layer_shapes
+        for s in ((n_in, n_out), (n_out,))
+    ])
     seed_type = tff.TensorType(np.int64, [2])
-    data_type = tff.to_type((tff.TensorType(np.float32, [None, cfg.input_dim]),
-                             tff.TensorType(np.int32, [None])))
+    data_type = tff.to_type(
+        (tff.TensorType(np.float32, [None, cfg.input_dim]), tff.TensorType(np.int32, [None])))
     clients = lambda t: tff.FederatedType(t, tff.CLIENTS)
 
     if name == "train_fn":
+
       @tff.tensorflow.computation(seed_type, seed_type, data_type)
       def client_train(init_seed, seed, data):
         return self._client_fn(_initial_tensors(cfg, init_seed), seed, *data)
@@ -363,26 +372,33 @@ class LocalTrainer:
       def comp(init_seeds_, seeds, data):
         return tff.federated_map(client_train, (init_seeds_, seeds, data))
     else:
+
       @tff.tensorflow.computation(weights_type, seed_type, data_type)
       def client_train_from(weights, seed, data):
         return self._client_fn(list(weights), seed, *data)
 
       if name == "train_from_fn":
+
         @tff.federated_computation(clients(weights_type), clients(seed_type), clients(data_type))
         def comp(weights, seeds, data):
           return tff.federated_map(client_train_from, (weights, seeds, data))
       else:
-        @tff.federated_computation(tff.FederatedType(weights_type, tff.SERVER),
-                                   clients(seed_type), clients(data_type))
+
+        @tff.federated_computation(tff.FederatedType(weights_type, tff.SERVER), clients(seed_type),
+                                   clients(data_type))
         def comp(weights, seeds, data):
           out = tff.federated_map(client_train_from,
                                   (tff.federated_broadcast(weights), seeds, data))
           return tff.federated_mean(out.weights, weight=out.num_examples)
+
     self._computations[name] = comp
     return comp
 
   # ------------------------------------------------------------ python API
-  def train(self, client_data, seed: int, init_weights: Optional[Sequence[Network]] = None,
+  def train(self,
+            client_data,
+            seed: int,
+            init_weights: Optional[Sequence[Network]] = None,
             init_seed: Optional[int] = None) -> List[ClientResult]:
     """Trains one network per client; returns their uploads in client order.
 
@@ -397,8 +413,7 @@ class LocalTrainer:
     J = len(data)
     seeds = list(shuffle_seeds(seed, J))
     if init_weights is None:
-      inits = list(init_seeds(seed if init_seed is None else init_seed, J,
-                              self.config.shared_init))
+      inits = list(init_seeds(seed if init_seed is None else init_seed, J, self.config.shared_init))
       out = self.train_fn(inits, seeds, data)
     else:
       if len(init_weights) != J:
@@ -451,15 +466,16 @@ def _unflatten(flat) -> Network:
 
 
 def _client_result(o) -> ClientResult:
-  return ClientResult(
-      weights=_unflatten([np.asarray(t, np.float32) for t in o["weights"]]),
-      class_counts=np.asarray(o["class_counts"], np.int64),
-      num_examples=int(round(float(o["num_examples"]))),
-      initial_loss=float(o["initial_loss"]), final_loss=float(o["final_loss"]))
+  return ClientResult(weights=_unflatten([np.asarray(t, np.float32) for t in o["weights"]]),
+                      class_counts=np.asarray(o["class_counts"], np.int64),
+                      num_examples=int(round(float(o["num_examples"]))),
+                      initial_loss=float(o["initial_loss"]),
+                      final_loss=float(o["final_loss"]))
 
 
 # -------------------------------------------------------------------- matching
-def match_networks(weights: Sequence[Network], class_counts=None,
+def match_networks(weights: Sequence[Network],
+                   class_counts=None,
                    hp: Optional[MatchingHyperparams] = None) -> Network:
   """PFNM global network of ``J`` client networks (one-shot).
 

@@ -13,8 +13,7 @@ def round_computation(server_type, client_state_type, seed_type, data_type):
   takes the client count from the last argument, and clients would silently be
   dropped otherwise (remote execution, `tfbfl.runtime.RemoteRuntime`).
   """
-  return tff.federated_computation(
-      tff.FederatedType(server_type, tff.SERVER),
-      tff.FederatedType(client_state_type, tff.CLIENTS),
-      tff.FederatedType(seed_type, tff.CLIENTS),
-      tff.FederatedType(data_type, tff.CLIENTS))
+  return tff.federated_computation(tff.FederatedType(server_type, tff.SERVER),
+                                   tff.FederatedType(client_state_type, tff.CLIENTS),
+                                   tff.FederatedType(seed_type, tff.CLIENTS),
+                                   tff.FederatedType(data_type, tff.CLIENTS))

@@ -153,9 +153,10 @@ ServerState = collections.namedtuple("ServerState", ["posterior", "aggregator_st
 # (TFF's mergeable/remote contexts may return them in completion order).
 ClientState = collections.namedtuple(
     "ClientState", ["shared_factor", "shared_posterior", "private", "trained", "client_index"])
-ClientOutput = collections.namedtuple(
-    "ClientOutput", ["delta", "client_state", "metrics", "num_examples", "delta_nonzeros",
-                     "cavity_floored", "dropped", "update_ratio"])
+ClientOutput = collections.namedtuple("ClientOutput", [
+    "delta", "client_state", "metrics", "num_examples", "delta_nonzeros", "cavity_floored",
+    "dropped", "update_ratio"
+])
 
 _CAVITY_MIN_PRECISION = 1e-8
 
@@ -164,8 +165,8 @@ def _as_client_state(state) -> ClientState:
   """A `ClientState` of numpy leaves from a TFF result or a `ClientState`."""
   if not isinstance(state, ClientState):
     state = ClientState(*state)
-  g = lambda x: gaussian.NaturalGaussian([np.asarray(t) for t in x[0]],
-                                         [np.asarray(t) for t in x[1]])
+  g = lambda x: gaussian.NaturalGaussian([np.asarray(t)
+                                          for t in x[0]], [np.asarray(t) for t in x[1]])
   return ClientState(g(state.shared_factor), g(state.shared_posterior),
                      [np.asarray(w) for w in state.private], np.asarray(state.trained),
                      np.asarray(state.client_index))
@@ -192,11 +193,12 @@ class VirtualConfig(base.ClientTraining):
   input_dim: int
   num_classes: int
   num_clients: int
-  clients_per_round: Optional[int] = None   # the run's C; sets the default step
+  clients_per_round: Optional[int] = None  # the run's C; sets the default step
   activation: str = "relu"
   precision_step: float = options.real(
       0.0, "VIRTUAL: natural-gradient step rho in [0, 1] of the shared posterior's "
-      "precisions (0: plain SGD on the softplus scales, as the paper).", high=1.0)
+      "precisions (0: plain SGD on the softplus scales, as the paper).",
+      high=1.0)
   # beta; the paper finds 1e-6..1e-3 harmless (Fig. 2)
   kl_weight: float = options.real(1e-4, "VIRTUAL: KL multiplier beta.", high=options.MAX_WEIGHT)
   prior_scale: float = options.real(1.0, "VIRTUAL: std of the N(0, s^2) priors.", low_open=True)
@@ -204,14 +206,16 @@ class VirtualConfig(base.ClientTraining):
   fedavg_init: bool = options.boolean(False, "VIRTUAL + FedAvg init variant.")
   # 0: the paper's eq. (3); 1 measured, see the module docstring
   server_loss_weight: float = options.real(
-      1.0, "VIRTUAL: weight of the server network's own cross-entropy (0 = paper eq. 3).",
+      1.0,
+      "VIRTUAL: weight of the server network's own cross-entropy (0 = paper eq. 3).",
       high=options.MAX_WEIGHT)
   private: bool = True
-  likelihood: str = "categorical"   # or "gaussian" (regression, noise_scale)
+  likelihood: str = "categorical"  # or "gaussian" (regression, noise_scale)
   noise_scale: float = 1.0
-  gate_init: float = options.real(1.0, "VIRTUAL: initial lateral gate value.",
+  gate_init: float = options.real(1.0,
+                                  "VIRTUAL: initial lateral gate value.",
                                   low=-options.MAX_RATE)
-  local_solver: str = "sgd"         # or "conjugate" (exact, linear-Gaussian models only)
+  local_solver: str = "sgd"  # or "conjugate" (exact, linear-Gaussian models only)
   # XLA for the client step. Off: inside TFF's worker `jit_compile` is not honoured (a
   # jit_compile function with an op XLA cannot compile runs there without error), so
   # the TFF path never was XLA; True only affects plain-TF callers of client_update.
@@ -228,20 +232,24 @@ class VirtualConfig(base.ClientTraining):
   # gain from C). Results equal the one-by-one run up to float summation order.
   clients_per_group: int = options.integer(
       1, "virtual (MLP): stack this many of a round's clients into one batched client "
-      "computation (1: one by one, the faster on CPU).", low=1, high=10**6)
+      "computation (1: one by one, the faster on CPU).",
+      low=1,
+      high=10**6)
   kernel_size: int = 5
   vocab_size: int = 88
   embedding_dim: int = 8
   lstm_units: Sequence[int] = options.int_list((100, 100), "lstm: units per LSTM layer.")
   # zero Delta_i entries below this SNR percentile (IV-F)
   prune_percentile: float = options.real(
-      0.0, "VIRTUAL: zero Delta_i entries whose SNR is below this percentile (Sec. IV-F).",
+      0.0,
+      "VIRTUAL: zero Delta_i entries whose SNR is below this percentile (Sec. IV-F).",
       high=100.0)
   prune_per_layer: bool = options.boolean(
       True, "VIRTUAL: percentile per weight tensor (else over all shared weights).")
-  eval_samples: int = options.integer(0, "MC samples at evaluation (0: posterior mean).",
+  eval_samples: int = options.integer(0,
+                                      "MC samples at evaluation (0: posterior mean).",
                                       high=10**6)
-  input_shape: Optional[Sequence[int]] = None   # None: (input_dim,); images are flattened
+  input_shape: Optional[Sequence[int]] = None  # None: (input_dim,); images are flattened
   # How the clients' natural-parameter deltas are summed (`tfbfl.aggregators.sum_factory`).
   aggregator: str = options.choice(
       "sum", ("sum", "secure_sum"), "VIRTUAL: sum of the clients' natural-parameter deltas: "
@@ -251,7 +259,10 @@ class VirtualConfig(base.ClientTraining):
   secure_sum_bound: Optional[float] = options.real(
       None, "VIRTUAL --aggregator=secure_sum: clipping bound B of each summed coordinate "
       "(error <= clients * B / (2^32 - 1); default tfbfl.aggregators.DEFAULT_SECURE_SUM_BOUND "
-      "= 2^16).", low_open=True, high=2.0**126, none_ok=True)
+      "= 2^16).",
+      low_open=True,
+      high=2.0**126,
+      none_ok=True)
 
   @property
   def example_shape(self):
@@ -279,9 +290,9 @@ class VirtualConfig(base.ClientTraining):
                        "(a group uploads the plain sum of its clients' deltas).")
     if self.local_solver not in ("sgd", "conjugate"):
       raise ValueError(f"local_solver must be 'sgd' or 'conjugate', got {self.local_solver!r}.")
-    if self.local_solver == "conjugate" and not (
-        self.likelihood == "gaussian" and not self.private and not tuple(self.hidden_units)
-        and self.num_classes == 1 and self.kl_weight > 0):
+    if self.local_solver == "conjugate" and not (self.likelihood == "gaussian" and not self.private
+                                                 and not tuple(self.hidden_units) and
+                                                 self.num_classes == 1 and self.kl_weight > 0):
       raise ValueError(
           "local_solver='conjugate' needs a linear-Gaussian model: likelihood='gaussian', "
           "private=False, hidden_units=(), num_classes=1 and kl_weight > 0.")
@@ -363,8 +374,9 @@ def _natural_precision_step(u_var, grad_u, prior_precision, min_scale, kl_scale,
   sigma = tf.nn.softplus(u) + min_scale
   # The data part of the gradient: the total less the KL's (dsigma/du = sigmoid(u)).
   grad_data_u = grad_u - kl_scale * (sigma * prior_precision - 1.0 / sigma) * tf.math.sigmoid(u)
-  u_var.assign(virtual_step.natural_precision_update(u, grad_data_u, prior_precision, min_scale,
-                                                     rho, kl_scale))
+  u_var.assign(
+      virtual_step.natural_precision_update(u, grad_data_u, prior_precision, min_scale, rho,
+                                            kl_scale))
 
 
 def _data_loss(cfg: VirtualConfig, y, outputs, mask=None, axis=None):
@@ -386,20 +398,27 @@ def _architecture(cfg: VirtualConfig):
   keyword arguments) of the configured architecture."""
   common = dict(init_scale=cfg.init_scale)
   if cfg.architecture == "conv":
-    kw = dict(input_shape=tuple(cfg.image_shape or cfg.example_shape), num_classes=cfg.num_classes,
-              filters=tuple(cfg.filters), kernel_size=cfg.kernel_size,
-              hidden_units=tuple(cfg.hidden_units), **common)
+    kw = dict(input_shape=tuple(cfg.image_shape or cfg.example_shape),
+              num_classes=cfg.num_classes,
+              filters=tuple(cfg.filters),
+              kernel_size=cfg.kernel_size,
+              hidden_units=tuple(cfg.hidden_units),
+              **common)
     return (architectures.VirtualConvNetworks, architectures.initial_shared_posterior_conv,
             architectures.initial_private_weights_conv, kw)
   if cfg.architecture == "lstm":
-    kw = dict(vocab_size=cfg.vocab_size, embedding_dim=cfg.embedding_dim,
-              lstm_units=tuple(cfg.lstm_units), **common)
+    kw = dict(vocab_size=cfg.vocab_size,
+              embedding_dim=cfg.embedding_dim,
+              lstm_units=tuple(cfg.lstm_units),
+              **common)
     return (architectures.VirtualLSTMNetworks, architectures.initial_shared_posterior_lstm,
             architectures.initial_private_weights_lstm, kw)
-  kw = dict(input_dim=cfg.input_dim, num_classes=cfg.num_classes,
-            hidden_units=tuple(cfg.hidden_units), **common)
-  return (models.VirtualNetworks, models.initial_shared_posterior,
-          models.initial_private_weights, kw)
+  kw = dict(input_dim=cfg.input_dim,
+            num_classes=cfg.num_classes,
+            hidden_units=tuple(cfg.hidden_units),
+            **common)
+  return (models.VirtualNetworks, models.initial_shared_posterior, models.initial_private_weights,
+          kw)
 
 
 def initial_posterior(cfg: VirtualConfig) -> gaussian.NaturalGaussian:
@@ -414,12 +433,13 @@ def initial_client_state(cfg: VirtualConfig, client_index: int,
   factor = gaussian.power(init_posterior, 1.0 / cfg.num_clients)
   _, _, init_private, kw = _architecture(cfg)
   private = init_private(gate_init=cfg.gate_init,
-                         seed=cfg.seed * 100003 + 7919 * (client_index + 1), **kw)
+                         seed=cfg.seed * 100003 + 7919 * (client_index + 1),
+                         **kw)
   as_np = lambda s: tf.nest.map_structure(lambda t: np.asarray(t, np.float32), s)
-  return ClientState(
-      gaussian.NaturalGaussian(*as_np(factor)),
-      gaussian.NaturalGaussian(*as_np(init_posterior)),
-      [np.asarray(w, np.float32) for w in private], np.bool_(False), np.int32(client_index))
+  return ClientState(gaussian.NaturalGaussian(*as_np(factor)),
+                     gaussian.NaturalGaussian(*as_np(init_posterior)),
+                     [np.asarray(w, np.float32) for w in private], np.bool_(False),
+                     np.int32(client_index))
 
 
 def build_networks(cfg: VirtualConfig):
@@ -440,9 +460,10 @@ def _client_prior(cfg: VirtualConfig, server_posterior, state: ClientState):
   is flat and the KL target `p^(1/K) cav_i` is `p^(1/K)` alone.
   """
   old_factor = server_posterior if cfg.fedavg_init else state.shared_factor
-  cavity, cavity_floored = gaussian.ratio_with_count(
-      server_posterior, old_factor, on_nonpositive="floor",
-      min_precision=_CAVITY_MIN_PRECISION)
+  cavity, cavity_floored = gaussian.ratio_with_count(server_posterior,
+                                                     old_factor,
+                                                     on_nonpositive="floor",
+                                                     min_precision=_CAVITY_MIN_PRECISION)
   prior = gaussian.product(gaussian.isotropic_power(cavity, cfg.prior_scale, 1.0 / cfg.num_clients),
                            cavity)
   return old_factor, cavity, cavity_floored, prior
@@ -454,17 +475,17 @@ def _client_output(cfg: VirtualConfig, server_posterior, state: ClientState, old
   weights: the new factor, `Delta_i` (pruned), the damped factor step, and the
   robust-round check."""
   # Site factors and deltas are unnormalised and may have negative precisions.
-  new_factor = gaussian.ratio(q_new, cavity, on_nonpositive="allow")   # s_i^new = q_i / cav_i
-  delta = gaussian.ratio(new_factor, old_factor, on_nonpositive="allow")  # Delta_i = s_i^new / s_i^old
+  new_factor = gaussian.ratio(q_new, cavity, on_nonpositive="allow")  # s_i^new = q_i / cav_i
+  delta = gaussian.ratio(new_factor, old_factor,
+                         on_nonpositive="allow")  # Delta_i = s_i^new / s_i^old
   if cfg.prune_percentile > 0:
-    delta = sparsity.apply_mask(delta, sparsity.keep_mask(
-        sparsity.snr(q_new), cfg.prune_percentile, cfg.prune_per_layer))
+    delta = sparsity.apply_mask(
+        delta, sparsity.keep_mask(sparsity.snr(q_new), cfg.prune_percentile, cfg.prune_per_layer))
   # Damped EP: the factor takes the step the server takes, s_i <- s_i * Delta_i^alpha,
   # so the server posterior stays the product of the stored factors.
   stored = gaussian.product(old_factor, gaussian.power(delta, cfg.step))
   new_state = ClientState(stored, q_new, list(private), tf.constant(True), state.client_index)
-  metrics = collections.OrderedDict(
-      train_loss=loss_sum / seen, train_accuracy=correct_sum / seen)
+  metrics = collections.OrderedDict(train_loss=loss_sum / seen, train_accuracy=correct_sum / seen)
   # Robust rounds: a non-finite or outlying Delta_i (vs the natural parameters of
   # s^(t)) is dropped: identity factor sent, previous state kept, metrics left out.
   ok, ratio = robust.check_update(delta, server_posterior, cfg.max_update_ratio)
@@ -483,8 +504,14 @@ def batched(cfg: VirtualConfig) -> bool:
   return cfg.lean_step and cfg.architecture == "mlp" and cfg.local_solver == "sgd"
 
 
-def client_update_batch(cfg: VirtualConfig, server_posterior, states: ClientState, seeds, x, y,
-                        n, net: Optional[models.VirtualNetworks] = None) -> ClientOutput:
+def client_update_batch(cfg: VirtualConfig,
+                        server_posterior,
+                        states: ClientState,
+                        seeds,
+                        x,
+                        y,
+                        n,
+                        net: Optional[models.VirtualNetworks] = None) -> ClientOutput:
   """C clients' rounds in one computation (the lean step, `batched(cfg)`), plain TF.
 
   `states`: a `ClientState` whose leaves carry a leading client axis; `seeds`
@@ -502,26 +529,28 @@ def client_update_batch(cfg: VirtualConfig, server_posterior, states: ClientStat
   clients = int(seeds.shape[0])
   x = tf.reshape(x, [clients, tf.shape(x)[1], cfg.input_dim])
   unstacked = [tf.nest.map_structure(lambda t, c=c: t[c], states) for c in range(clients)]
-  unstacked = [ClientState(gaussian.NaturalGaussian(*s.shared_factor),
-                           gaussian.NaturalGaussian(*s.shared_posterior), list(s.private),
-                           s.trained, s.client_index) for s in unstacked]
+  unstacked = [
+      ClientState(gaussian.NaturalGaussian(*s.shared_factor),
+                  gaussian.NaturalGaussian(*s.shared_posterior), list(s.private), s.trained,
+                  s.client_index) for s in unstacked
+  ]
 
   @tf.function
   def train():
     priors = [_client_prior(cfg, server_posterior, s) for s in unstacked]
-    stack_g = lambda gs: gaussian.NaturalGaussian(
-        [tf.stack(t) for t in zip(*[g.eta1 for g in gs])],
-        [tf.stack(t) for t in zip(*[g.eta2 for g in gs])])
+    stack_g = lambda gs: gaussian.NaturalGaussian([tf.stack(t) for t in zip(*[g.eta1 for g in gs])],
+                                                  [tf.stack(t) for t in zip(*[g.eta2 for g in gs])])
     target = stack_g([p[3] for p in priors])
-    shared_prior = (virtual_step._flat(target.eta1, clients),   # pylint: disable=protected-access
-                    virtual_step._flat(target.eta2, clients))   # pylint: disable=protected-access
+    shared_prior = (
+        virtual_step._flat(target.eta1, clients),  # pylint: disable=protected-access
+        virtual_step._flat(target.eta2, clients))  # pylint: disable=protected-access
     # Every client starts from s^(t): q_i = s_i * cavity with s_i = s^(t) / cavity.
     start = stack_g([server_posterior] * clients)
     shared_loc, shared_u = layout.shared_from_natural(start, clients)
     params = virtual_step.Parameters(shared_loc, shared_u,
                                      *layout.private_from_list(states.private, clients))
-    params, loss_sum, correct_sum = virtual_step.train_clients(
-        cfg, layout, params, shared_prior, x, y, n, seeds, _data_loss)
+    params, loss_sum, correct_sum = virtual_step.train_clients(cfg, layout, params, shared_prior, x,
+                                                               y, n, seeds, _data_loss)
     q_new = layout.shared_to_natural(params.shared_loc, params.shared_u)
     private = (layout.private_to_list(params.private_loc, params.private_u, params.gates)
                if cfg.private else list(states.private))
@@ -530,15 +559,20 @@ def client_update_batch(cfg: VirtualConfig, server_posterior, states: ClientStat
       old_factor, cavity, cavity_floored, _ = priors[c]
       q_c = gaussian.NaturalGaussian([t[c] for t in q_new.eta1], [t[c] for t in q_new.eta2])
       seen = tf.cast(n[c] * cfg.epochs, tf.float32)
-      outputs.append(_client_output(cfg, server_posterior, s, old_factor, cavity, cavity_floored,
-                                    q_c, [w[c] for w in private], loss_sum[c], correct_sum[c],
-                                    n[c], seen))
+      outputs.append(
+          _client_output(cfg, server_posterior, s, old_factor, cavity, cavity_floored, q_c,
+                         [w[c] for w in private], loss_sum[c], correct_sum[c], n[c], seen))
     return tf.nest.map_structure(lambda *t: tf.stack(t), *outputs)
 
   return train()
 
 
-def client_update(cfg: VirtualConfig, server_posterior, state: ClientState, seed, x, y,
+def client_update(cfg: VirtualConfig,
+                  server_posterior,
+                  state: ClientState,
+                  seed,
+                  x,
+                  y,
                   net: Optional[models.VirtualNetworks] = None) -> ClientOutput:
   """One client's round (steps 1-4 of the module docstring), plain TensorFlow.
 
@@ -551,16 +585,25 @@ def client_update(cfg: VirtualConfig, server_posterior, state: ClientState, seed
   if batched(cfg):
     x = _flatten_for_mlp(cfg, x)
     one = lambda t: tf.expand_dims(tf.convert_to_tensor(t), 0)
-    out = client_update_batch(cfg, server_posterior, tf.nest.map_structure(one, state),
-                              one(seed), one(x), one(y), one(tf.shape(y)[0]), net=net)
+    out = client_update_batch(cfg,
+                              server_posterior,
+                              tf.nest.map_structure(one, state),
+                              one(seed),
+                              one(x),
+                              one(y),
+                              one(tf.shape(y)[0]),
+                              net=net)
     return tf.nest.map_structure(lambda t: t[0], out)
   net = net or build_networks(cfg)
-  train_vars = net.shared_trainable_variables + (
-      net.private_trainable_variables if cfg.private else [])
+  train_vars = net.shared_trainable_variables + (net.private_trainable_variables
+                                                 if cfg.private else [])
   x = _flatten_for_mlp(cfg, x)
   # min_scale of each shared parameter (sigma = softplus(u) + min_scale), in order.
-  shared_min_scales = [layer.min_scale for layer in net.server_layers
-                       for _ in range(len(layer.posterior_variables) // 2)]
+  shared_min_scales = [
+      layer.min_scale
+      for layer in net.server_layers
+      for _ in range(len(layer.posterior_variables) // 2)
+  ]
 
   def loss_terms(xb, yb, mask, step_seed, kl_scale):
     """Masked mean data loss, correct count, and the eq. (3) objective."""
@@ -582,8 +625,9 @@ def client_update(cfg: VirtualConfig, server_posterior, state: ClientState, seed
     with tf.GradientTape() as tape:
       data_loss, correct, loss = loss_terms(xb, yb, mask, step_seed, kl_scale)
     # convert: embedding lookups give IndexedSlices
-    grads = [None if g is None else tf.convert_to_tensor(g)
-             for g in tape.gradient(loss, train_vars)]
+    grads = [
+        None if g is None else tf.convert_to_tensor(g) for g in tape.gradient(loss, train_vars)
+    ]
     # In a shared mean the KL term has curvature kl_scale * (prior precision), and
     # the prior p^(1/K) * cavity is as sharp as s^(t) (1/init_scale^2 at round 0,
     # growing over rounds), so an explicit step diverges once
@@ -615,8 +659,8 @@ def client_update(cfg: VirtualConfig, server_posterior, state: ClientState, seed
                               kl_scale)
 
     zero = tf.zeros([1])
-    _, (loss_sum, correct_sum) = client_batch.train_loop(
-        schedule, x[None], y[None], (), step_fn, (zero, zero))
+    _, (loss_sum, correct_sum) = client_batch.train_loop(schedule, x[None], y[None], (), step_fn,
+                                                         (zero, zero))
     return loss_sum[0], correct_sum[0]
 
   @tf.function
@@ -700,7 +744,8 @@ def evaluate_client(cfg: VirtualConfig, server_posterior, state: ClientState, se
     s = _predictive_sums(cfg, net, server_posterior, 0, seed, x, y, "server")
     # MT: the client's own q_i, which for a client never trained is its initial
     # model (s^(0) and its seeded private network), as for every algorithm.
-    m = _predictive_sums(cfg, net, state.shared_posterior, 1 if cfg.private else 0, seed, x, y, "mt")
+    m = _predictive_sums(cfg, net, state.shared_posterior, 1 if cfg.private else 0, seed, x, y,
+                         "mt")
     return _order_sums(s, m, tf.cast(tf.shape(y)[0], tf.float32), state.client_index)
 
   return run()
@@ -729,7 +774,8 @@ def evaluate_own_client(cfg: VirtualConfig, state: ClientState, seed, x, y):
   @tf.function
   def run():
     net.set_private_weights(state.private)
-    m = _predictive_sums(cfg, net, state.shared_posterior, 1 if cfg.private else 0, seed, x, y, "mt")
+    m = _predictive_sums(cfg, net, state.shared_posterior, 1 if cfg.private else 0, seed, x, y,
+                         "mt")
     return _order_sums({}, m, tf.cast(tf.shape(y)[0], tf.float32), state.client_index)
 
   return run()
@@ -756,7 +802,9 @@ class VirtualAlgorithm:
 
   name = "virtual"
 
-  def __init__(self, config: VirtualConfig, aggregator: Optional[aggregators.GaussianProductFactory] = None):
+  def __init__(self,
+               config: VirtualConfig,
+               aggregator: Optional[aggregators.GaussianProductFactory] = None):
     self.config = config
     self._aggregator = aggregator or aggregators.GaussianProductFactory()
     # Batched groups upload the sum of their clients' deltas: the same sum only
@@ -770,7 +818,8 @@ class VirtualAlgorithm:
   # ----------------------------------------------------------------- states
   def initial_server_state(self) -> ServerState:
     posterior = tf.nest.map_structure(np.asarray, self._init_posterior)
-    return ServerState(gaussian.NaturalGaussian(*posterior), self._aggregation.initialize(), np.int32(0))
+    return ServerState(gaussian.NaturalGaussian(*posterior), self._aggregation.initialize(),
+                       np.int32(0))
 
   def initial_client_state(self, client_index: int) -> ClientState:
     return initial_client_state(self.config, client_index, self._init_posterior)
@@ -786,7 +835,8 @@ class VirtualAlgorithm:
       return {}
     k = self.config.num_clients
     init = self.initial_client_state(0).shared_factor
-    flat = lambda parts: np.concatenate([np.reshape(np.asarray(t, np.float64), [-1]) for t in parts])
+    flat = lambda parts: np.concatenate(
+        [np.reshape(np.asarray(t, np.float64), [-1]) for t in parts])
     total = [np.zeros_like(flat(init.eta1)), np.zeros_like(flat(init.eta2))]
     missing = 0
     for i in range(k):
@@ -820,33 +870,35 @@ class VirtualAlgorithm:
     leaf_types = [tff.TensorType(np.float32, tuple(t.shape)) for t in self._init_posterior.eta1]
     posterior_type = tff.to_type(gaussian.NaturalGaussian(list(leaf_types), list(leaf_types)))
     init_state = self.initial_client_state(0)
-    client_state_type = tff.to_type(ClientState(
-        posterior_type, posterior_type,
-        [tff.TensorType(np.float32, w.shape) for w in init_state.private],
-        tff.TensorType(np.bool_), tff.TensorType(np.int32)))
+    client_state_type = tff.to_type(
+        ClientState(posterior_type, posterior_type,
+                    [tff.TensorType(np.float32, w.shape) for w in init_state.private],
+                    tff.TensorType(np.bool_), tff.TensorType(np.int32)))
     seed_type = tff.TensorType(np.int64, [2])
     y_dtype = np.int32 if cfg.likelihood == "categorical" else np.float32
     x_dtype = np.int32 if cfg.architecture == "lstm" else np.float32
-    data_type = tff.to_type((tff.TensorType(x_dtype, [None, *cfg.example_shape]),
-                             tff.TensorType(y_dtype, [None])))
+    data_type = tff.to_type(
+        (tff.TensorType(x_dtype, [None, *cfg.example_shape]), tff.TensorType(y_dtype, [None])))
     self._aggregation = self._aggregator.create(posterior_type)
     aggregation = self._aggregation
-    server_state_type = tff.to_type(ServerState(
-        posterior_type, aggregation.initialize.type_signature.result.member, tff.TensorType(np.int32)))
+    server_state_type = tff.to_type(
+        ServerState(posterior_type, aggregation.initialize.type_signature.result.member,
+                    tff.TensorType(np.int32)))
 
     @tff.tensorflow.computation(posterior_type, client_state_type, seed_type, data_type)
     def client_update_comp(server_posterior, state, seed, data):
       state = ClientState(gaussian.NaturalGaussian(*state.shared_factor),
-                          gaussian.NaturalGaussian(*state.shared_posterior),
-                          list(state.private), state.trained, state.client_index)
+                          gaussian.NaturalGaussian(*state.shared_posterior), list(state.private),
+                          state.trained, state.client_index)
       return client_update(cfg, gaussian.NaturalGaussian(*server_posterior), state, seed, *data)
 
-    @tff.tensorflow.computation(server_state_type.posterior, posterior_type, tff.TensorType(np.int32))
+    @tff.tensorflow.computation(server_state_type.posterior, posterior_type,
+                                tff.TensorType(np.int32))
     def server_update(posterior, delta_sum, round_num):
       posterior = gaussian.NaturalGaussian(*posterior)
       # s <- s * Delta^alpha, the step each client factor took too.
-      moved = gaussian.product(posterior, gaussian.power(gaussian.NaturalGaussian(*delta_sum),
-                                                         cfg.step))
+      moved = gaussian.product(posterior,
+                               gaussian.power(gaussian.NaturalGaussian(*delta_sum), cfg.step))
       floored, count = gaussian.floor_precision(moved, posterior, 1.0 / cfg.prior_scale**2)
       return floored, round_num + 1, count, gaussian.mean_log_precision(floored)
 
@@ -861,17 +913,21 @@ class VirtualAlgorithm:
           server_update, (server_state.posterior, agg.result, server_state.round_num))
       new_state = tff.federated_zip(ServerState(posterior, agg.state, round_num))
       train = robust.federated_weighted_mean(metrics, num_examples)
-      round_metrics = tff.federated_zip(collections.OrderedDict(
-          train=train, server_floored=floored, cavity_floored=tff.federated_sum(cavity_floored),
-          mean_shared_log_precision=log_prec, num_examples=tff.federated_sum(num_examples),
-          delta_nonzeros=tff.federated_sum(delta_nonzeros),
-          **robust.drop_metrics(dropped, update_ratio)))
+      round_metrics = tff.federated_zip(
+          collections.OrderedDict(train=train,
+                                  server_floored=floored,
+                                  cavity_floored=tff.federated_sum(cavity_floored),
+                                  mean_shared_log_precision=log_prec,
+                                  num_examples=tff.federated_sum(num_examples),
+                                  delta_nonzeros=tff.federated_sum(delta_nonzeros),
+                                  **robust.drop_metrics(dropped, update_ratio)))
       return new_state, round_metrics
 
     @rounds.round_computation(server_state_type, client_state_type, seed_type, data_type)
     def next_fn(server_state, client_states, seeds, data):
-      out = tff.federated_map(client_update_comp, (
-          tff.federated_broadcast(server_state.posterior), client_states, seeds, data))
+      out = tff.federated_map(
+          client_update_comp,
+          (tff.federated_broadcast(server_state.posterior), client_states, seeds, data))
       new_state, metrics = finish_round(server_state, out.delta, out.metrics, out.num_examples,
                                         out.delta_nonzeros, out.cavity_floored, out.dropped,
                                         out.update_ratio)
@@ -882,14 +938,19 @@ class VirtualAlgorithm:
     # recomputed after the merge, so `next` would train every client twice.
     @rounds.round_computation(server_state_type, client_state_type, seed_type, data_type)
     def client_phase(server_state, client_states, seeds, data):
-      return tff.federated_map(client_update_comp, (
-          tff.federated_broadcast(server_state.posterior), client_states, seeds, data))
+      return tff.federated_map(
+          client_update_comp,
+          (tff.federated_broadcast(server_state.posterior), client_states, seeds, data))
 
     out_type = client_update_comp.type_signature.result
-    upload_type = tff.to_type(collections.OrderedDict(
-        delta=out_type.delta, metrics=out_type.metrics, num_examples=out_type.num_examples,
-        delta_nonzeros=out_type.delta_nonzeros, cavity_floored=out_type.cavity_floored,
-        dropped=out_type.dropped, update_ratio=out_type.update_ratio))
+    upload_type = tff.to_type(
+        collections.OrderedDict(delta=out_type.delta,
+                                metrics=out_type.metrics,
+                                num_examples=out_type.num_examples,
+                                delta_nonzeros=out_type.delta_nonzeros,
+                                cavity_floored=out_type.cavity_floored,
+                                dropped=out_type.dropped,
+                                update_ratio=out_type.update_ratio))
 
     @tff.federated_computation(tff.FederatedType(server_state_type, tff.SERVER),
                                tff.FederatedType(upload_type, tff.CLIENTS))
@@ -901,14 +962,15 @@ class VirtualAlgorithm:
     @tff.tensorflow.computation(posterior_type, client_state_type, seed_type, data_type)
     def client_eval_comp(server_posterior, state, seed, data):
       state = ClientState(gaussian.NaturalGaussian(*state.shared_factor),
-                          gaussian.NaturalGaussian(*state.shared_posterior),
-                          list(state.private), state.trained, state.client_index)
+                          gaussian.NaturalGaussian(*state.shared_posterior), list(state.private),
+                          state.trained, state.client_index)
       return evaluate_client(cfg, gaussian.NaturalGaussian(*server_posterior), state, seed, *data)
 
     @rounds.round_computation(server_state_type, client_state_type, seed_type, data_type)
     def evaluate_fn(server_state, client_states, seeds, data):
       return tff.federated_map(
-          client_eval_comp, (tff.federated_broadcast(server_state.posterior), client_states, seeds, data))
+          client_eval_comp,
+          (tff.federated_broadcast(server_state.posterior), client_states, seeds, data))
 
     # The driver's streamed evaluation (`tfbfl.experiment`): S from the server
     # posterior alone, MT from each client's state alone (so it can be cached).
@@ -922,8 +984,8 @@ class VirtualAlgorithm:
     @tff.tensorflow.computation(client_state_type, index_type, seed_type, data_type)
     def own_eval_comp(state, client_index, seed, data):
       state = ClientState(gaussian.NaturalGaussian(*state.shared_factor),
-                          gaussian.NaturalGaussian(*state.shared_posterior),
-                          list(state.private), state.trained, client_index)
+                          gaussian.NaturalGaussian(*state.shared_posterior), list(state.private),
+                          state.trained, client_index)
       return evaluate_own_client(cfg, state, seed, *data)
 
     @rounds.round_computation(server_state_type, index_type, seed_type, data_type)
@@ -942,8 +1004,11 @@ class VirtualAlgorithm:
     self._evaluate_clients_fn = evaluate_clients_fn
 
     # Kept for the client-batched rounds (`_group_round`), built per group size.
-    self._types = dict(posterior=posterior_type, client_state=client_state_type,
-                       server_state=server_state_type, x_dtype=x_dtype, y_dtype=y_dtype)
+    self._types = dict(posterior=posterior_type,
+                       client_state=client_state_type,
+                       server_state=server_state_type,
+                       x_dtype=x_dtype,
+                       y_dtype=y_dtype)
     self._finish_round = finish_round
     self._group_rounds = {}
 
@@ -989,33 +1054,37 @@ class VirtualAlgorithm:
     init = self.initial_client_state(0)
     group_posterior = lambda g: gaussian.NaturalGaussian([leaf(t) for t in g.eta1],
                                                          [leaf(t) for t in g.eta2])
-    group_state_type = tff.to_type(ClientState(
-        group_posterior(init.shared_factor), group_posterior(init.shared_posterior),
-        [leaf(w) for w in init.private], leaf(init.trained, np.bool_),
-        leaf(init.client_index, np.int32)))
+    group_state_type = tff.to_type(
+        ClientState(group_posterior(init.shared_factor), group_posterior(init.shared_posterior),
+                    [leaf(w) for w in init.private], leaf(init.trained, np.bool_),
+                    leaf(init.client_index, np.int32)))
     seed_type = tff.TensorType(np.int64, (size, 2))
     data_type = tff.to_type((tff.TensorType(types["x_dtype"], (size, None, *cfg.example_shape)),
-                             tff.TensorType(types["y_dtype"], (size, None)),
-                             tff.TensorType(np.int32, (size,))))
+                             tff.TensorType(types["y_dtype"],
+                                            (size, None)), tff.TensorType(np.int32, (size,))))
 
     @tff.tensorflow.computation(types["posterior"], group_state_type, seed_type, data_type)
     def group_update(server_posterior, states, seeds, data):
       states = ClientState(gaussian.NaturalGaussian(*states.shared_factor),
-                           gaussian.NaturalGaussian(*states.shared_posterior),
-                           list(states.private), states.trained, states.client_index)
+                           gaussian.NaturalGaussian(*states.shared_posterior), list(states.private),
+                           states.trained, states.client_index)
       x, y, n = data
-      out = client_update_batch(cfg, gaussian.NaturalGaussian(*server_posterior), states, seeds,
-                                x, y, n)
+      out = client_update_batch(cfg, gaussian.NaturalGaussian(*server_posterior), states, seeds, x,
+                                y, n)
       real = tf.cast(n > 0, tf.float32)
-      per_client = lambda t: real if t.shape.rank == 1 else tf.reshape(real, [-1] + [1] * (t.shape.rank - 1))
+      per_client = lambda t: real if t.shape.rank == 1 else tf.reshape(
+          real, [-1] + [1] * (t.shape.rank - 1))
       delta = tf.nest.map_structure(lambda t: tf.reduce_sum(t * per_client(t), 0), out.delta)
       weight = out.num_examples * real
       total = tf.reduce_sum(weight)
       # A padding client's metrics are 0/0: weight 0 must not carry its NaN.
-      metrics = tf.nest.map_structure(lambda t: tf.math.divide_no_nan(
-          tf.reduce_sum(tf.where(weight > 0, t * weight, 0.0)), total), out.metrics)
+      metrics = tf.nest.map_structure(
+          lambda t: tf.math.divide_no_nan(tf.reduce_sum(tf.where(weight > 0, t * weight, 0.0)),
+                                          total), out.metrics)
       upload = collections.OrderedDict(
-          delta=delta, metrics=metrics, num_examples=total,
+          delta=delta,
+          metrics=metrics,
+          num_examples=total,
           delta_nonzeros=tf.reduce_sum(out.delta_nonzeros * tf.cast(n > 0, tf.int32)),
           cavity_floored=tf.reduce_sum(out.cavity_floored * real),
           dropped=tf.reduce_sum(out.dropped * real),
@@ -1024,12 +1093,12 @@ class VirtualAlgorithm:
 
     @rounds.round_computation(types["server_state"], group_state_type, seed_type, data_type)
     def next_groups(server_state, states, seeds, data):
-      out = tff.federated_map(group_update, (
-          tff.federated_broadcast(server_state.posterior), states, seeds, data))
+      out = tff.federated_map(
+          group_update, (tff.federated_broadcast(server_state.posterior), states, seeds, data))
       up = out[1]
-      new_state, metrics = self._finish_round(
-          server_state, up.delta, up.metrics, up.num_examples, up.delta_nonzeros,
-          up.cavity_floored, up.dropped, up.update_ratio)
+      new_state, metrics = self._finish_round(server_state, up.delta, up.metrics, up.num_examples,
+                                              up.delta_nonzeros, up.cavity_floored, up.dropped,
+                                              up.update_ratio)
       return new_state, out[0], metrics
 
     self._group_rounds[size] = next_groups
@@ -1053,17 +1122,18 @@ class VirtualAlgorithm:
     # Padding clients: a copy of the first client with no data (n = 0).
     states = list(client_states) + [client_states[0]] * pad
     seeds = list(seeds) + [seeds[0]] * pad
-    data = list(data) + [(np.zeros((0,) + np.shape(data[0][0])[1:], np.asarray(data[0][0]).dtype),
-                          np.zeros((0,), np.asarray(data[0][1]).dtype))] * pad
+    data = list(data) + [(np.zeros(
+        (0,) + np.shape(data[0][0])[1:],
+        np.asarray(data[0][0]).dtype), np.zeros((0,),
+                                                np.asarray(data[0][1]).dtype))] * pad
     group_states, group_seeds, group_data = [], [], []
     for g in range(groups):
       part = slice(g * size, (g + 1) * size)
-      group_states.append(client_batch.stack(
-          [_as_client_state(s) for s in states[part]]))
+      group_states.append(client_batch.stack([_as_client_state(s) for s in states[part]]))
       group_seeds.append(np.stack([np.asarray(s, np.int64) for s in seeds[part]]))
       group_data.append(client_batch.pack_data(data[part]))
-    server_state, out_states, metrics = self._group_round(size)(
-        server_state, group_states, group_seeds, group_data)
+    server_state, out_states, metrics = self._group_round(size)(server_state, group_states,
+                                                                group_seeds, group_data)
     new_states = [s for g in out_states for s in client_batch.unstack(_as_client_state(g), size)]
     return server_state, [_as_client_state(s) for s in new_states[:c]], metrics
 
@@ -1075,10 +1145,15 @@ class VirtualAlgorithm:
     as `next` up to float summation order; client states come back in
     completion order, each with its `client_index`."""
     outputs = self.client_phase(server_state, client_states, seeds, data)
-    uploads = [collections.OrderedDict(delta=o.delta, metrics=o.metrics, num_examples=o.num_examples,
-                                       delta_nonzeros=o.delta_nonzeros,
-                                       cavity_floored=o.cavity_floored, dropped=o.dropped,
-                                       update_ratio=o.update_ratio) for o in outputs]
+    uploads = [
+        collections.OrderedDict(delta=o.delta,
+                                metrics=o.metrics,
+                                num_examples=o.num_examples,
+                                delta_nonzeros=o.delta_nonzeros,
+                                cavity_floored=o.cavity_floored,
+                                dropped=o.dropped,
+                                update_ratio=o.update_ratio) for o in outputs
+    ]
     server_state, metrics = self.server_phase(server_state, uploads)
     return server_state, [o.client_state for o in outputs], metrics
 
@@ -1089,10 +1164,13 @@ def _build(data, config: VirtualConfig, run) -> VirtualAlgorithm:
   if config.architecture == "lstm":
     config = dataclasses.replace(config, vocab_size=data.num_classes)
   bound = {} if config.secure_sum_bound is None else dict(bound=config.secure_sum_bound)
-  return VirtualAlgorithm(config, aggregator=aggregators.GaussianProductFactory(
-      value_sum_factory=aggregators.sum_factory(config.aggregator, **bound)))
+  return VirtualAlgorithm(
+      config,
+      aggregator=aggregators.GaussianProductFactory(
+          value_sum_factory=aggregators.sum_factory(config.aggregator, **bound)))
 
 
-registry.register(registry.AlgorithmSpec(
-    "virtual", VirtualConfig, _build, "VIRTUAL (Corinzia et al.): variational federated "
-    "multi-task learning, server + private client Bayesian networks."))
+registry.register(
+    registry.AlgorithmSpec(
+        "virtual", VirtualConfig, _build, "VIRTUAL (Corinzia et al.): variational federated "
+        "multi-task learning, server + private client Bayesian networks."))

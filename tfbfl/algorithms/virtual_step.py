@@ -73,19 +73,18 @@ from tfbfl.algorithms import client_batch
 from tfbfl.layers import BayesianDense
 
 __all__ = [
-  "Layout",
-  "Parameters",
-  "draw_noise",
-  "forward",
-  "kl_gradients",
-  "natural_precision_update",
-  "sgd_step",
-  "train_clients",
+    "Layout",
+    "Parameters",
+    "draw_noise",
+    "forward",
+    "kl_gradients",
+    "natural_precision_update",
+    "sgd_step",
+    "train_clients",
 ]
 
-Parameters = collections.namedtuple(
-  "Parameters", ["shared_loc", "shared_u", "private_loc", "private_u", "gates"]
-)
+Parameters = collections.namedtuple("Parameters",
+                                    ["shared_loc", "shared_u", "private_loc", "private_u", "gates"])
 Parameters.__doc__ = """The trainable state as flat float32 vectors `[C, P]` (see the
 module docstring for the order of each)."""
 
@@ -101,9 +100,7 @@ def _per_entry(values, shapes):
   """A Python float if all `values` agree, else a per-entry float32 numpy vector."""
   if len(set(values)) <= 1:
     return float(values[0]) if values else 0.0
-  return np.concatenate(
-    [np.full([int(np.prod(s))], v, np.float32) for v, s in zip(values, shapes)]
-  )
+  return np.concatenate([np.full([int(np.prod(s))], v, np.float32) for v, s in zip(values, shapes)])
 
 
 class Layout:
@@ -127,15 +124,12 @@ class Layout:
     dense += [l for lat in net.laterals for l in (lat.adapter_in, lat.adapter_out)]
     for layer in dense:
       if not isinstance(layer, BayesianDense):
-        raise ValueError(
-          f"the lean step needs BayesianDense layers, got {type(layer).__name__}."
-        )
+        raise ValueError(f"the lean step needs BayesianDense layers, got {type(layer).__name__}.")
     # Shared: server layers [kernel, bias] in order (= shared_posterior()'s order).
     self.server_layers = list(net.server_layers)
     # Private Bayesian layers: client layers, then per lateral V and U.
-    self.private_layers = list(net.client_layers) + [
-      l for lat in net.laterals for l in (lat.adapter_in, lat.adapter_out)
-    ]
+    self.private_layers = list(
+        net.client_layers) + [l for lat in net.laterals for l in (lat.adapter_in, lat.adapter_out)]
     self.gate_vars = [lat.gate for lat in net.laterals]
 
     def tensors(layers):
@@ -155,10 +149,9 @@ class Layout:
     self.private_sizes = [int(np.prod(s)) for s in self.private_shapes]
     self.gate_sizes = [int(v.shape[0]) for v in self.gate_vars]
     position = {v.ref(): j for j, v in enumerate(net.private_trainable_variables)}
-    self.private_index = dict(
-      private_loc=[position[v.ref()] for v in self.private_loc_vars],
-      private_u=[position[v.ref()] for v in self.private_u_vars],
-      gates=[position[v.ref()] for v in self.gate_vars])
+    self.private_index = dict(private_loc=[position[v.ref()] for v in self.private_loc_vars],
+                              private_u=[position[v.ref()] for v in self.private_u_vars],
+                              gates=[position[v.ref()] for v in self.gate_vars])
     self.private_count = len(position)
     self.private_var_shapes = [v.shape.as_list() for v in net.private_trainable_variables]
 
@@ -166,19 +159,20 @@ class Layout:
 
   def read_parameters(self) -> Parameters:
     """The network's trainable values as flat `[1, P]` vectors."""
-    return Parameters(*[tf.expand_dims(_flat(vs), 0) for vs in (
-      self.shared_loc_vars, self.shared_u_vars, self.private_loc_vars,
-      self.private_u_vars, self.gate_vars)])
+    return Parameters(*[
+        tf.expand_dims(_flat(vs), 0)
+        for vs in (self.shared_loc_vars, self.shared_u_vars, self.private_loc_vars,
+                   self.private_u_vars, self.gate_vars)
+    ])
 
   def write_parameters(self, params: Parameters):
     """Assigns `[1, P]` flat vectors to the network's variables; returns the op."""
     ops = []
-    for variables, flat, sizes in (
-        (self.shared_loc_vars, params.shared_loc, self.shared_sizes),
-        (self.shared_u_vars, params.shared_u, self.shared_sizes),
-        (self.private_loc_vars, params.private_loc, self.private_sizes),
-        (self.private_u_vars, params.private_u, self.private_sizes),
-        (self.gate_vars, params.gates, self.gate_sizes)):
+    for variables, flat, sizes in ((self.shared_loc_vars, params.shared_loc, self.shared_sizes),
+                                   (self.shared_u_vars, params.shared_u, self.shared_sizes),
+                                   (self.private_loc_vars, params.private_loc, self.private_sizes),
+                                   (self.private_u_vars, params.private_u, self.private_sizes),
+                                   (self.gate_vars, params.gates, self.gate_sizes)):
       for v, part in zip(variables, tf.split(flat[0], sizes)):
         ops.append(v.assign(tf.reshape(part, v.shape)))
     return tf.group(*ops)
@@ -215,15 +209,17 @@ class Layout:
 
   def private_from_list(self, private: Sequence, clients: int):
     """`(private_loc, private_u, gates)` `[C, P]` of a stacked `private` list."""
-    return tuple(_flat([private[j] for j in self.private_index[role]], clients)
-                 for role in ("private_loc", "private_u", "gates"))
+    return tuple(
+        _flat([private[j]
+               for j in self.private_index[role]], clients)
+        for role in ("private_loc", "private_u", "gates"))
 
   def private_to_list(self, private_loc, private_u, gates) -> List[tf.Tensor]:
     """The stacked `private` list (`[C, *shape]` per variable) of the flat vectors."""
     out = [None] * self.private_count
     for role, flat, sizes in (("private_loc", private_loc, self.private_sizes),
-                              ("private_u", private_u, self.private_sizes),
-                              ("gates", gates, self.gate_sizes)):
+                              ("private_u", private_u, self.private_sizes), ("gates", gates,
+                                                                             self.gate_sizes)):
       for j, part in zip(self.private_index[role], tf.split(flat, sizes, axis=-1)):
         out[j] = tf.reshape(part, [-1] + self.private_var_shapes[j])
     return out
@@ -234,11 +230,9 @@ class Layout:
     """Per-layer `[(kernel, bias), ...]` `[C, *shape]` views of a flat `[C, P]`
     `role` vector (`"shared"`: one per server layer; `"private"`: client layers,
     then V, U per lateral)."""
-    sizes, shapes = (
-      (self.shared_sizes, self.shared_shapes) if role == "shared"
-      else (self.private_sizes, self.private_shapes)
-    )
-    lead = flat.shape[:-1].as_list()   # [C], or [] for one client unbatched
+    sizes, shapes = ((self.shared_sizes, self.shared_shapes) if role == "shared" else
+                     (self.private_sizes, self.private_shapes))
+    lead = flat.shape[:-1].as_list()  # [C], or [] for one client unbatched
     parts = [tf.reshape(p, lead + s) for p, s in zip(tf.split(flat, sizes, axis=-1), shapes)]
     return list(zip(parts[0::2], parts[1::2]))
 
@@ -271,8 +265,9 @@ def draw_noise(layout: Layout, seeds, batch_size: int, private: bool = True):
   Returns the list `[server_1..L, client_1..L, V_1..L, U_1..L]` of `[C, B, units]`
   tensors (server only with `private=False`).
   """
-  per_client = [_client_noise(layout, seeds[c], batch_size, private)
-                for c in range(int(seeds.shape[0]))]
+  per_client = [
+      _client_noise(layout, seeds[c], batch_size, private) for c in range(int(seeds.shape[0]))
+  ]
   return [tf.stack(parts) for parts in zip(*per_client)]
 
 
@@ -322,18 +317,17 @@ def forward(layout: Layout, params: Parameters, x, noise=None, private: bool = T
     h_s.append(_activate(layer, _dense(layer, h_s[-1], s_loc[l], s_var[l], eps(l))))
   if not private:
     return h_s[-1], None
-  p_loc, p_var = loc_var(params.private_loc, params.private_u, layout.private_min_scale,
-                         "private")
+  p_loc, p_var = loc_var(params.private_loc, params.private_u, layout.private_min_scale, "private")
   gates = tf.split(params.gates, layout.gate_sizes, axis=-1)
   h_c = x
   for l in range(L):
     client = net.client_layers[l]
     v_layer, u_layer = net.laterals[l].adapter_in, net.laterals[l].adapter_out
-    iv, iu = L + 2 * l, L + 2 * l + 1   # V_l, U_l among the private layers' views
+    iv, iu = L + 2 * l, L + 2 * l + 1  # V_l, U_l among the private layers' views
     pre = _activate(client, _dense(client, h_c, p_loc[l], p_var[l], eps(L + l)))
     hidden = _activate(v_layer, _dense(v_layer, h_s[l + 1], p_loc[iv], p_var[iv], eps(2 * L + l)))
     lateral = gates[l][..., None, :] * _activate(
-      u_layer, _dense(u_layer, hidden, p_loc[iu], p_var[iu], eps(3 * L + l)))
+        u_layer, _dense(u_layer, hidden, p_loc[iu], p_var[iu], eps(3 * L + l)))
     h_c = net._client_output(l, pre + lateral)  # pylint: disable=protected-access
   return h_s[-1], h_c
 
@@ -402,7 +396,7 @@ def data_loss_and_gradients(cfg, layout: Layout, params: Parameters, xb, yb, mas
   with tf.GradientTape() as tape:
     tape.watch(sources)
     server_out, client_out = forward(layout, params, xb, noise, private=private)
-    count = tf.maximum(tf.reduce_sum(mask, axis=-1), 1.0)   # an idle client: 0 / 1
+    count = tf.maximum(tf.reduce_sum(mask, axis=-1), 1.0)  # an idle client: 0 / 1
     head = client_out if private else server_out
     nll, correct = data_loss(cfg, yb, head, mask, axis=-1)
     loss = nll / count
@@ -414,8 +408,18 @@ def data_loss_and_gradients(cfg, layout: Layout, params: Parameters, xb, yb, mas
   return loss, correct, Parameters(*grads)
 
 
-def sgd_step(cfg, layout: Layout, params: Parameters, xb, yb, mask, step_seeds, kl_scale,
-             shared_prior, private_prior, data_loss: Callable, noise=True):
+def sgd_step(cfg,
+             layout: Layout,
+             params: Parameters,
+             xb,
+             yb,
+             mask,
+             step_seeds,
+             kl_scale,
+             shared_prior,
+             private_prior,
+             data_loss: Callable,
+             noise=True):
   """One SGD step of `virtual.client_update` for C clients on flat parameters.
 
   Args:
@@ -435,16 +439,15 @@ def sgd_step(cfg, layout: Layout, params: Parameters, xb, yb, mask, step_seeds, 
   """
   if not noise:
     eps = None
-  elif step_seeds.shape.rank == 1:   # one client, unbatched
+  elif step_seeds.shape.rank == 1:  # one client, unbatched
     eps = _client_noise(layout, step_seeds, xb.shape[0], cfg.private)
   else:
     eps = draw_noise(layout, step_seeds, xb.shape[1], cfg.private)
-  loss, correct, g = data_loss_and_gradients(
-    cfg, layout, params, xb, yb, mask, eps, data_loss)
+  loss, correct, g = data_loss_and_gradients(cfg, layout, params, xb, yb, mask, eps, data_loss)
   lr = cfg.client_lr
   eta1_s, eta2_s = shared_prior
-  kl_loc, kl_u = kl_gradients(params.shared_loc, params.shared_u, layout.shared_min_scale,
-                              eta1_s, eta2_s)
+  kl_loc, kl_u = kl_gradients(params.shared_loc, params.shared_u, layout.shared_min_scale, eta1_s,
+                              eta2_s)
   # Implicit (proximal) step on the KL quadratic of the shared means.
   g_loc = (g.shared_loc + kl_scale * kl_loc) / (1.0 + lr * kl_scale * eta2_s)
   shared_loc = params.shared_loc - lr * g_loc
@@ -456,12 +459,12 @@ def sgd_step(cfg, layout: Layout, params: Parameters, xb, yb, mask, step_seeds, 
   new = params._replace(shared_loc=shared_loc, shared_u=shared_u)
   if cfg.private:
     eta1_p, eta2_p = private_prior
-    kl_loc_p, kl_u_p = kl_gradients(params.private_loc, params.private_u,
-                                    layout.private_min_scale, eta1_p, eta2_p)
+    kl_loc_p, kl_u_p = kl_gradients(params.private_loc, params.private_u, layout.private_min_scale,
+                                    eta1_p, eta2_p)
     new = new._replace(
-      private_loc=params.private_loc - lr * (g.private_loc + kl_scale * kl_loc_p),
-      private_u=params.private_u - lr * (g.private_u + kl_scale * kl_u_p),
-      gates=params.gates - lr * g.gates,
+        private_loc=params.private_loc - lr * (g.private_loc + kl_scale * kl_loc_p),
+        private_u=params.private_u - lr * (g.private_u + kl_scale * kl_u_p),
+        gates=params.gates - lr * g.gates,
     )
   return new, loss * tf.reduce_sum(mask, axis=-1), correct
 
@@ -484,8 +487,7 @@ def train_clients(cfg, layout: Layout, params: Parameters, shared_prior, x, y, n
     `(Parameters, summed data loss [C], summed correct [C])` over each client's steps.
   """
   clients = int(seeds.shape[0])
-  schedule = client_batch.MinibatchSchedule(seeds, n, tf.shape(y)[1], cfg.epochs,
-                                            cfg.batch_size)
+  schedule = client_batch.MinibatchSchedule(seeds, n, tf.shape(y)[1], cfg.epochs, cfg.batch_size)
   kl_scale = (cfg.kl_weight / tf.cast(tf.maximum(n, 1), tf.float32))[:, None]
   private_prior = layout.private_prior() if cfg.private else (tf.zeros([0]), tf.zeros([0]))
   shared_prior_1 = tuple(t[0] for t in shared_prior)
@@ -494,23 +496,23 @@ def train_clients(cfg, layout: Layout, params: Parameters, shared_prior, x, y, n
   # optimises the step as the old per-client step was (measured: inline, 2x slower).
   @tf.function
   def step_fn(params, xb, yb, mask, step):
-    if clients == 1:   # unbatched: 2-D matmuls (oneDNN's batched matmul costs ~30 us
+    if clients == 1:  # unbatched: 2-D matmuls (oneDNN's batched matmul costs ~30 us
       # a call more at these sizes; the one-client step ran 2x slower batched)
       step_seeds = tf.random.experimental.stateless_fold_in(seeds[0], step)
-      new, loss, correct = sgd_step(cfg, layout, Parameters(*params), xb, yb, mask,
-                                    step_seeds, kl_scale[0, 0], shared_prior_1, private_prior,
-                                    data_loss)
+      new, loss, correct = sgd_step(cfg, layout, Parameters(*params), xb, yb, mask, step_seeds,
+                                    kl_scale[0, 0], shared_prior_1, private_prior, data_loss)
       return tuple(new), (loss, correct)
-    step_seeds = tf.stack([tf.random.experimental.stateless_fold_in(seeds[c], step)
-                           for c in range(clients)])
+    step_seeds = tf.stack(
+        [tf.random.experimental.stateless_fold_in(seeds[c], step) for c in range(clients)])
     new, loss, correct = sgd_step(cfg, layout, Parameters(*params), xb, yb, mask, step_seeds,
                                   kl_scale, shared_prior, private_prior, data_loss)
     return tuple(new), (loss, correct)
 
-  if not cfg.private:   # the client network is neither run nor trained
+  if not cfg.private:  # the client network is neither run nor trained
     params = params._replace(private_loc=tf.zeros([clients, 0]),
-                             private_u=tf.zeros([clients, 0]), gates=tf.zeros([clients, 0]))
+                             private_u=tf.zeros([clients, 0]),
+                             gates=tf.zeros([clients, 0]))
   zeros = tf.zeros([clients])
-  state, (loss_sum, correct_sum) = client_batch.train_loop(
-    schedule, x, y, tuple(params), step_fn, (zeros, zeros))
+  state, (loss_sum, correct_sum) = client_batch.train_loop(schedule, x, y, tuple(params), step_fn,
+                                                           (zeros, zeros))
   return Parameters(*state), loss_sum, correct_sum

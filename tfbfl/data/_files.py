@@ -41,9 +41,8 @@ def require_data_dir(data_dir, dataset, layout, source):
         "downloaded at run time; see data/README.md.")
   data_dir = os.fspath(data_dir)
   if not os.path.isdir(data_dir):
-    raise errors.missing_file(
-        data_dir, f"{dataset} data directory",
-        f"Expected layout: {layout}. {source} See data/README.md.")
+    raise errors.missing_file(data_dir, f"{dataset} data directory",
+                              f"Expected layout: {layout}. {source} See data/README.md.")
   return data_dir
 
 
@@ -61,8 +60,7 @@ def find_file(directory, name, *, what, layout, source, allow_gz=False):
   if allow_gz and os.path.isfile(path + ".gz"):
     return path + ".gz"
   shown = f"{path}[.gz]" if allow_gz else path
-  raise errors.missing_file(
-      shown, what, f"Expected layout: {layout}. {source} See data/README.md.")
+  raise errors.missing_file(shown, what, f"Expected layout: {layout}. {source} See data/README.md.")
 
 
 def read_bytes(path):
@@ -78,9 +76,8 @@ def read_bytes(path):
     with gzip.open(path, "rb") as f:
       return f.read()
   except (EOFError, OSError, zlib.error) as e:
-    raise ValueError(
-        f"{path!r} is not a complete gzip file (truncated or corrupted: {e}); "
-        "download it again.") from e
+    raise ValueError(f"{path!r} is not a complete gzip file (truncated or corrupted: {e}); "
+                     "download it again.") from e
 
 
 def read_text(path):
@@ -109,14 +106,12 @@ def select_clients(client_ids, num_clients, seed, dataset):
     raise ValueError(f"{dataset}: no client is left to select from.")
   if num_clients is None:
     return ids
-  if (isinstance(num_clients, bool) or
-      not isinstance(num_clients, numbers.Integral) or num_clients < 1):
-    raise ValueError(
-        f"`num_clients` must be an int >= 1 or None, got {num_clients!r}.")
+  if (isinstance(num_clients, bool) or not isinstance(num_clients, numbers.Integral) or
+      num_clients < 1):
+    raise ValueError(f"`num_clients` must be an int >= 1 or None, got {num_clients!r}.")
   if num_clients > len(ids):
-    raise ValueError(
-        f"`num_clients`={num_clients} exceeds the {len(ids)} clients of "
-        f"{dataset}; expected num_clients <= {len(ids)} (or None for all).")
+    raise ValueError(f"`num_clients`={num_clients} exceeds the {len(ids)} clients of "
+                     f"{dataset}; expected num_clients <= {len(ids)} (or None for all).")
   if num_clients == len(ids):
     return ids
   rng = _seeds.as_generator(seed)
@@ -139,9 +134,8 @@ def check_md5(path, expected, reference):
   "the published file", says where that digest comes from)."""
   digest = md5_of_file(path)
   if digest != expected:
-    raise ValueError(
-        f"{path!r} has MD5 {digest}, expected {expected} ({reference}); it "
-        "is corrupted or a different file.")
+    raise ValueError(f"{path!r} has MD5 {digest}, expected {expected} ({reference}); it "
+                     "is corrupted or a different file.")
 
 
 def as_int_array(values, path, what):

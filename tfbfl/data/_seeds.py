@@ -23,9 +23,8 @@ def as_generator(seed, name="seed"):
     if seed < 0:
       raise ValueError(f"`{name}` must be a non-negative int, got {seed}.")
     return np.random.default_rng(int(seed))
-  raise ValueError(
-      f"`{name}` must be a non-negative int or a np.random.Generator, got "
-      f"{seed!r} of type {type(seed).__name__}.")
+  raise ValueError(f"`{name}` must be a non-negative int or a np.random.Generator, got "
+                   f"{seed!r} of type {type(seed).__name__}.")
 
 
 def derive_seeds(seed, count):

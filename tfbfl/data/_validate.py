@@ -31,9 +31,8 @@ def as_client_dict(arrays, arg):
   if isinstance(arrays, dict):
     for key in arrays:
       if not isinstance(key, str):
-        raise ValueError(
-            f"`{arg}` keys must be str client ids, got {key!r} of type "
-            f"{type(key).__name__}.")
+        raise ValueError(f"`{arg}` keys must be str client ids, got {key!r} of type "
+                         f"{type(key).__name__}.")
     if not arrays:
       raise ValueError(f"`{arg}` must hold at least one client, got none.")
     return dict(arrays)
@@ -41,9 +40,8 @@ def as_client_dict(arrays, arg):
     if not arrays:
       raise ValueError(f"`{arg}` must hold at least one client, got none.")
     return {client_id(i, len(arrays)): a for i, a in enumerate(arrays)}
-  raise ValueError(
-      f"`{arg}` must be a dict client_id -> array or a list of arrays, got "
-      f"{type(arrays).__name__}.")
+  raise ValueError(f"`{arg}` must be a dict client_id -> array or a list of arrays, got "
+                   f"{type(arrays).__name__}.")
 
 
 def check_features(x, arg, cid, allow_empty=False, dtype=np.float32):
@@ -56,39 +54,33 @@ def check_features(x, arg, cid, allow_empty=False, dtype=np.float32):
   x = np.asarray(x)
   if x.dtype == bool or not (np.issubdtype(x.dtype, np.integer) or
                              np.issubdtype(x.dtype, np.floating)):
-    raise ValueError(
-        f"`{arg}` of client {cid!r} must be a real numeric array, got dtype "
-        f"{x.dtype}.")
+    raise ValueError(f"`{arg}` of client {cid!r} must be a real numeric array, got dtype "
+                     f"{x.dtype}.")
   if x.ndim < 2:
-    raise ValueError(
-        f"`{arg}` of client {cid!r} must have shape [n, *input_shape] with at "
-        f"least one feature axis, got shape {x.shape}.")
+    raise ValueError(f"`{arg}` of client {cid!r} must have shape [n, *input_shape] with at "
+                     f"least one feature axis, got shape {x.shape}.")
   if x.shape[0] == 0 and not allow_empty:
-    raise ValueError(
-        f"`{arg}` of client {cid!r} is empty; every client needs at least one "
-        "example.")
+    raise ValueError(f"`{arg}` of client {cid!r} is empty; every client needs at least one "
+                     "example.")
   if np.dtype(dtype) == np.int32:
     return _as_int32_features(x, arg, cid)
   with np.errstate(over="ignore"):  # overflow becomes inf, reported below
     x = x.astype(np.float32)
   if not np.all(np.isfinite(x)):
-    raise ValueError(
-        f"`{arg}` of client {cid!r} contains NaN or inf features (after the "
-        "cast to float32); expected finite values.")
+    raise ValueError(f"`{arg}` of client {cid!r} contains NaN or inf features (after the "
+                     "cast to float32); expected finite values.")
   return x
 
 
 def _as_int32_features(x, arg, cid):
   if np.issubdtype(x.dtype, np.floating):
     if not np.all(np.isfinite(x)) or np.any(x != np.round(x)):
-      raise ValueError(
-          f"`{arg}` of client {cid!r} must hold integer inputs (x_dtype "
-          "int32), got non-integer or non-finite values.")
+      raise ValueError(f"`{arg}` of client {cid!r} must hold integer inputs (x_dtype "
+                       "int32), got non-integer or non-finite values.")
   info = np.iinfo(np.int32)
   if x.size and (x.min() < info.min or x.max() > info.max):
-    raise ValueError(
-        f"`{arg}` of client {cid!r} has values in [{x.min()}, {x.max()}]; "
-        f"expected values in the int32 range [{info.min}, {info.max}].")
+    raise ValueError(f"`{arg}` of client {cid!r} has values in [{x.min()}, {x.max()}]; "
+                     f"expected values in the int32 range [{info.min}, {info.max}].")
   return x.astype(np.int32)
 
 
@@ -96,39 +88,33 @@ def check_labels(y, arg, cid, allow_empty=False):
   """Returns `y` as an int64 array of shape [n]; float labels must be integral."""
   y = np.asarray(y)
   if y.ndim != 1:
-    raise ValueError(
-        f"`{arg}` of client {cid!r} must have shape [n], got shape {y.shape}.")
+    raise ValueError(f"`{arg}` of client {cid!r} must have shape [n], got shape {y.shape}.")
   if y.shape[0] == 0 and not allow_empty:
-    raise ValueError(
-        f"`{arg}` of client {cid!r} is empty; every client needs at least one "
-        "example.")
+    raise ValueError(f"`{arg}` of client {cid!r} is empty; every client needs at least one "
+                     "example.")
   if np.issubdtype(y.dtype, np.integer):
     if y.dtype == np.uint64 and y.size and y.max() > np.iinfo(np.int64).max:
-      raise ValueError(
-          f"`{arg}` of client {cid!r} has labels up to {y.max()}; expected small "
-          "non-negative class indices.")
+      raise ValueError(f"`{arg}` of client {cid!r} has labels up to {y.max()}; expected small "
+                       "non-negative class indices.")
     return y.astype(np.int64)
   if np.issubdtype(y.dtype, np.floating):
     if not np.all(np.isfinite(y)) or np.any(y != np.round(y)):
-      raise ValueError(
-          f"`{arg}` of client {cid!r} must hold integer class labels, got "
-          "non-integer values.")
+      raise ValueError(f"`{arg}` of client {cid!r} must hold integer class labels, got "
+                       "non-integer values.")
     if y.size and np.max(np.abs(y)) > 2.0**62:  # would not survive the int64 cast
       raise ValueError(
           f"`{arg}` of client {cid!r} has labels up to {np.max(np.abs(y)):g}; expected "
           "small non-negative class indices.")
     return y.astype(np.int64)
-  raise ValueError(
-      f"`{arg}` of client {cid!r} must hold integer class labels, got dtype "
-      f"{y.dtype}.")
+  raise ValueError(f"`{arg}` of client {cid!r} must hold integer class labels, got dtype "
+                   f"{y.dtype}.")
 
 
 def check_pair(x, y, x_arg, y_arg, cid):
   """Checks that `x` and `y` of one client have the same number of examples."""
   if x.shape[0] != y.shape[0]:
-    raise ValueError(
-        f"`{x_arg}` and `{y_arg}` of client {cid!r} must have the same number "
-        f"of examples, got {x.shape[0]} and {y.shape[0]}.")
+    raise ValueError(f"`{x_arg}` and `{y_arg}` of client {cid!r} must have the same number "
+                     f"of examples, got {x.shape[0]} and {y.shape[0]}.")
 
 
 def check_num_classes(num_classes, labels_by_arg):
@@ -139,10 +125,9 @@ def check_num_classes(num_classes, labels_by_arg):
     labels_by_arg: dict arg_name -> dict client_id -> int64 labels.
   """
   if num_classes is not None:
-    if (not isinstance(num_classes, numbers.Integral) or
-        isinstance(num_classes, bool) or num_classes < 1):
-      raise ValueError(
-          f"`num_classes` must be a positive int or None, got {num_classes!r}.")
+    if (not isinstance(num_classes, numbers.Integral) or isinstance(num_classes, bool) or
+        num_classes < 1):
+      raise ValueError(f"`num_classes` must be a positive int or None, got {num_classes!r}.")
     num_classes = int(num_classes)
   else:
     top = -1
@@ -154,9 +139,8 @@ def check_num_classes(num_classes, labels_by_arg):
   for arg, by_client in labels_by_arg.items():
     for cid, y in by_client.items():
       if y.size and (y.min() < 0 or y.max() >= num_classes):
-        raise ValueError(
-            f"`{arg}` of client {cid!r} has labels in [{y.min()}, {y.max()}]; "
-            f"expected labels in [0, num_classes) = [0, {num_classes}).")
+        raise ValueError(f"`{arg}` of client {cid!r} has labels in [{y.min()}, {y.max()}]; "
+                         f"expected labels in [0, num_classes) = [0, {num_classes}).")
   return num_classes
 
 
@@ -173,8 +157,7 @@ def check_input_shapes(x_by_arg):
       if reference is None:
         reference = (shape, arg, cid)
       elif shape != reference[0]:
-        raise ValueError(
-            f"`{arg}` of client {cid!r} has input shape {shape}, but "
-            f"`{reference[1]}` of client {reference[2]!r} has "
-            f"{reference[0]}; every client must share one input shape.")
+        raise ValueError(f"`{arg}` of client {cid!r} has input shape {shape}, but "
+                         f"`{reference[1]}` of client {reference[2]!r} has "
+                         f"{reference[0]}; every client must share one input shape.")
   return reference[0]

@@ -73,27 +73,22 @@ def read_batch(path):
   """Reads one batch; returns (x float32 [n, 32, 32, 3] in [0, 1], y int32 [n])."""
   batch = safe_pickle.load(path, encoding="bytes")
   if not isinstance(batch, dict):
-    raise ValueError(
-        f"{path!r} holds a {type(batch).__name__}; expected a dict with keys "
-        "'data' and 'labels'.")
+    raise ValueError(f"{path!r} holds a {type(batch).__name__}; expected a dict with keys "
+                     "'data' and 'labels'.")
   data, labels = _get(batch, "data"), _get(batch, "labels")
   if data is None or labels is None:
-    raise ValueError(
-        f"{path!r} has keys {sorted(map(str, batch))[:5]}; expected 'data' "
-        "and 'labels'.")
-  if (not isinstance(data, np.ndarray) or data.dtype != np.uint8 or
-      data.ndim != 2 or data.shape[1] != int(np.prod(IMAGE_SHAPE))):
-    raise ValueError(
-        f"{path!r}: 'data' must be a uint8 array [n, 3072], got "
-        f"{getattr(data, 'dtype', type(data).__name__)} of shape "
-        f"{getattr(data, 'shape', None)}.")
+    raise ValueError(f"{path!r} has keys {sorted(map(str, batch))[:5]}; expected 'data' "
+                     "and 'labels'.")
+  if (not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 or
+      data.shape[1] != int(np.prod(IMAGE_SHAPE))):
+    raise ValueError(f"{path!r}: 'data' must be a uint8 array [n, 3072], got "
+                     f"{getattr(data, 'dtype', type(data).__name__)} of shape "
+                     f"{getattr(data, 'shape', None)}.")
   y = _files.as_int_array(np.asarray(labels).reshape(-1), path, "labels")
   if y.size != data.shape[0]:
-    raise ValueError(
-        f"{path!r} has {data.shape[0]} images but {y.size} labels.")
+    raise ValueError(f"{path!r} has {data.shape[0]} images but {y.size} labels.")
   if y.size and (y.min() < 0 or y.max() >= NUM_CLASSES):
-    raise ValueError(
-        f"{path!r} has labels in [{y.min()}, {y.max()}]; expected 0..9.")
+    raise ValueError(f"{path!r} has labels in [{y.min()}, {y.max()}]; expected 0..9.")
   x = data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
   return x.astype(np.float32) / np.float32(255.0), y.astype(np.int32)
 
@@ -111,22 +106,28 @@ def load_cifar10_arrays(data_dir, *, verify_checksums=False):
   """Reads all six batches; returns (x_train, y_train, x_test, y_test)."""
   directory = _files.require_data_dir(data_dir, "cifar10", LAYOUT, SOURCE)
   folder = _folder(directory)
-  paths = [_files.find_file(folder, name, what=f"CIFAR-10 batch {name}",
-                            layout=LAYOUT, source=SOURCE)
-           for name in TRAIN_FILES + (TEST_FILE,)]
+  paths = [
+      _files.find_file(folder, name, what=f"CIFAR-10 batch {name}", layout=LAYOUT, source=SOURCE)
+      for name in TRAIN_FILES + (TEST_FILE,)
+  ]
   if verify_checksums:
     for path in paths:
-      _files.check_md5(path, BATCH_MD5[os.path.basename(path)],
-                       "the canonical file")
+      _files.check_md5(path, BATCH_MD5[os.path.basename(path)], "the canonical file")
   train = [read_batch(p) for p in paths[:-1]]
   xt, yt = read_batch(paths[-1])
-  return (np.concatenate([b[0] for b in train]),
-          np.concatenate([b[1] for b in train]), xt, yt)
+  return (np.concatenate([b[0] for b in train]), np.concatenate([b[1] for b in train]), xt, yt)
 
 
-def load_cifar10(data_dir, *, partition="class_dirichlet", num_clients=10,
-                 alpha=0.5, min_size=10, classes_per_client=2,
-                 test_fraction=0.25, seed=0, test_source="official",
+def load_cifar10(data_dir,
+                 *,
+                 partition="class_dirichlet",
+                 num_clients=10,
+                 alpha=0.5,
+                 min_size=10,
+                 classes_per_client=2,
+                 test_fraction=0.25,
+                 seed=0,
+                 test_source="official",
                  verify_checksums=False):
   """CIFAR-10 federated by `partition` (see the module docstring).
 
@@ -135,7 +136,13 @@ def load_cifar10(data_dir, *, partition="class_dirichlet", num_clients=10,
   """
   return official_split.federate_published(
       lambda: load_cifar10_arrays(data_dir, verify_checksums=verify_checksums),
-      test_source=test_source, name=f"cifar10/{partition}",
-      num_classes=NUM_CLASSES, partition=partition, num_clients=num_clients,
-      alpha=alpha, min_size=min_size, classes_per_client=classes_per_client,
-      test_fraction=test_fraction, seed=seed)
+      test_source=test_source,
+      name=f"cifar10/{partition}",
+      num_classes=NUM_CLASSES,
+      partition=partition,
+      num_clients=num_clients,
+      alpha=alpha,
+      min_size=min_size,
+      classes_per_client=classes_per_client,
+      test_fraction=test_fraction,
+      seed=seed)

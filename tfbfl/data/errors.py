@@ -10,5 +10,4 @@ class MissingDataError(FileNotFoundError):
 
 def missing_file(path, what, how_to_get):
   """Returns a `MissingDataError` naming `path`, what it is and where to get it."""
-  return MissingDataError(
-      f"{what} not found at {str(path)!r}. {how_to_get}")
+  return MissingDataError(f"{what} not found at {str(path)!r}. {how_to_get}")

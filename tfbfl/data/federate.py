@@ -25,12 +25,17 @@ PARTITIONS = tuple(partition_lib.PARTITIONERS)
 def check_partition(partition):
   """Raises ValueError listing the valid names if `partition` is unknown."""
   if partition not in partition_lib.PARTITIONERS:
-    raise ValueError(
-        f"Unknown `partition` {partition!r}; expected one of {PARTITIONS}.")
+    raise ValueError(f"Unknown `partition` {partition!r}; expected one of {PARTITIONS}.")
 
 
-def partition_indices(partition, labels, num_clients, seed, *, alpha=0.5,
-                      min_size=10, classes_per_client=2):
+def partition_indices(partition,
+                      labels,
+                      num_clients,
+                      seed,
+                      *,
+                      alpha=0.5,
+                      min_size=10,
+                      classes_per_client=2):
   """Calls the partitioner named `partition` with the arguments it uses."""
   check_partition(partition)
   fn = partition_lib.PARTITIONERS[partition]
@@ -43,23 +48,39 @@ def partition_indices(partition, labels, num_clients, seed, *, alpha=0.5,
   return fn(labels, num_clients, seed)
 
 
-def federate_pooled(x, y, *, name, num_classes=None, partition="class_dirichlet",
-                    num_clients=10, alpha=0.5, min_size=10, classes_per_client=2,
-                    test_fraction=0.25, seed=0):
+def federate_pooled(x,
+                    y,
+                    *,
+                    name,
+                    num_classes=None,
+                    partition="class_dirichlet",
+                    num_clients=10,
+                    alpha=0.5,
+                    min_size=10,
+                    classes_per_client=2,
+                    test_fraction=0.25,
+                    seed=0):
   """Returns a `FederatedData` built from pooled arrays by the pipeline above.
 
   Client i (in partition order) gets the id `client_<i>` zero-padded as in
   `from_client_arrays`.
   """
   partition_seed, permute_seed, split_seed = _seeds.derive_seeds(seed, 3)
-  parts = partition_indices(
-      partition, y, num_clients, partition_seed, alpha=alpha,
-      min_size=min_size, classes_per_client=classes_per_client)
+  parts = partition_indices(partition,
+                            y,
+                            num_clients,
+                            partition_seed,
+                            alpha=alpha,
+                            min_size=min_size,
+                            classes_per_client=classes_per_client)
   ids = [_validate.client_id(i, len(parts)) for i in range(len(parts))]
   x_by_client = {c: x[idx] for c, idx in zip(ids, parts)}
   y_by_client = {c: y[idx] for c, idx in zip(ids, parts)}
   if partition == "permuted":
     x_by_client = partition_lib.permute_features(x_by_client, permute_seed)
-  return federated.from_client_arrays(
-      x_by_client, y_by_client, num_classes=num_classes,
-      test_fraction=test_fraction, seed=split_seed, name=name)
+  return federated.from_client_arrays(x_by_client,
+                                      y_by_client,
+                                      num_classes=num_classes,
+                                      test_fraction=test_fraction,
+                                      seed=split_seed,
+                                      name=name)

@@ -46,16 +46,13 @@ class FederatedData:
   ```
   """
 
-  def __init__(self, name, num_classes, input_shape, train, test,
-               x_dtype="float32"):
+  def __init__(self, name, num_classes, input_shape, train, test, x_dtype="float32"):
     if set(train) != set(test):
-      raise ValueError(
-          "`train` and `test` must have the same client ids, got "
-          f"{sorted(set(train) ^ set(test))} in only one of them.")
+      raise ValueError("`train` and `test` must have the same client ids, got "
+                       f"{sorted(set(train) ^ set(test))} in only one of them.")
     x_dtype = np.dtype(x_dtype)
     if x_dtype.name not in X_DTYPES:
-      raise ValueError(
-          f"`x_dtype` must be one of {X_DTYPES}, got {x_dtype.name!r}.")
+      raise ValueError(f"`x_dtype` must be one of {X_DTYPES}, got {x_dtype.name!r}.")
     self.x_dtype = x_dtype
     self.name = str(name)
     self.num_classes = int(num_classes)
@@ -78,9 +75,8 @@ class FederatedData:
   def _client(self, client_id, split):
     arrays = self._split(split)
     if client_id not in arrays:
-      raise ValueError(
-          f"`client_id` {client_id!r} is not a client of {self.name!r}; "
-          f"expected one of {self.client_ids[:5]}{'...' if len(arrays) > 5 else ''}.")
+      raise ValueError(f"`client_id` {client_id!r} is not a client of {self.name!r}; "
+                       f"expected one of {self.client_ids[:5]}{'...' if len(arrays) > 5 else ''}.")
     return arrays[client_id]
 
   def num_examples(self, client_id, split="train"):
@@ -122,8 +118,7 @@ class FederatedData:
         cid = client_id.decode() if isinstance(client_id, bytes) else client_id
         return tf.data.Dataset.from_tensor_slices(self._client(cid, split))
       match = tf.equal(tf.constant(ids), client_id)
-      found = tf.debugging.assert_equal(
-          tf.reduce_any(match), True, message="unknown client_id")
+      found = tf.debugging.assert_equal(tf.reduce_any(match), True, message="unknown client_id")
       with tf.control_dependencies([found]):
         k = tf.argmax(tf.cast(match, tf.int32), output_type=tf.int64)
       off = tf.constant(offsets)
@@ -131,30 +126,35 @@ class FederatedData:
       return tf.data.Dataset.from_tensor_slices(
           (tf.constant(x_all)[start:stop], tf.constant(y_all)[start:stop]))
 
-    return tff.simulation.datasets.ClientData.from_clients_and_tf_fn(
-        ids, dataset_fn)
+    return tff.simulation.datasets.ClientData.from_clients_and_tf_fn(ids, dataset_fn)
 
   def subset(self, client_ids):
     """A `FederatedData` restricted to `client_ids` (same name and classes)."""
     client_ids = list(client_ids)
     unknown = [c for c in client_ids if c not in self.train]
     if unknown or not client_ids:
-      raise ValueError(
-          "`client_ids` must be a non-empty list of ids of this dataset; "
-          f"unknown: {unknown[:5]}.")
-    return FederatedData(
-        self.name, self.num_classes, self.input_shape,
-        {c: self.train[c] for c in client_ids},
-        {c: self.test[c] for c in client_ids}, x_dtype=self.x_dtype)
+      raise ValueError("`client_ids` must be a non-empty list of ids of this dataset; "
+                       f"unknown: {unknown[:5]}.")
+    return FederatedData(self.name,
+                         self.num_classes,
+                         self.input_shape, {c: self.train[c] for c in client_ids},
+                         {c: self.test[c] for c in client_ids},
+                         x_dtype=self.x_dtype)
 
 
 def _as_pair(x, y, x_dtype=np.float32):
   return np.asarray(x, dtype=x_dtype), np.asarray(y, dtype=np.int32)
 
 
-def from_client_arrays(x_by_client, y_by_client, x_test_by_client=None,
-                       y_test_by_client=None, *, num_classes=None,
-                       test_fraction=0.25, seed=0, name="custom",
+def from_client_arrays(x_by_client,
+                       y_by_client,
+                       x_test_by_client=None,
+                       y_test_by_client=None,
+                       *,
+                       num_classes=None,
+                       test_fraction=0.25,
+                       seed=0,
+                       name="custom",
                        x_dtype="float32"):
   """Builds a checked `FederatedData` from per-client arrays.
 
@@ -193,15 +193,13 @@ def from_client_arrays(x_by_client, y_by_client, x_test_by_client=None,
   """
   x_dtype = np.dtype(x_dtype)
   if x_dtype.name not in X_DTYPES:
-    raise ValueError(
-        f"`x_dtype` must be one of {X_DTYPES}, got {x_dtype.name!r}.")
+    raise ValueError(f"`x_dtype` must be one of {X_DTYPES}, got {x_dtype.name!r}.")
   xs = _validate.as_client_dict(x_by_client, "x_by_client")
   ys = _validate.as_client_dict(y_by_client, "y_by_client")
   _check_same_ids(xs, ys, "x_by_client", "y_by_client")
   if (x_test_by_client is None) != (y_test_by_client is None):
-    raise ValueError(
-        "`x_test_by_client` and `y_test_by_client` must be given together; "
-        "got only one of them.")
+    raise ValueError("`x_test_by_client` and `y_test_by_client` must be given together; "
+                     "got only one of them.")
   has_test = x_test_by_client is not None
   if not has_test:
     split_lib.check_test_fraction(test_fraction)
@@ -221,10 +219,12 @@ def from_client_arrays(x_by_client, y_by_client, x_test_by_client=None,
     _check_same_ids(xs, yts, "x_by_client", "y_test_by_client")
     x_by_arg["x_test_by_client"], y_by_arg["y_test_by_client"] = {}, {}
     for cid in sorted(xs):
-      x = _validate.check_features(
-          xts[cid], "x_test_by_client", cid, allow_empty=True, dtype=x_dtype)
-      y = _validate.check_labels(
-          yts[cid], "y_test_by_client", cid, allow_empty=True)
+      x = _validate.check_features(xts[cid],
+                                   "x_test_by_client",
+                                   cid,
+                                   allow_empty=True,
+                                   dtype=x_dtype)
+      y = _validate.check_labels(yts[cid], "y_test_by_client", cid, allow_empty=True)
       _validate.check_pair(x, y, "x_test_by_client", "y_test_by_client", cid)
       x_by_arg["x_test_by_client"][cid] = x
       y_by_arg["y_test_by_client"][cid] = y
@@ -233,20 +233,16 @@ def from_client_arrays(x_by_client, y_by_client, x_test_by_client=None,
   num_classes = _validate.check_num_classes(num_classes, y_by_arg)
 
   if has_test:
-    train = {c: (x_by_arg["x_by_client"][c], y_by_arg["y_by_client"][c])
-             for c in xs}
-    test = {c: (x_by_arg["x_test_by_client"][c], y_by_arg["y_test_by_client"][c])
-            for c in xs}
+    train = {c: (x_by_arg["x_by_client"][c], y_by_arg["y_by_client"][c]) for c in xs}
+    test = {c: (x_by_arg["x_test_by_client"][c], y_by_arg["y_test_by_client"][c]) for c in xs}
   else:
-    train, test = split_lib.split_clients(
-        x_by_arg["x_by_client"], y_by_arg["y_by_client"], test_fraction, seed)
-  return FederatedData(name, num_classes, input_shape, train, test,
-                       x_dtype=x_dtype)
+    train, test = split_lib.split_clients(x_by_arg["x_by_client"], y_by_arg["y_by_client"],
+                                          test_fraction, seed)
+  return FederatedData(name, num_classes, input_shape, train, test, x_dtype=x_dtype)
 
 
 def _check_same_ids(a, b, a_arg, b_arg):
   if set(a) != set(b):
     only = sorted(set(a) ^ set(b))
-    raise ValueError(
-        f"`{a_arg}` and `{b_arg}` must have the same client ids; these appear "
-        f"in only one of them: {only[:5]}.")
+    raise ValueError(f"`{a_arg}` and `{b_arg}` must have the same client ids; these appear "
+                     f"in only one of them: {only[:5]}.")

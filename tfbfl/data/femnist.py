@@ -67,8 +67,7 @@ SOURCE = ("FEMNIST is published by LEAF (https://github.com/TalwalkarLab/leaf, "
 
 def _tff_pair(directory, digits_only):
   """The (train, test) HDF5 paths to use, or None when no train file exists."""
-  candidates = [TFF_FILES[True], TFF_FILES[False]] if digits_only else [
-      TFF_FILES[False]]
+  candidates = [TFF_FILES[True], TFF_FILES[False]] if digits_only else [TFF_FILES[False]]
   for train_name, test_name in candidates:
     train = os.path.join(directory, train_name)
     if os.path.isfile(train):
@@ -88,26 +87,23 @@ def _keep(labels, digits_only):
 
 def _check_labels(labels, path, client, num_classes):
   if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
-    raise ValueError(
-        f"{path!r}: writer {client!r} has labels in [{labels.min()}, "
-        f"{labels.max()}]; expected 0..{num_classes - 1}.")
+    raise ValueError(f"{path!r}: writer {client!r} has labels in [{labels.min()}, "
+                     f"{labels.max()}]; expected 0..{num_classes - 1}.")
 
 
 # ------------------------------------------------------------------ TFF HDF5
+
 
 def _open_h5(path):
   import h5py  # pylint: disable=g-import-not-at-top
   try:
     f = h5py.File(path, "r")
   except OSError as e:
-    raise ValueError(
-        f"{path!r} is not a readable HDF5 file (truncated or corrupted: {e})."
-    ) from e
+    raise ValueError(f"{path!r} is not a readable HDF5 file (truncated or corrupted: {e}).") from e
   if "examples" not in f:
     f.close()
-    raise ValueError(
-        f"{path!r} has no 'examples' group; expected TFF's layout "
-        "examples/<writer>/{pixels,label}.")
+    raise ValueError(f"{path!r} has no 'examples' group; expected TFF's layout "
+                     "examples/<writer>/{pixels,label}.")
   return f
 
 
@@ -117,14 +113,12 @@ def _h5_client(path, examples, client, num_classes, read_pixels=True):
     labels = np.asarray(group["label"][()]).astype(np.int64).reshape(-1)
     pixels = np.asarray(group["pixels"][()], np.float32) if read_pixels else None
   except (KeyError, OSError, ValueError) as e:
-    raise ValueError(
-        f"{path!r}: writer {client!r} must have datasets 'pixels' "
-        f"[n, 28, 28] and 'label' [n] ({e}).") from e
+    raise ValueError(f"{path!r}: writer {client!r} must have datasets 'pixels' "
+                     f"[n, 28, 28] and 'label' [n] ({e}).") from e
   _check_labels(labels, path, client, num_classes)
   if pixels is not None and (pixels.shape != (labels.size,) + IMAGE_SHAPE):
-    raise ValueError(
-        f"{path!r}: writer {client!r} has pixels of shape {pixels.shape} for "
-        f"{labels.size} labels; expected [n, 28, 28].")
+    raise ValueError(f"{path!r}: writer {client!r} has pixels of shape {pixels.shape} for "
+                     f"{labels.size} labels; expected [n, 28, 28].")
   return pixels, labels
 
 
@@ -132,20 +126,24 @@ def _read_tff(train_path, test_path, digits_only, num_clients, seed):
   file_classes = NUM_DIGITS if "digitsonly" in train_path else NUM_CLASSES
   with _open_h5(train_path) as f:
     ex = f["examples"]
-    counts = {c: int(_keep(_h5_client(train_path, ex, c, file_classes,
-                                       read_pixels=False)[1],
-                           digits_only).sum()) for c in ex}
-    chosen = _files.select_clients(
-        [c for c, n in counts.items() if n > 0], num_clients, seed, "femnist")
+    counts = {
+        c:
+            int(
+                _keep(
+                    _h5_client(train_path, ex, c, file_classes, read_pixels=False)[1],
+                    digits_only).sum()) for c in ex
+    }
+    chosen = _files.select_clients([c for c, n in counts.items() if n > 0], num_clients, seed,
+                                   "femnist")
     train = {c: _h5_client(train_path, ex, c, file_classes) for c in chosen}
   with _open_h5(test_path) as f:
     ex = f["examples"]
-    test = {c: _h5_client(test_path, ex, c, file_classes)
-            for c in chosen if c in ex}
+    test = {c: _h5_client(test_path, ex, c, file_classes) for c in chosen if c in ex}
   return train, test
 
 
 # ----------------------------------------------------------------- LEAF JSON
+
 
 def _leaf_labels(path, user, data):
   labels = _files.as_int_array(data["y"], path, f"labels of writer {user!r}")
@@ -158,40 +156,33 @@ def _leaf_example(path, user, data):
   try:
     pixels = np.asarray(data["x"], dtype=np.float32)
   except (ValueError, TypeError) as e:
-    raise ValueError(
-        f"{path!r}: writer {user!r} has images that are not lists of 784 "
-        f"numbers ({e}).") from e
+    raise ValueError(f"{path!r}: writer {user!r} has images that are not lists of 784 "
+                     f"numbers ({e}).") from e
   if pixels.shape != (labels.size, 784):
-    raise ValueError(
-        f"{path!r}: writer {user!r} has images of shape {pixels.shape}; "
-        "expected one list of 784 pixels per example.")
+    raise ValueError(f"{path!r}: writer {user!r} has images of shape {pixels.shape}; "
+                     "expected one list of 784 pixels per example.")
   return pixels.reshape((-1,) + IMAGE_SHAPE), labels
 
 
 def _concat(chunks):
-  return (np.concatenate([c[0] for c in chunks]),
-          np.concatenate([c[1] for c in chunks]))
+  return (np.concatenate([c[0] for c in chunks]), np.concatenate([c[1] for c in chunks]))
 
 
 def _read_leaf(directory, digits_only, num_clients, seed):
-  train_paths, test_paths = leaf.require_files(
-      directory, "femnist", LAYOUT, SOURCE)
-  counts = leaf.scan(
-      train_paths,
-      lambda p, u, d: int(_keep(_leaf_labels(p, u, d), digits_only).sum()))
-  chosen = _files.select_clients(
-      [c for c, n in counts.items() if n > 0], num_clients, seed, "femnist")
-  train = {c: _concat(v) for c, v in
-           leaf.collect(train_paths, chosen, _leaf_example).items()}
-  test = {c: _concat(v) for c, v in
-          leaf.collect(test_paths, chosen, _leaf_example).items()}
+  train_paths, test_paths = leaf.require_files(directory, "femnist", LAYOUT, SOURCE)
+  counts = leaf.scan(train_paths,
+                     lambda p, u, d: int(_keep(_leaf_labels(p, u, d), digits_only).sum()))
+  chosen = _files.select_clients([c for c, n in counts.items() if n > 0], num_clients, seed,
+                                 "femnist")
+  train = {c: _concat(v) for c, v in leaf.collect(train_paths, chosen, _leaf_example).items()}
+  test = {c: _concat(v) for c, v in leaf.collect(test_paths, chosen, _leaf_example).items()}
   return train, test
 
 
 # -------------------------------------------------------------------- public
 
-def load_femnist(data_dir, *, num_clients=100, digits_only=True, seed=0,
-                 form="auto"):
+
+def load_femnist(data_dir, *, num_clients=100, digits_only=True, seed=0, form="auto"):
   """FEMNIST by writer (see the module docstring for files and convention).
 
   Args:
@@ -221,9 +212,8 @@ def load_femnist(data_dir, *, num_clients=100, digits_only=True, seed=0,
     shown = os.path.join(directory, TFF_FILES[digits_only][0])
     if digits_only:
       shown += f" (or {TFF_FILES[False][0]})"
-    raise errors.missing_file(
-        shown, "FEMNIST TFF train file",
-        f"Expected layout: {LAYOUT}. {SOURCE}")
+    raise errors.missing_file(shown, "FEMNIST TFF train file",
+                              f"Expected layout: {LAYOUT}. {SOURCE}")
   if pair is not None:
     train, test = _read_tff(pair[0], pair[1], digits_only, num_clients, seed)
   else:
@@ -233,10 +223,12 @@ def load_femnist(data_dir, *, num_clients=100, digits_only=True, seed=0,
   for c, (x, y) in train.items():
     keep = _keep(y, digits_only)
     xs[c], ys[c] = x[keep], y[keep]
-    xt, yt = test.get(c, (np.zeros((0,) + IMAGE_SHAPE, np.float32),
-                          np.zeros((0,), np.int64)))
+    xt, yt = test.get(c, (np.zeros((0,) + IMAGE_SHAPE, np.float32), np.zeros((0,), np.int64)))
     keep = _keep(yt, digits_only)
     xts[c], yts[c] = xt[keep], yt[keep]
-  return federated.from_client_arrays(
-      xs, ys, xts, yts, num_classes=NUM_DIGITS if digits_only else NUM_CLASSES,
-      name="femnist" if digits_only else "femnist62")
+  return federated.from_client_arrays(xs,
+                                      ys,
+                                      xts,
+                                      yts,
+                                      num_classes=NUM_DIGITS if digits_only else NUM_CLASSES,
+                                      name="femnist" if digits_only else "femnist62")

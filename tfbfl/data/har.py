@@ -45,27 +45,29 @@ from tfbfl.data import federated
 
 NUM_FEATURES = 561
 VARIANTS = {
-    "har": dict(
-        root="UCI HAR Dataset", num_classes=6,
-        splits=(("train", "X_train.txt", "y_train.txt", "subject_train.txt"),
-                ("test", "X_test.txt", "y_test.txt", "subject_test.txt")),
-        source=("UCI HAR is published at https://archive.ics.uci.edu/dataset/"
-                "240/human+activity+recognition+using+smartphones (file "
-                "'UCI HAR Dataset.zip').")),
-    "hapt": dict(
-        root="HAPT Data Set", num_classes=12,
-        splits=(("Train", "X_train.txt", "y_train.txt", "subject_id_train.txt"),
-                ("Test", "X_test.txt", "y_test.txt", "subject_id_test.txt")),
-        source=("HAPT is published at https://archive.ics.uci.edu/dataset/341/"
-                "smartphone+based+recognition+of+human+activities+and+postural"
-                "+transitions (unzip into 'HAPT Data Set').")),
+    "har":
+        dict(root="UCI HAR Dataset",
+             num_classes=6,
+             splits=(("train", "X_train.txt", "y_train.txt", "subject_train.txt"),
+                     ("test", "X_test.txt", "y_test.txt", "subject_test.txt")),
+             source=("UCI HAR is published at https://archive.ics.uci.edu/dataset/"
+                     "240/human+activity+recognition+using+smartphones (file "
+                     "'UCI HAR Dataset.zip').")),
+    "hapt":
+        dict(root="HAPT Data Set",
+             num_classes=12,
+             splits=(("Train", "X_train.txt", "y_train.txt", "subject_id_train.txt"),
+                     ("Test", "X_test.txt", "y_test.txt", "subject_id_test.txt")),
+             source=("HAPT is published at https://archive.ics.uci.edu/dataset/341/"
+                     "smartphone+based+recognition+of+human+activities+and+postural"
+                     "+transitions (unzip into 'HAPT Data Set').")),
 }
 
 
 def _layout(variant):
   v = VARIANTS[variant]
-  return "; ".join(f"<data_dir>/{v['root']}/{s}/{{{x}, {y}, {sub}}}"
-                   for s, x, y, sub in v["splits"])
+  return "; ".join(
+      f"<data_dir>/{v['root']}/{s}/{{{x}, {y}, {sub}}}" for s, x, y, sub in v["splits"])
 
 
 def read_table(path, num_columns, what):
@@ -83,9 +85,8 @@ def read_table(path, num_columns, what):
     for i, line in enumerate(lines):
       n = len(line.split())
       if n and n != num_columns:
-        raise ValueError(
-            f"{path!r}: line {i + 1} has {n} values, expected {num_columns} "
-            f"{what} (truncated or corrupted file).")
+        raise ValueError(f"{path!r}: line {i + 1} has {n} values, expected {num_columns} "
+                         f"{what} (truncated or corrupted file).")
   try:
     values = np.array(tokens, dtype=np.float64)
   except ValueError as e:
@@ -111,42 +112,39 @@ def load_har_arrays(data_dir, variant="har"):
   Rows of the train files come first, then the test files, in file order.
   """
   if variant not in VARIANTS:
-    raise ValueError(
-        f"`variant` must be one of {tuple(VARIANTS)}, got {variant!r}.")
+    raise ValueError(f"`variant` must be one of {tuple(VARIANTS)}, got {variant!r}.")
   v = VARIANTS[variant]
   layout = _layout(variant)
   directory = _files.require_data_dir(data_dir, variant, layout, v["source"])
   root = _root(directory, variant)
   xs, ys, ss = [], [], []
   for split, x_name, y_name, s_name in v["splits"]:
-    paths = [_files.find_file(
-        os.path.join(root, split), name, what=f"{variant} file {split}/{name}",
-        layout=layout, source=v["source"]) for name in (x_name, y_name, s_name)]
+    paths = [
+        _files.find_file(os.path.join(root, split),
+                         name,
+                         what=f"{variant} file {split}/{name}",
+                         layout=layout,
+                         source=v["source"]) for name in (x_name, y_name, s_name)
+    ]
     x = read_table(paths[0], NUM_FEATURES, "features")
-    y = _files.as_int_array(read_table(paths[1], 1, "labels")[:, 0], paths[1],
-                            "labels")
-    s = _files.as_int_array(read_table(paths[2], 1, "subject ids")[:, 0],
-                            paths[2], "subject ids")
+    y = _files.as_int_array(read_table(paths[1], 1, "labels")[:, 0], paths[1], "labels")
+    s = _files.as_int_array(read_table(paths[2], 1, "subject ids")[:, 0], paths[2], "subject ids")
     if not x.shape[0] == y.size == s.size:
-      raise ValueError(
-          f"{os.path.join(root, split)!r}: {x_name}, {y_name} and {s_name} "
-          f"have {x.shape[0]}, {y.size} and {s.size} lines; expected one line "
-          "per example in each (a file is truncated or from another release).")
+      raise ValueError(f"{os.path.join(root, split)!r}: {x_name}, {y_name} and {s_name} "
+                       f"have {x.shape[0]}, {y.size} and {s.size} lines; expected one line "
+                       "per example in each (a file is truncated or from another release).")
     if y.size and (y.min() < 1 or y.max() > v["num_classes"]):
-      raise ValueError(
-          f"{paths[1]!r} has labels in [{y.min()}, {y.max()}]; expected "
-          f"1..{v['num_classes']}.")
+      raise ValueError(f"{paths[1]!r} has labels in [{y.min()}, {y.max()}]; expected "
+                       f"1..{v['num_classes']}.")
     if s.size and s.min() < 1:
       raise ValueError(f"{paths[2]!r} has a subject id {s.min()} < 1.")
     xs.append(x)
     ys.append(y - 1)
     ss.append(s)
-  return (np.concatenate(xs).astype(np.float32), np.concatenate(ys),
-          np.concatenate(ss))
+  return (np.concatenate(xs).astype(np.float32), np.concatenate(ys), np.concatenate(ss))
 
 
-def load_har(data_dir, *, variant="har", num_clients=None, test_fraction=0.25,
-             seed=0):
+def load_har(data_dir, *, variant="har", num_clients=None, test_fraction=0.25, seed=0):
   """Per-subject HAR (see the module docstring).
 
   Args:
@@ -165,6 +163,9 @@ def load_har(data_dir, *, variant="har", num_clients=None, test_fraction=0.25,
   chosen = _files.select_clients(list(ids), num_clients, select_seed, variant)
   xs = {c: x[subject == ids[c]] for c in chosen}
   ys = {c: y[subject == ids[c]] for c in chosen}
-  return federated.from_client_arrays(
-      xs, ys, num_classes=VARIANTS[variant]["num_classes"],
-      test_fraction=test_fraction, seed=split_seed, name=variant)
+  return federated.from_client_arrays(xs,
+                                      ys,
+                                      num_classes=VARIANTS[variant]["num_classes"],
+                                      test_fraction=test_fraction,
+                                      seed=split_seed,
+                                      name=variant)

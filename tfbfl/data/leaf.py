@@ -33,9 +33,9 @@ def json_files(data_dir, split, *, dataset, layout, source):
   directory = os.path.join(data_dir, split)
   paths = sorted(glob.glob(os.path.join(directory, "*.json")))
   if not paths:
-    raise errors.missing_file(
-        os.path.join(directory, "*.json"), f"{dataset} LEAF {split} JSON files",
-        f"Expected layout: {layout}. {source} See data/README.md.")
+    raise errors.missing_file(os.path.join(directory,
+                                           "*.json"), f"{dataset} LEAF {split} JSON files",
+                              f"Expected layout: {layout}. {source} See data/README.md.")
   return paths
 
 
@@ -51,39 +51,31 @@ def read_json(path):
     with open(path, "r", encoding="utf-8") as f:
       obj = json.load(f)
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise ValueError(
-        f"{path!r} is not a complete LEAF JSON file (truncated or corrupted: "
-        f"{e}).") from e
+    raise ValueError(f"{path!r} is not a complete LEAF JSON file (truncated or corrupted: "
+                     f"{e}).") from e
   if not isinstance(obj, dict) or "users" not in obj or "user_data" not in obj:
     keys = sorted(obj)[:5] if isinstance(obj, dict) else type(obj).__name__
-    raise ValueError(
-        f"{path!r} is not a LEAF JSON file: expected an object with keys "
-        f"'users', 'num_samples', 'user_data', got {keys}.")
+    raise ValueError(f"{path!r} is not a LEAF JSON file: expected an object with keys "
+                     f"'users', 'num_samples', 'user_data', got {keys}.")
   users, user_data = obj["users"], obj["user_data"]
   if not isinstance(users, list) or not isinstance(user_data, dict):
-    raise ValueError(
-        f"{path!r}: 'users' must be a list and 'user_data' an object.")
+    raise ValueError(f"{path!r}: 'users' must be a list and 'user_data' an object.")
   counts = obj.get("num_samples")
-  if counts is not None and (not isinstance(counts, list) or
-                             len(counts) != len(users)):
-    raise ValueError(
-        f"{path!r}: 'num_samples' must list one count per user "
-        f"({len(users)} users).")
+  if counts is not None and (not isinstance(counts, list) or len(counts) != len(users)):
+    raise ValueError(f"{path!r}: 'num_samples' must list one count per user "
+                     f"({len(users)} users).")
   for i, user in enumerate(users):
     data = user_data.get(user)
     if (not isinstance(data, dict) or not isinstance(data.get("x"), list) or
         not isinstance(data.get("y"), list)):
-      raise ValueError(
-          f"{path!r}: user {user!r} has no 'user_data' entry with 'x' and "
-          "'y' lists.")
+      raise ValueError(f"{path!r}: user {user!r} has no 'user_data' entry with 'x' and "
+                       "'y' lists.")
     if len(data["x"]) != len(data["y"]):
-      raise ValueError(
-          f"{path!r}: user {user!r} has {len(data['x'])} x but "
-          f"{len(data['y'])} y; expected equal lengths.")
+      raise ValueError(f"{path!r}: user {user!r} has {len(data['x'])} x but "
+                       f"{len(data['y'])} y; expected equal lengths.")
     if counts is not None and counts[i] != len(data["y"]):
-      raise ValueError(
-          f"{path!r}: user {user!r} has num_samples {counts[i]} but "
-          f"{len(data['y'])} examples.")
+      raise ValueError(f"{path!r}: user {user!r} has num_samples {counts[i]} but "
+                       f"{len(data['y'])} examples.")
   return [str(u) for u in users], user_data
 
 

@@ -65,8 +65,7 @@ SOURCE = ("MNIST is published by Yann LeCun, Corinna Cortes and Christopher "
 TEST_SOURCES = official_split.TEST_SOURCES
 
 # IDX type byte -> big-endian numpy dtype.
-_IDX_TYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4",
-              0x0D: ">f4", 0x0E: ">f8"}
+_IDX_TYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 
 
 def parse_idx(data, path):
@@ -77,50 +76,47 @@ def parse_idx(data, path):
       data size other than the header's dimensions (truncated file).
   """
   if len(data) < 4:
-    raise ValueError(
-        f"{path!r} is truncated: {len(data)} bytes, shorter than the 4-byte "
-        "IDX magic number.")
+    raise ValueError(f"{path!r} is truncated: {len(data)} bytes, shorter than the 4-byte "
+                     "IDX magic number.")
   if data[0] != 0 or data[1] != 0 or data[2] not in _IDX_TYPES:
-    raise ValueError(
-        f"{path!r} is not an IDX file: magic bytes {data[:4].hex()}, expected "
-        "00 00 <type> <ndim>.")
+    raise ValueError(f"{path!r} is not an IDX file: magic bytes {data[:4].hex()}, expected "
+                     "00 00 <type> <ndim>.")
   magic = int.from_bytes(data[:4], "big")
   ndim = data[3]
   header = 4 + 4 * ndim
   if len(data) < header:
-    raise ValueError(
-        f"{path!r} is truncated: {len(data)} bytes, shorter than its "
-        f"{header}-byte IDX header.")
+    raise ValueError(f"{path!r} is truncated: {len(data)} bytes, shorter than its "
+                     f"{header}-byte IDX header.")
   dims = tuple(int(d) for d in np.frombuffer(data, ">u4", ndim, 4))
   dtype = np.dtype(_IDX_TYPES[data[2]])
   expected = header + int(np.prod(dims, dtype=np.int64)) * dtype.itemsize
   if len(data) != expected:
     state = "truncated" if len(data) < expected else "longer than its header"
-    raise ValueError(
-        f"{path!r} is {state}: {len(data)} bytes, but its IDX header "
-        f"(dimensions {dims}) implies {expected} bytes.")
+    raise ValueError(f"{path!r} is {state}: {len(data)} bytes, but its IDX header "
+                     f"(dimensions {dims}) implies {expected} bytes.")
   return magic, np.frombuffer(data, dtype, offset=header).reshape(dims)
 
 
 def _read(directory, key, magic, verify_checksums):
   name = FILES[key]
-  path = _files.find_file(
-      directory, name, what=f"MNIST file {name}", layout=LAYOUT,
-      source=SOURCE, allow_gz=True)
+  path = _files.find_file(directory,
+                          name,
+                          what=f"MNIST file {name}",
+                          layout=LAYOUT,
+                          source=SOURCE,
+                          allow_gz=True)
   if verify_checksums:
     base = os.path.basename(path)
     if base not in GZ_MD5:
-      raise ValueError(
-          f"{path!r}: checksums are known only for the gzipped files as "
-          f"published ({name}.gz); keep the .gz file or set "
-          "verify_checksums=False.")
+      raise ValueError(f"{path!r}: checksums are known only for the gzipped files as "
+                       f"published ({name}.gz); keep the .gz file or set "
+                       "verify_checksums=False.")
     _files.check_md5(path, GZ_MD5[base], "the published file")
   found, array = parse_idx(_files.read_bytes(path), path)
   if found != magic:
-    raise ValueError(
-        f"{path!r} has IDX magic number {found}, expected {magic} "
-        f"({'images' if magic == IMAGES_MAGIC else 'labels'}, unsigned "
-        "bytes).")
+    raise ValueError(f"{path!r} has IDX magic number {found}, expected {magic} "
+                     f"({'images' if magic == IMAGES_MAGIC else 'labels'}, unsigned "
+                     "bytes).")
   return path, array
 
 
@@ -139,30 +135,33 @@ def load_mnist_arrays(data_dir, *, verify_checksums=False):
   directory = _files.require_data_dir(data_dir, "mnist", LAYOUT, SOURCE)
   out = []
   for split in ("train", "test"):
-    ipath, images = _read(directory, f"{split}_images", IMAGES_MAGIC,
-                          verify_checksums)
-    lpath, labels = _read(directory, f"{split}_labels", LABELS_MAGIC,
-                          verify_checksums)
+    ipath, images = _read(directory, f"{split}_images", IMAGES_MAGIC, verify_checksums)
+    lpath, labels = _read(directory, f"{split}_labels", LABELS_MAGIC, verify_checksums)
     if images.ndim != 3 or images.shape[1:] != IMAGE_SHAPE:
-      raise ValueError(
-          f"{ipath!r} holds images of shape {images.shape[1:]}, expected "
-          f"{IMAGE_SHAPE}.")
+      raise ValueError(f"{ipath!r} holds images of shape {images.shape[1:]}, expected "
+                       f"{IMAGE_SHAPE}.")
     if labels.ndim != 1 or labels.shape[0] != images.shape[0]:
-      raise ValueError(
-          f"{lpath!r} holds {labels.shape} labels but {ipath!r} holds "
-          f"{images.shape[0]} images; expected one label per image.")
+      raise ValueError(f"{lpath!r} holds {labels.shape} labels but {ipath!r} holds "
+                       f"{images.shape[0]} images; expected one label per image.")
     if labels.size and labels.max() >= NUM_CLASSES:
-      raise ValueError(
-          f"{lpath!r} has a label {labels.max()}; expected labels in 0..9.")
+      raise ValueError(f"{lpath!r} has a label {labels.max()}; expected labels in 0..9.")
     out.append(images.astype(np.float32) / np.float32(255.0))
     out.append(labels.astype(np.int32))
   return tuple(out)
 
 
-def load_mnist(data_dir, *, partition="homogeneous", num_clients=100,
-               alpha=0.5, min_size=10, classes_per_client=2,
-               test_fraction=0.25, seed=0, test_source="official",
-               verify_checksums=False, name=None):
+def load_mnist(data_dir,
+               *,
+               partition="homogeneous",
+               num_clients=100,
+               alpha=0.5,
+               min_size=10,
+               classes_per_client=2,
+               test_fraction=0.25,
+               seed=0,
+               test_source="official",
+               verify_checksums=False,
+               name=None):
   """MNIST federated by `partition` (see the module docstring).
 
   Args:
@@ -183,7 +182,13 @@ def load_mnist(data_dir, *, partition="homogeneous", num_clients=100,
   """
   return official_split.federate_published(
       lambda: load_mnist_arrays(data_dir, verify_checksums=verify_checksums),
-      test_source=test_source, name=name or f"mnist/{partition}",
-      num_classes=NUM_CLASSES, partition=partition, num_clients=num_clients,
-      alpha=alpha, min_size=min_size, classes_per_client=classes_per_client,
-      test_fraction=test_fraction, seed=seed)
+      test_source=test_source,
+      name=name or f"mnist/{partition}",
+      num_classes=NUM_CLASSES,
+      partition=partition,
+      num_clients=num_clients,
+      alpha=alpha,
+      min_size=min_size,
+      classes_per_client=classes_per_client,
+      test_fraction=test_fraction,
+      seed=seed)

@@ -43,9 +43,8 @@ def load_npz(path, *, num_classes=None, test_fraction=0.25, seed=0, name=None):
   """
   path = os.fspath(path)
   if not os.path.isfile(path):
-    raise errors.missing_file(
-        path, "npz data file",
-        "Pass the path of an existing .npz file (format: data/README.md).")
+    raise errors.missing_file(path, "npz data file",
+                              "Pass the path of an existing .npz file (format: data/README.md).")
   with open(path, "rb") as f:
     head = f.read(6)
   if not head:
@@ -55,17 +54,15 @@ def load_npz(path, *, num_classes=None, test_fraction=0.25, seed=0, name=None):
         f"{path!r} is not a readable .npz archive: it is a single-array .npy file; federated "
         "data is an .npz of x_<client>/y_<client> arrays (np.savez; see data/README.md).")
   if not head.startswith(b"PK"):
-    raise ValueError(
-        f"{path!r} is not a readable .npz archive (not a zip file; it starts with "
-        f"{head[:4]!r}).")
+    raise ValueError(f"{path!r} is not a readable .npz archive (not a zip file; it starts with "
+                     f"{head[:4]!r}).")
   try:
     with np.load(path, allow_pickle=False) as archive:
       arrays = {k: archive[k] for k in archive.files}
-  except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError, TypeError,
-          AttributeError, NotImplementedError, RuntimeError, zipfile.LargeZipFile) as e:
-    raise ValueError(
-        f"{path!r} is not a readable .npz archive of plain arrays (truncated or "
-        f"corrupted?): {str(e)[:200]}") from None
+  except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError, TypeError, AttributeError,
+          NotImplementedError, RuntimeError, zipfile.LargeZipFile) as e:
+    raise ValueError(f"{path!r} is not a readable .npz archive of plain arrays (truncated or "
+                     f"corrupted?): {str(e)[:200]}") from None
 
   parts = {"x_test_": {}, "y_test_": {}, "x_": {}, "y_": {}}
   file_num_classes = None
@@ -73,36 +70,37 @@ def load_npz(path, *, num_classes=None, test_fraction=0.25, seed=0, name=None):
     if key == "num_classes":
       file_num_classes = _scalar_int(path, key, value)
       continue
-    prefix = next((p for p in parts if key.startswith(p) and len(key) > len(p)),
-                  None)
+    prefix = next((p for p in parts if key.startswith(p) and len(key) > len(p)), None)
     if prefix is None:
-      raise ValueError(
-          f"{path!r} has an unknown array {key!r}; expected only x_<client>, "
-          "y_<client>, x_test_<client>, y_test_<client> and num_classes.")
+      raise ValueError(f"{path!r} has an unknown array {key!r}; expected only x_<client>, "
+                       "y_<client>, x_test_<client>, y_test_<client> and num_classes.")
     parts[prefix][key[len(prefix):]] = value
 
   x, y = parts["x_"], parts["y_"]
   if not x and not y:
-    raise ValueError(
-        f"{path!r} has no x_<client>/y_<client> arrays (found "
-        f"{sorted(arrays)[:5]}); see data/README.md for the format.")
+    raise ValueError(f"{path!r} has no x_<client>/y_<client> arrays (found "
+                     f"{sorted(arrays)[:5]}); see data/README.md for the format.")
   _check_paired(path, x, y, "x_", "y_")
   xt, yt = parts["x_test_"], parts["y_test_"]
   _check_paired(path, xt, yt, "x_test_", "y_test_")
   if xt and set(xt) != set(x):
     missing = sorted(set(x) ^ set(xt))
-    raise ValueError(
-        f"{path!r}: test arrays (x_test_/y_test_) must be given for every "
-        f"client or for none; mismatched clients: {missing[:5]}.")
+    raise ValueError(f"{path!r}: test arrays (x_test_/y_test_) must be given for every "
+                     f"client or for none; mismatched clients: {missing[:5]}.")
 
   if num_classes is None:
     num_classes = file_num_classes
   if name is None:
     name = os.path.splitext(os.path.basename(path))[0]
   try:
-    return federated.from_client_arrays(
-        x, y, xt or None, yt or None, num_classes=num_classes,
-        test_fraction=test_fraction, seed=seed, name=name)
+    return federated.from_client_arrays(x,
+                                        y,
+                                        xt or None,
+                                        yt or None,
+                                        num_classes=num_classes,
+                                        test_fraction=test_fraction,
+                                        seed=seed,
+                                        name=name)
   except ValueError as e:  # name the file in every data error
     raise ValueError(f"{path!r}: {e}") from None
 
@@ -124,8 +122,6 @@ def _scalar_int(path, key, value):
 def _check_paired(path, xs, ys, x_prefix, y_prefix):
   for cid in sorted(set(xs) | set(ys)):
     if cid not in ys:
-      raise ValueError(
-          f"{path!r} has {x_prefix}{cid} without its labels {y_prefix}{cid}.")
+      raise ValueError(f"{path!r} has {x_prefix}{cid} without its labels {y_prefix}{cid}.")
     if cid not in xs:
-      raise ValueError(
-          f"{path!r} has {y_prefix}{cid} without its features {x_prefix}{cid}.")
+      raise ValueError(f"{path!r} has {y_prefix}{cid} without its features {x_prefix}{cid}.")

@@ -55,13 +55,14 @@ def allocate_test(train_parts, y_train, y_test, partition, seed):
   rng = _seeds.as_generator(seed)
   y_test = np.asarray(y_test)
   if partition in _HOMOGENEOUS:
-    return [np.sort(p.astype(np.int64)) for p in
-            np.array_split(rng.permutation(y_test.size), num_clients)]
+    return [
+        np.sort(p.astype(np.int64))
+        for p in np.array_split(rng.permutation(y_test.size), num_clients)
+    ]
   y_train = np.asarray(y_train)
   buckets = [[] for _ in range(num_clients)]
   for k in np.unique(y_test):
-    counts = np.array([np.sum(y_train[p] == k) for p in train_parts],
-                      dtype=np.float64)
+    counts = np.array([np.sum(y_train[p] == k) for p in train_parts], dtype=np.float64)
     if counts.sum() == 0:
       continue
     idx = rng.permutation(np.flatnonzero(y_test == k))
@@ -71,19 +72,32 @@ def allocate_test(train_parts, y_train, y_test, partition, seed):
   return [np.sort(np.asarray(b, dtype=np.int64)) for b in buckets]
 
 
-def federate_train_test(x_train, y_train, x_test, y_test, *, name,
-                        num_classes, partition="class_dirichlet",
-                        num_clients=10, alpha=0.5, min_size=10,
-                        classes_per_client=2, seed=0):
+def federate_train_test(x_train,
+                        y_train,
+                        x_test,
+                        y_test,
+                        *,
+                        name,
+                        num_classes,
+                        partition="class_dirichlet",
+                        num_clients=10,
+                        alpha=0.5,
+                        min_size=10,
+                        classes_per_client=2,
+                        seed=0):
   """Returns a `FederatedData` by the pipeline above.
 
   Client i (in partition order) gets the id `client_<i>` zero-padded as in
   `from_client_arrays`.
   """
   partition_seed, permute_seed, test_seed = _seeds.derive_seeds(seed, 3)
-  parts = federate.partition_indices(
-      partition, y_train, num_clients, partition_seed, alpha=alpha,
-      min_size=min_size, classes_per_client=classes_per_client)
+  parts = federate.partition_indices(partition,
+                                     y_train,
+                                     num_clients,
+                                     partition_seed,
+                                     alpha=alpha,
+                                     min_size=min_size,
+                                     classes_per_client=classes_per_client)
   test_parts = allocate_test(parts, y_train, y_test, partition, test_seed)
   ids = [_validate.client_id(i, len(parts)) for i in range(len(parts))]
   xs = {c: x_train[p] for c, p in zip(ids, parts)}
@@ -93,13 +107,11 @@ def federate_train_test(x_train, y_train, x_test, y_test, *, name,
   if partition == "permuted":
     xs = partition_lib.permute_features(xs, permute_seed)
     xts = partition_lib.permute_features(xts, permute_seed)
-  return federated.from_client_arrays(
-      xs, ys, xts, yts, num_classes=num_classes, name=name)
+  return federated.from_client_arrays(xs, ys, xts, yts, num_classes=num_classes, name=name)
 
 
-def federate_published(load_arrays, *, test_source, name, num_classes,
-                       partition, num_clients, alpha, min_size,
-                       classes_per_client, test_fraction, seed):
+def federate_published(load_arrays, *, test_source, name, num_classes, partition, num_clients,
+                       alpha, min_size, classes_per_client, test_fraction, seed):
   """Loads and federates a dataset published with a train/test split.
 
   Checks `test_source` (in `TEST_SOURCES`) and `partition` first, then calls
@@ -109,17 +121,30 @@ def federate_published(load_arrays, *, test_source, name, num_classes,
   `federate.federate_pooled` (each client split by `test_fraction`).
   """
   if test_source not in TEST_SOURCES:
-    raise ValueError(
-        f"`test_source` must be one of {TEST_SOURCES}, got {test_source!r}.")
+    raise ValueError(f"`test_source` must be one of {TEST_SOURCES}, got {test_source!r}.")
   federate.check_partition(partition)
   x, y, xt, yt = load_arrays()
   if test_source == "pooled":
-    return federate.federate_pooled(
-        np.concatenate([x, xt]), np.concatenate([y, yt]), name=name,
-        num_classes=num_classes, partition=partition, num_clients=num_clients,
-        alpha=alpha, min_size=min_size, classes_per_client=classes_per_client,
-        test_fraction=test_fraction, seed=seed)
-  return federate_train_test(
-      x, y, xt, yt, name=name, num_classes=num_classes, partition=partition,
-      num_clients=num_clients, alpha=alpha, min_size=min_size,
-      classes_per_client=classes_per_client, seed=seed)
+    return federate.federate_pooled(np.concatenate([x, xt]),
+                                    np.concatenate([y, yt]),
+                                    name=name,
+                                    num_classes=num_classes,
+                                    partition=partition,
+                                    num_clients=num_clients,
+                                    alpha=alpha,
+                                    min_size=min_size,
+                                    classes_per_client=classes_per_client,
+                                    test_fraction=test_fraction,
+                                    seed=seed)
+  return federate_train_test(x,
+                             y,
+                             xt,
+                             yt,
+                             name=name,
+                             num_classes=num_classes,
+                             partition=partition,
+                             num_clients=num_clients,
+                             alpha=alpha,
+                             min_size=min_size,
+                             classes_per_client=classes_per_client,
+                             seed=seed)

@@ -17,41 +17,38 @@ import numpy as np
 
 from tfbfl.data import _seeds
 
-
 # ---------------------------------------------------------------- checks
+
 
 def _check_labels(labels):
   labels = np.asarray(labels)
   if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
-    raise ValueError(
-        f"`labels` must be a 1-D integer array, got dtype {labels.dtype} and "
-        f"shape {labels.shape}.")
+    raise ValueError(f"`labels` must be a 1-D integer array, got dtype {labels.dtype} and "
+                     f"shape {labels.shape}.")
   if labels.size and labels.min() < 0:
     raise ValueError(f"`labels` must be non-negative, got {labels.min()}.")
   return labels
 
 
 def _check_num_clients(num_clients, num_samples):
-  if (isinstance(num_clients, bool) or
-      not isinstance(num_clients, numbers.Integral) or num_clients < 1):
+  if (isinstance(num_clients, bool) or not isinstance(num_clients, numbers.Integral) or
+      num_clients < 1):
     raise ValueError(f"`num_clients` must be an int >= 1, got {num_clients!r}.")
   if num_clients > num_samples:
-    raise ValueError(
-        f"`num_clients`={num_clients} exceeds the number of samples "
-        f"({num_samples}); expected num_clients <= {num_samples}.")
+    raise ValueError(f"`num_clients`={num_clients} exceeds the number of samples "
+                     f"({num_samples}); expected num_clients <= {num_samples}.")
   return int(num_clients)
 
 
 def _check_alpha(alpha):
-  if (isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or
-      not np.isfinite(alpha) or alpha <= 0):
+  if (isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not np.isfinite(alpha) or
+      alpha <= 0):
     raise ValueError(f"`alpha` must be a finite number > 0, got {alpha!r}.")
   return float(alpha)
 
 
 def _check_int(value, name, low):
-  if (isinstance(value, bool) or not isinstance(value, numbers.Integral) or
-      value < low):
+  if (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low):
     raise ValueError(f"`{name}` must be an int >= {low}, got {value!r}.")
   return int(value)
 
@@ -71,6 +68,7 @@ def _finish(buckets):
 
 # ----------------------------------------------------------- partitioners
 
+
 def homogeneous(labels, num_clients, seed):
   """IID split: a uniform random permutation cut into `num_clients` parts.
 
@@ -85,8 +83,7 @@ def homogeneous(labels, num_clients, seed):
   return _finish(np.array_split(rng.permutation(labels.size), num_clients))
 
 
-def class_dirichlet(labels, num_clients, alpha, seed, min_size=10,
-                    max_attempts=1000, balance=True):
+def class_dirichlet(labels, num_clients, alpha, seed, min_size=10, max_attempts=1000, balance=True):
   """Per-class Dirichlet over clients (PFNM / FedMA convention).
 
   Convention of Yurochkin et al. (2019, PFNM) and Wang et al. (2020, FedMA):
@@ -118,9 +115,8 @@ def class_dirichlet(labels, num_clients, alpha, seed, min_size=10,
   min_size = _check_int(min_size, "min_size", 0)
   max_attempts = _check_int(max_attempts, "max_attempts", 1)
   if min_size * num_clients > n:
-    raise ValueError(
-        f"`min_size`={min_size} is unreachable: {num_clients} clients x "
-        f"{min_size} > {n} samples; expected min_size <= {n // num_clients}.")
+    raise ValueError(f"`min_size`={min_size} is unreachable: {num_clients} clients x "
+                     f"{min_size} > {n} samples; expected min_size <= {n // num_clients}.")
   rng = _seeds.as_generator(seed)
   by_class = [np.flatnonzero(labels == k) for k in np.unique(labels)]
   for _ in range(max_attempts):
@@ -139,10 +135,9 @@ def class_dirichlet(labels, num_clients, alpha, seed, min_size=10,
         sizes[j] += part.size
     if sizes.min() >= min_size:
       return _finish(buckets)
-  raise ValueError(
-      f"`min_size`={min_size} is unreachable: no per-class Dirichlet draw with "
-      f"alpha={alpha} gave every one of {num_clients} clients >= {min_size} "
-      f"examples in {max_attempts} attempts; lower min_size or raise alpha.")
+  raise ValueError(f"`min_size`={min_size} is unreachable: no per-class Dirichlet draw with "
+                   f"alpha={alpha} gave every one of {num_clients} clients >= {min_size} "
+                   f"examples in {max_attempts} attempts; lower min_size or raise alpha.")
 
 
 def label_dirichlet(labels, num_clients, alpha, seed, samples_per_client=None):
@@ -176,10 +171,9 @@ def label_dirichlet(labels, num_clients, alpha, seed, samples_per_client=None):
     samples_per_client = n // num_clients
   samples_per_client = _check_int(samples_per_client, "samples_per_client", 1)
   if samples_per_client * num_clients > n:
-    raise ValueError(
-        f"`samples_per_client`={samples_per_client} x {num_clients} clients "
-        f"exceeds the {n} samples; expected samples_per_client <= "
-        f"{n // num_clients}.")
+    raise ValueError(f"`samples_per_client`={samples_per_client} x {num_clients} clients "
+                     f"exceeds the {n} samples; expected samples_per_client <= "
+                     f"{n // num_clients}.")
   rng = _seeds.as_generator(seed)
   classes, counts = np.unique(labels, return_counts=True)
   prior = counts / n
@@ -197,8 +191,8 @@ def label_dirichlet(labels, num_clients, alpha, seed, samples_per_client=None):
       draw = np.minimum(rng.multinomial(need, w), avail)
       take += draw
       need -= int(draw.sum())
-    buckets.append(np.concatenate(
-        [pools[k][used[k]:used[k] + take[k]] for k in range(classes.size)]))
+    buckets.append(
+        np.concatenate([pools[k][used[k]:used[k] + take[k]] for k in range(classes.size)]))
     used += take
   return _finish(buckets)
 
@@ -226,14 +220,12 @@ def pathological(labels, num_clients, classes_per_client, seed):
   if (isinstance(classes_per_client, bool) or
       not isinstance(classes_per_client, numbers.Integral) or
       not 1 <= classes_per_client <= num_classes):
-    raise ValueError(
-        f"`classes_per_client` must be an int in [1, {num_classes}] (the "
-        f"number of classes present), got {classes_per_client!r}.")
+    raise ValueError(f"`classes_per_client` must be an int in [1, {num_classes}] (the "
+                     f"number of classes present), got {classes_per_client!r}.")
   num_shards = num_clients * int(classes_per_client)
   if num_shards > n:
-    raise ValueError(
-        f"`classes_per_client`={classes_per_client} x `num_clients`="
-        f"{num_clients} shards exceed the {n} samples.")
+    raise ValueError(f"`classes_per_client`={classes_per_client} x `num_clients`="
+                     f"{num_clients} shards exceed the {n} samples.")
   rng = _seeds.as_generator(seed)
   order = rng.permutation(n)
   order = order[np.argsort(labels[order], kind="stable")]
@@ -253,6 +245,7 @@ def permuted(labels, num_clients, seed):
 
 
 # --------------------------------------------------- feature permutations
+
 
 def feature_permutations(client_ids, num_features, seed):
   """One uniformly random permutation of `num_features` features per client.
@@ -297,8 +290,7 @@ def permute_features(x_by_client, seed):
     raise ValueError("`x_by_client` must hold at least one client, got none.")
   shapes = {tuple(np.shape(x)[1:]) for x in xs.values()}
   if len(shapes) != 1:
-    raise ValueError(
-        f"`x_by_client` clients must share one input shape, got {sorted(shapes)}.")
+    raise ValueError(f"`x_by_client` clients must share one input shape, got {sorted(shapes)}.")
   num_features = int(np.prod(shapes.pop(), dtype=np.int64))
   if is_list:
     rng = _seeds.as_generator(seed)

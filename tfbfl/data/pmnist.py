@@ -21,6 +21,9 @@ NUM_CLASSES = mnist.NUM_CLASSES
 
 def load_pmnist(data_dir, *, num_clients=100, seed=0, verify_checksums=False):
   """Returns the PMNIST `FederatedData` (input_shape (28, 28), 10 classes)."""
-  return mnist.load_mnist(
-      data_dir, partition="permuted", num_clients=num_clients, seed=seed,
-      verify_checksums=verify_checksums, name="pmnist")
+  return mnist.load_mnist(data_dir,
+                          partition="permuted",
+                          num_clients=num_clients,
+                          seed=seed,
+                          verify_checksums=verify_checksums,
+                          name="pmnist")

@@ -49,44 +49,55 @@ from tfbfl.data import vsn
 PARTITIONS = federate.PARTITIONS
 
 
-def _load_digits(*, data_dir, partition, num_clients, alpha, min_size,
-                 classes_per_client, test_fraction, seed):
+def _load_digits(*, data_dir, partition, num_clients, alpha, min_size, classes_per_client,
+                 test_fraction, seed):
   del data_dir  # bundled with scikit-learn
   x, y = digits.load_digits_arrays()
-  return federate.federate_pooled(
-      x, y, name=f"digits/{partition}", num_classes=digits.NUM_CLASSES,
-      partition=partition, num_clients=num_clients, alpha=alpha,
-      min_size=min_size, classes_per_client=classes_per_client,
-      test_fraction=test_fraction, seed=seed)
+  return federate.federate_pooled(x,
+                                  y,
+                                  name=f"digits/{partition}",
+                                  num_classes=digits.NUM_CLASSES,
+                                  partition=partition,
+                                  num_clients=num_clients,
+                                  alpha=alpha,
+                                  min_size=min_size,
+                                  classes_per_client=classes_per_client,
+                                  test_fraction=test_fraction,
+                                  seed=seed)
 
 
-def _load_npz(*, data_dir, partition, num_clients, alpha, min_size,
-              classes_per_client, test_fraction, seed):
+def _load_npz(*, data_dir, partition, num_clients, alpha, min_size, classes_per_client,
+              test_fraction, seed):
   del partition, num_clients, alpha, min_size, classes_per_client  # natural
   if data_dir is None:
-    raise ValueError(
-        "`data_dir` must be the path of the .npz file for dataset 'npz', got "
-        "None.")
+    raise ValueError("`data_dir` must be the path of the .npz file for dataset 'npz', got "
+                     "None.")
   return npz.load_npz(data_dir, test_fraction=test_fraction, seed=seed)
 
 
 def _official_test_loader(load):
   """The registry loader of `load` (`mnist.load_mnist`, `cifar10.load_cifar10`):
   partitioned train set, official test set."""
-  def loader(*, data_dir, partition, num_clients, alpha, min_size,
-             classes_per_client, test_fraction, seed):
+
+  def loader(*, data_dir, partition, num_clients, alpha, min_size, classes_per_client,
+             test_fraction, seed):
     del test_fraction  # the official test set is used
-    return load(
-        data_dir, partition=partition, num_clients=num_clients, alpha=alpha,
-        min_size=min_size, classes_per_client=classes_per_client, seed=seed)
+    return load(data_dir,
+                partition=partition,
+                num_clients=num_clients,
+                alpha=alpha,
+                min_size=min_size,
+                classes_per_client=classes_per_client,
+                seed=seed)
+
   return loader
 
 
 _load_mnist = _official_test_loader(mnist.load_mnist)
 
 
-def _load_pmnist(*, data_dir, partition, num_clients, alpha, min_size,
-                 classes_per_client, test_fraction, seed):
+def _load_pmnist(*, data_dir, partition, num_clients, alpha, min_size, classes_per_client,
+                 test_fraction, seed):
   del partition, alpha, min_size, classes_per_client, test_fraction
   return pmnist.load_pmnist(data_dir, num_clients=num_clients, seed=seed)
 
@@ -95,37 +106,44 @@ _load_cifar10 = _official_test_loader(cifar10.load_cifar10)
 
 
 def _femnist_loader(digits_only):
-  def loader(*, data_dir, partition, num_clients, alpha, min_size,
-             classes_per_client, test_fraction, seed):
+
+  def loader(*, data_dir, partition, num_clients, alpha, min_size, classes_per_client,
+             test_fraction, seed):
     del partition, alpha, min_size, classes_per_client  # natural clients
     del test_fraction  # the distribution's own split
-    return femnist.load_femnist(data_dir, num_clients=num_clients,
-                                digits_only=digits_only, seed=seed)
+    return femnist.load_femnist(data_dir,
+                                num_clients=num_clients,
+                                digits_only=digits_only,
+                                seed=seed)
+
   return loader
 
 
 def _har_loader(variant):
-  def loader(*, data_dir, partition, num_clients, alpha, min_size,
-             classes_per_client, test_fraction, seed):
+
+  def loader(*, data_dir, partition, num_clients, alpha, min_size, classes_per_client,
+             test_fraction, seed):
     del partition, alpha, min_size, classes_per_client  # natural clients
-    return har.load_har(data_dir, variant=variant, num_clients=num_clients,
-                        test_fraction=test_fraction, seed=seed)
+    return har.load_har(data_dir,
+                        variant=variant,
+                        num_clients=num_clients,
+                        test_fraction=test_fraction,
+                        seed=seed)
+
   return loader
 
 
-def _load_vsn(*, data_dir, partition, num_clients, alpha, min_size,
-              classes_per_client, test_fraction, seed):
+def _load_vsn(*, data_dir, partition, num_clients, alpha, min_size, classes_per_client,
+              test_fraction, seed):
   del partition, alpha, min_size, classes_per_client  # natural clients
-  return vsn.load_vsn(data_dir, num_clients=num_clients,
-                      test_fraction=test_fraction, seed=seed)
+  return vsn.load_vsn(data_dir, num_clients=num_clients, test_fraction=test_fraction, seed=seed)
 
 
-def _load_shakespeare(*, data_dir, partition, num_clients, alpha, min_size,
-                      classes_per_client, test_fraction, seed):
+def _load_shakespeare(*, data_dir, partition, num_clients, alpha, min_size, classes_per_client,
+                      test_fraction, seed):
   del partition, alpha, min_size, classes_per_client  # natural clients
   del test_fraction  # the distribution's own split
-  return shakespeare.load_shakespeare(data_dir, num_clients=num_clients,
-                                      seed=seed)
+  return shakespeare.load_shakespeare(data_dir, num_clients=num_clients, seed=seed)
 
 
 DATASETS = {
@@ -194,8 +212,7 @@ def load_federated(dataset="digits", **settings):
       raise TypeError(f"load_federated() got unknown settings {sorted(unknown)}.")
     spec = DataSpec(dataset=dataset, **settings)
   if spec.dataset not in DATASETS:
-    raise ValueError(
-        f"Unknown `dataset` {spec.dataset!r}; expected one of {tuple(DATASETS)}.")
+    raise ValueError(f"Unknown `dataset` {spec.dataset!r}; expected one of {tuple(DATASETS)}.")
   kwargs = dataclasses.asdict(spec)
   del kwargs["dataset"]
   return DATASETS[spec.dataset](**kwargs)

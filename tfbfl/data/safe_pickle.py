@@ -52,11 +52,10 @@ class RestrictedUnpickler(pickle.Unpickler):
   def find_class(self, module, name):
     if (module, name) in ALLOWED_GLOBALS:
       return super().find_class(module, name)
-    raise UnsafePickleError(
-        f"{self._source!r} references {module}.{name}, which is not allowed: "
-        "this loader only admits plain containers and numpy arrays "
-        f"({', '.join(sorted(m + '.' + n for m, n in ALLOWED_GLOBALS))}). "
-        "The file is not the expected data file and was not loaded.")
+    raise UnsafePickleError(f"{self._source!r} references {module}.{name}, which is not allowed: "
+                            "this loader only admits plain containers and numpy arrays "
+                            f"({', '.join(sorted(m + '.' + n for m, n in ALLOWED_GLOBALS))}). "
+                            "The file is not the expected data file and was not loaded.")
 
 
 def load(path, *, encoding="bytes"):
@@ -71,8 +70,7 @@ def load(path, *, encoding="bytes"):
       return RestrictedUnpickler(f, source=path, encoding=encoding).load()
     except UnsafePickleError:
       raise
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError,
-            AttributeError, IndexError, KeyError, MemoryError) as e:
-      raise ValueError(
-          f"{path!r} is not a complete pickle file (truncated or corrupted: "
-          f"{type(e).__name__}: {e}).") from e
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError,
+            KeyError, MemoryError) as e:
+      raise ValueError(f"{path!r} is not a complete pickle file (truncated or corrupted: "
+                       f"{type(e).__name__}: {e}).") from e

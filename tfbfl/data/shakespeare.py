@@ -44,8 +44,7 @@ from tfbfl.data import leaf
 
 SEQ_LEN = 80
 BATCH_SIZE = 10
-VOCAB = "\n\r" + "".join(
-    chr(c) for c in range(32, 127) if chr(c) not in "+<=>\\^`{|}~")
+VOCAB = "\n\r" + "".join(chr(c) for c in range(32, 127) if chr(c) not in "+<=>\\^`{|}~")
 PAD_ID = 0
 OOV_ID = len(VOCAB) + 1
 VOCAB_SIZE = len(VOCAB) + 2
@@ -72,7 +71,8 @@ def encode(strings):
 def decode(ids):
   """The string of token ids `ids` (padding dropped, OOV shown as '?')."""
   return "".join(VOCAB[i - 1] if 1 <= i <= len(VOCAB) else "?"
-                 for i in np.asarray(ids).reshape(-1) if i != PAD_ID)
+                 for i in np.asarray(ids).reshape(-1)
+                 if i != PAD_ID)
 
 
 def _count(path, user, data):
@@ -82,23 +82,19 @@ def _count(path, user, data):
 
 def _convert(path, user, data):
   xs, ys = data["x"], data["y"]
-  bad_x = next((s for s in xs if not isinstance(s, str) or len(s) != SEQ_LEN),
-               None)
+  bad_x = next((s for s in xs if not isinstance(s, str) or len(s) != SEQ_LEN), None)
   if bad_x is not None:
-    raise ValueError(
-        f"{path!r}: role {user!r} has an x of length "
-        f"{len(bad_x) if isinstance(bad_x, str) else type(bad_x).__name__}; "
-        f"expected strings of exactly {SEQ_LEN} characters.")
+    raise ValueError(f"{path!r}: role {user!r} has an x of length "
+                     f"{len(bad_x) if isinstance(bad_x, str) else type(bad_x).__name__}; "
+                     f"expected strings of exactly {SEQ_LEN} characters.")
   bad_y = next((s for s in ys if not isinstance(s, str) or len(s) != 1), None)
   if bad_y is not None:
-    raise ValueError(
-        f"{path!r}: role {user!r} has a y {bad_y!r}; expected 1-character "
-        "strings.")
+    raise ValueError(f"{path!r}: role {user!r} has a y {bad_y!r}; expected 1-character "
+                     "strings.")
   return encode(xs), encode(ys).reshape(-1)
 
 
-def load_shakespeare(data_dir, *, num_clients=100, seed=0,
-                     min_sequences=BATCH_SIZE):
+def load_shakespeare(data_dir, *, num_clients=100, seed=0, min_sequences=BATCH_SIZE):
   """Per-role Shakespeare (see the module docstring).
 
   Args:
@@ -111,14 +107,12 @@ def load_shakespeare(data_dir, *, num_clients=100, seed=0,
     A `FederatedData` with x int32 [n, 80], input_shape (80,), 88 classes,
     clients named by their roles.
   """
-  train_paths, test_paths = leaf.require_files(
-      data_dir, "shakespeare", LAYOUT, SOURCE)
+  train_paths, test_paths = leaf.require_files(data_dir, "shakespeare", LAYOUT, SOURCE)
   counts = leaf.scan(train_paths, _count)
   eligible = [u for u, n in counts.items() if n >= min_sequences]
   if not eligible:
-    raise ValueError(
-        f"No role of {data_dir!r} has >= {min_sequences} train sequences "
-        "(`min_sequences`).")
+    raise ValueError(f"No role of {data_dir!r} has >= {min_sequences} train sequences "
+                     "(`min_sequences`).")
   chosen = _files.select_clients(eligible, num_clients, seed, "shakespeare")
   train = leaf.collect(train_paths, chosen, _convert)
   test = leaf.collect(test_paths, chosen, _convert)
@@ -129,6 +123,10 @@ def load_shakespeare(data_dir, *, num_clients=100, seed=0,
     ys[c] = np.concatenate([p[1] for p in train[c]])
     xts[c] = np.concatenate([p[0] for p in test.get(c, empty)])
     yts[c] = np.concatenate([p[1] for p in test.get(c, empty)])
-  return federated.from_client_arrays(
-      xs, ys, xts, yts, num_classes=NUM_CLASSES, name="shakespeare",
-      x_dtype="int32")
+  return federated.from_client_arrays(xs,
+                                      ys,
+                                      xts,
+                                      yts,
+                                      num_classes=NUM_CLASSES,
+                                      name="shakespeare",
+                                      x_dtype="int32")

@@ -18,19 +18,24 @@ from tfbfl.data import federate
 class DataSpec:
   """Which dataset, from where, split how (`tfbfl.data.registry` lists the names)."""
   dataset: str = options.text("digits", "Dataset name (digits needs no files; see data/README.md).")
-  data_dir: Optional[str] = options.text(
-      None, "File or directory of the dataset (see data/README.md).")
+  data_dir: Optional[str] = options.text(None,
+                                         "File or directory of the dataset (see data/README.md).")
   partition: str = options.choice("class_dirichlet", federate.PARTITIONS,
                                   "How pooled data is split over clients.")
   num_clients: int = options.integer(10, "Number of clients K.", low=1, high=10**7)
-  alpha: float = options.real(0.5, "Dirichlet concentration of the partition.",
-                              low_open=True, high=1e9)
+  alpha: float = options.real(0.5,
+                              "Dirichlet concentration of the partition.",
+                              low_open=True,
+                              high=1e9)
   min_size: int = options.integer(10, "Minimum client size (class_dirichlet).")
-  classes_per_client: int = options.integer(2, "Classes per client (pathological).", low=1,
+  classes_per_client: int = options.integer(2,
+                                            "Classes per client (pathological).",
+                                            low=1,
                                             high=10**6)
-  test_fraction: float = options.real(
-      0.25, "Per-client held-out fraction where a dataset has no split.", high=0.99)
-  seed: int = 0   # the run's --seed: the same seed gives identical data
+  test_fraction: float = options.real(0.25,
+                                      "Per-client held-out fraction where a dataset has no split.",
+                                      high=0.99)
+  seed: int = 0  # the run's --seed: the same seed gives identical data
 
   def __post_init__(self):
     # Values are checked by the flags (`training.resolve_params`) and, with the

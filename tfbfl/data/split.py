@@ -16,12 +16,10 @@ from tfbfl.data import _seeds
 
 def check_test_fraction(test_fraction):
   """Raises ValueError unless `test_fraction` is a real number in (0, 1)."""
-  if (isinstance(test_fraction, bool) or
-      not isinstance(test_fraction, numbers.Real) or
+  if (isinstance(test_fraction, bool) or not isinstance(test_fraction, numbers.Real) or
       not 0.0 < float(test_fraction) < 1.0):
-    raise ValueError(
-        f"`test_fraction` must be a number in the open interval (0, 1), got "
-        f"{test_fraction!r}.")
+    raise ValueError(f"`test_fraction` must be a number in the open interval (0, 1), got "
+                     f"{test_fraction!r}.")
   return float(test_fraction)
 
 
@@ -62,10 +60,9 @@ def split_clients(x_by_client, y_by_client, test_fraction, seed):
     x, y = x_by_client[cid], y_by_client[cid]
     tr, te = split_indices(len(y), test_fraction, np.random.default_rng(client_seed))
     if tr.size == 0:
-      raise ValueError(
-          f"Client {cid!r} has {len(y)} example(s) and would keep 0 training "
-          f"examples with `test_fraction`={test_fraction}; lower "
-          "`test_fraction` or give the client more examples.")
+      raise ValueError(f"Client {cid!r} has {len(y)} example(s) and would keep 0 training "
+                       f"examples with `test_fraction`={test_fraction}; lower "
+                       "`test_fraction` or give the client more examples.")
     train[cid] = (x[tr], y[tr])
     test[cid] = (x[te], y[te])
   return train, test

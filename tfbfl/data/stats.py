@@ -58,17 +58,22 @@ def format_table1(fd, split="train"):
   """
   fds = fd if isinstance(fd, (list, tuple)) else [fd]
   label = split.capitalize()
-  header = ["Dataset", "K", "Size", "Train", "Test", f"{label}/K mean",
-            f"{label}/K std", "Classes", "Classes/K mean"]
+  header = [
+      "Dataset", "K", "Size", "Train", "Test", f"{label}/K mean", f"{label}/K std", "Classes",
+      "Classes/K mean"
+  ]
   rows = []
   for one in fds:
     s = dataset_statistics(one, split)
     rows.append([
-        s["dataset"], str(s["num_clients"]), str(s["total_samples"]),
-        str(s["train_samples"]), str(s["test_samples"]),
-        f"{s['samples_per_client_mean']:.1f}",
-        f"{s['samples_per_client_std']:.1f}", str(s["num_classes"]),
-        f"{s['classes_per_client_mean']:.2f}"])
+        s["dataset"],
+        str(s["num_clients"]),
+        str(s["total_samples"]),
+        str(s["train_samples"]),
+        str(s["test_samples"]), f"{s['samples_per_client_mean']:.1f}",
+        f"{s['samples_per_client_std']:.1f}",
+        str(s["num_classes"]), f"{s['classes_per_client_mean']:.2f}"
+    ])
   widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
 
   def line(cells):

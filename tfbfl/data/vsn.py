@@ -58,66 +58,59 @@ def _loadmat(path):
   with open(path, "rb") as f:
     head = f.read(128)
   if head.startswith(b"\x89HDF") or b"MATLAB 7.3" in head:
-    raise ValueError(
-        f"{path!r} is a MATLAB v7.3 (HDF5) MAT-file; re-save it in v7 format "
-        "(MATLAB: save('vehicle.mat', 'X', 'Y', '-v7')).")
+    raise ValueError(f"{path!r} is a MATLAB v7.3 (HDF5) MAT-file; re-save it in v7 format "
+                     "(MATLAB: save('vehicle.mat', 'X', 'Y', '-v7')).")
   try:
     return scipy.io.loadmat(path)
   except NotImplementedError as e:
     raise ValueError(f"{path!r}: unsupported MAT-file version ({e}).") from e
   except Exception as e:  # scipy raises OSError, ValueError, MatReadError...
-    raise ValueError(
-        f"{path!r} is not a readable MATLAB v5 MAT-file (truncated or "
-        f"corrupted: {type(e).__name__}: {e}).") from e
+    raise ValueError(f"{path!r} is not a readable MATLAB v5 MAT-file (truncated or "
+                     f"corrupted: {type(e).__name__}: {e}).") from e
 
 
 def _cells(mat, key, path):
   if key not in mat:
-    raise ValueError(
-        f"{path!r} has no variable {key!r} (found "
-        f"{sorted(k for k in mat if not k.startswith('__'))}); expected cell "
-        "arrays X and Y, one cell per sensor.")
+    raise ValueError(f"{path!r} has no variable {key!r} (found "
+                     f"{sorted(k for k in mat if not k.startswith('__'))}); expected cell "
+                     "arrays X and Y, one cell per sensor.")
   cells = np.asarray(mat[key])
   if cells.dtype != object or cells.ndim != 2 or 1 not in cells.shape:
-    raise ValueError(
-        f"{path!r}: variable {key!r} must be a 1-D cell array (one cell per "
-        f"sensor), got {cells.dtype} of shape {cells.shape}.")
+    raise ValueError(f"{path!r}: variable {key!r} must be a 1-D cell array (one cell per "
+                     f"sensor), got {cells.dtype} of shape {cells.shape}.")
   return list(cells.reshape(-1))
 
 
 def load_vsn_arrays(data_dir):
   """Reads `vehicle.mat`; returns dict `sensor_<kk>` -> (x float32 [n, 100], y)."""
   directory = _files.require_data_dir(data_dir, "vsn", LAYOUT, SOURCE)
-  path = _files.find_file(directory, FILE_NAME, what="VSN file vehicle.mat",
-                          layout=LAYOUT, source=SOURCE)
+  path = _files.find_file(directory,
+                          FILE_NAME,
+                          what="VSN file vehicle.mat",
+                          layout=LAYOUT,
+                          source=SOURCE)
   mat = _loadmat(path)
   xs, ys = _cells(mat, "X", path), _cells(mat, "Y", path)
   if len(xs) != len(ys):
-    raise ValueError(
-        f"{path!r}: X has {len(xs)} cells but Y has {len(ys)}; expected one "
-        "of each per sensor.")
+    raise ValueError(f"{path!r}: X has {len(xs)} cells but Y has {len(ys)}; expected one "
+                     "of each per sensor.")
   width = max(2, len(str(len(xs))))
   out = {}
   for k, (x, y) in enumerate(zip(xs, ys)):
     x = np.asarray(x)
     y = np.asarray(y)
-    if x.ndim != 2 or x.shape[1] != NUM_FEATURES or not (
-        np.issubdtype(x.dtype, np.number)):
-      raise ValueError(
-          f"{path!r}: X{{{k + 1}}} must be a real matrix [n, {NUM_FEATURES}], "
-          f"got {x.dtype} of shape {x.shape}.")
+    if x.ndim != 2 or x.shape[1] != NUM_FEATURES or not (np.issubdtype(x.dtype, np.number)):
+      raise ValueError(f"{path!r}: X{{{k + 1}}} must be a real matrix [n, {NUM_FEATURES}], "
+                       f"got {x.dtype} of shape {x.shape}.")
     if y.ndim != 2 or 1 not in y.shape or y.size != x.shape[0]:
-      raise ValueError(
-          f"{path!r}: Y{{{k + 1}}} must be a vector of {x.shape[0]} labels, "
-          f"got shape {y.shape}.")
+      raise ValueError(f"{path!r}: Y{{{k + 1}}} must be a vector of {x.shape[0]} labels, "
+                       f"got shape {y.shape}.")
     y = y.reshape(-1)
     values = set(np.unique(y).tolist())
     if not (values <= {-1, 1} or values <= {0, 1}):
-      raise ValueError(
-          f"{path!r}: Y{{{k + 1}}} has labels {sorted(values)[:5]}; expected "
-          "{-1, +1} (or {0, 1}).")
-    out[f"sensor_{k + 1:0{width}d}"] = (x.astype(np.float32),
-                                         (y > 0).astype(np.int32))
+      raise ValueError(f"{path!r}: Y{{{k + 1}}} has labels {sorted(values)[:5]}; expected "
+                       "{-1, +1} (or {0, 1}).")
+    out[f"sensor_{k + 1:0{width}d}"] = (x.astype(np.float32), (y > 0).astype(np.int32))
   return out
 
 
@@ -132,8 +125,7 @@ def _standardize(train, test):
   return xs, xts
 
 
-def load_vsn(data_dir, *, num_clients=None, test_fraction=0.25, seed=0,
-             standardize=True):
+def load_vsn(data_dir, *, num_clients=None, test_fraction=0.25, seed=0, standardize=True):
   """Per-sensor VSN (see the module docstring).
 
   Args:
@@ -148,15 +140,17 @@ def load_vsn(data_dir, *, num_clients=None, test_fraction=0.25, seed=0,
   """
   by_sensor = load_vsn_arrays(data_dir)
   select_seed, split_seed = _seeds.derive_seeds(seed, 2)
-  chosen = _files.select_clients(list(by_sensor), num_clients, select_seed,
-                                 "vsn")
-  fd = federated.from_client_arrays(
-      {c: by_sensor[c][0] for c in chosen}, {c: by_sensor[c][1] for c in chosen},
-      num_classes=NUM_CLASSES, test_fraction=test_fraction, seed=split_seed,
-      name="vsn")
+  chosen = _files.select_clients(list(by_sensor), num_clients, select_seed, "vsn")
+  fd = federated.from_client_arrays({c: by_sensor[c][0] for c in chosen},
+                                    {c: by_sensor[c][1] for c in chosen},
+                                    num_classes=NUM_CLASSES,
+                                    test_fraction=test_fraction,
+                                    seed=split_seed,
+                                    name="vsn")
   if not standardize:
     return fd
   xs, xts = _standardize(fd.train, fd.test)
-  return federated.from_client_arrays(
-      xs, {c: fd.train[c][1] for c in chosen}, xts,
-      {c: fd.test[c][1] for c in chosen}, num_classes=NUM_CLASSES, name="vsn")
+  return federated.from_client_arrays(xs, {c: fd.train[c][1] for c in chosen},
+                                      xts, {c: fd.test[c][1] for c in chosen},
+                                      num_classes=NUM_CLASSES,
+                                      name="vsn")

@@ -69,7 +69,8 @@ def same_flags(saved: Mapping[str, Any], wanted: Mapping[str, Any],
   return comparable(saved, ignore) == comparable(wanted, ignore)
 
 
-def finished_run(path: str, wanted: Optional[Mapping[str, Any]] = None,
+def finished_run(path: str,
+                 wanted: Optional[Mapping[str, Any]] = None,
                  key: str = "flags") -> Optional[Dict[str, Any]]:
   """The run record in `path` (e.g. `<run dir>/summary.json`), or None if there is
   none or (given `wanted`) its `record[key]` flags differ (`same_flags`)."""
@@ -80,7 +81,9 @@ def finished_run(path: str, wanted: Optional[Mapping[str, Any]] = None,
 
 
 # -------------------------------------------------------------------- metrics
-def read_metrics(run_dir: str, *, numeric: bool = False,
+def read_metrics(run_dir: str,
+                 *,
+                 numeric: bool = False,
                  missing_ok: bool = False) -> List[Dict[str, Any]]:
   """The rows of `<run_dir>/metrics.csv` as dicts of strings (`numeric`: of floats,
   empty cells left out). A missing file raises FileNotFoundError, or (`missing_ok`)

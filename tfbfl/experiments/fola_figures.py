@@ -127,15 +127,17 @@ def define_launcher_flags() -> None:
   absl_flags.DEFINE_list("alphas", ["0.01", "0.1", "1", "10", "100"], "Dirichlet concentrations.")
   absl_flags.DEFINE_string("data_dir", None, help_of("data_dir"))
   absl_flags.DEFINE_list("hidden_units", ["500", "300"], help_of("hidden_units", paper="500,300"))
-  absl_flags.DEFINE_string("dataset", d["dataset"], help_of(
-      "dataset", paper="mnist with the 784-500-300-10 MLP, cifar10 with the CNN"))
+  absl_flags.DEFINE_string(
+      "dataset", d["dataset"],
+      help_of("dataset", paper="mnist with the 784-500-300-10 MLP, cifar10 with the CNN"))
   absl_flags.DEFINE_integer("num_clients", d["num_clients"],
                             help_of("num_clients", note="all take part in every round"))
   absl_flags.DEFINE_integer("batch_size", 32, help_of("batch_size", paper=32))
   absl_flags.DEFINE_integer("epochs_per_round", 5, help_of("epochs_per_round", paper=5))
   absl_flags.DEFINE_float("client_lr", d["client_lr"], help_of("client_lr"))
-  absl_flags.DEFINE_integer("seed", d["seed"], help_of(
-      "seed", note="fola_first_round's repeats use --seed, --seed+1, ..."))
+  absl_flags.DEFINE_integer(
+      "seed", d["seed"], help_of("seed",
+                                 note="fola_first_round's repeats use --seed, --seed+1, ..."))
   for name in _METHOD_FLAGS:
     absl_flags.DEFINE_float(name, d[name], help_of(name))
 
@@ -149,8 +151,10 @@ def launcher_params(flag_values) -> Dict[str, Any]:
               **{name: getattr(flag_values, name) for name in _BASE_FLAGS + _METHOD_FLAGS})
 
 
-def first_round_accuracy(base_params: Dict[str, Any], methods: Sequence[str],
-                         sweeps: Dict[str, Sequence[Any]], repeats: int = 3,
+def first_round_accuracy(base_params: Dict[str, Any],
+                         methods: Sequence[str],
+                         sweeps: Dict[str, Sequence[Any]],
+                         repeats: int = 3,
                          log=print) -> List[Dict[str, Any]]:
   """Global accuracy (S) after the first round, one axis at a time (Fig. 2).
 
@@ -180,8 +184,14 @@ def first_round_accuracy(base_params: Dict[str, Any], methods: Sequence[str],
         if method in unavailable:
           continue
         for rep in range(int(repeats)):
-          p = dict(base_params, algorithm=method, partition="label_dirichlet", rounds=1,
-                   eval_every=1, output_dir=None, verbose=False, resume=False)
+          p = dict(base_params,
+                   algorithm=method,
+                   partition="label_dirichlet",
+                   rounds=1,
+                   eval_every=1,
+                   output_dir=None,
+                   verbose=False,
+                   resume=False)
           p[axis] = value
           p["seed"] = int(base_params.get("seed", 0)) + rep
           p["clients_per_round"] = p["num_clients"]
@@ -199,11 +209,17 @@ def first_round_accuracy(base_params: Dict[str, Any], methods: Sequence[str],
                 unavailable.add(method)
                 break
               raise
-          run_config = experiment.RunConfig(rounds=1, clients_per_round=p["num_clients"],
-                                            seed=p["seed"], verbose=False)
+          run_config = experiment.RunConfig(rounds=1,
+                                            clients_per_round=p["num_clients"],
+                                            seed=p["seed"],
+                                            verbose=False)
           runner = experiment.ExperimentRunner(cache[key], fd, run_config, flags=p)
           summary = runner.run()
-          row = dict(method=method, axis=axis, value=value, repeat=rep, seed=p["seed"],
+          row = dict(method=method,
+                     axis=axis,
+                     value=value,
+                     repeat=rep,
+                     seed=p["seed"],
                      **{k: p[k] for k in SWEEP_AXES},
                      global_accuracy=summary["final_server_accuracy"],
                      global_loss=summary["final_server_loss"])
@@ -213,15 +229,19 @@ def first_round_accuracy(base_params: Dict[str, Any], methods: Sequence[str],
   return rows
 
 
-def summarise(rows: Iterable[Dict[str, Any]], keys=("method", "axis", "value"),
+def summarise(rows: Iterable[Dict[str, Any]],
+              keys=("method", "axis", "value"),
               value="global_accuracy") -> List[Dict[str, Any]]:
   """Mean, sample std (ddof = 1; 0 for one run) and count of `value` per `keys`."""
   groups: Dict[tuple, List[float]] = collections.OrderedDict()
   for r in rows:
     groups.setdefault(tuple(r[k] for k in keys), []).append(float(r[value]))
-  return [dict(zip(keys, k), mean=float(np.mean(v)),
-               std=float(np.std(v, ddof=1)) if len(v) > 1 else 0.0, count=len(v))
-          for k, v in groups.items()]
+  return [
+      dict(zip(keys, k),
+           mean=float(np.mean(v)),
+           std=float(np.std(v, ddof=1)) if len(v) > 1 else 0.0,
+           count=len(v)) for k, v in groups.items()
+  ]
 
 
 def format_first_round_table(rows: Sequence[Dict[str, Any]]) -> str:
@@ -234,8 +254,9 @@ def format_first_round_table(rows: Sequence[Dict[str, Any]]) -> str:
     for method in collections.OrderedDict.fromkeys(s["method"] for s in stats if s["axis"] == axis):
       cells = {s["value"]: s for s in stats if s["axis"] == axis and s["method"] == method}
       table.append([method] + [
-          f"{cells[v]['mean']:.3f} ± {cells[v]['std']:.3f} (n={cells[v]['count']})"
-          if v in cells else "" for v in values])
+          f"{cells[v]['mean']:.3f} ± {cells[v]['std']:.3f} (n={cells[v]['count']})" if v in
+          cells else "" for v in values
+      ])
     out += _runs.md_table([f"method \\ {axis}"] + [f"{v:g}" for v in values], table)
     out.append("")
   return "\n".join(out)
@@ -251,7 +272,9 @@ def plot_first_round(path: str, rows: Sequence[Dict[str, Any]], title: str = "")
   plt = _runs.pyplot()
   stats = summarise(rows)
   axes_names = list(collections.OrderedDict.fromkeys(s["axis"] for s in stats))
-  fig, axes = plt.subplots(1, max(1, len(axes_names)), figsize=(4 * max(1, len(axes_names)), 3.5),
+  fig, axes = plt.subplots(1,
+                           max(1, len(axes_names)),
+                           figsize=(4 * max(1, len(axes_names)), 3.5),
                            squeeze=False)
   methods = list(collections.OrderedDict.fromkeys(s["method"] for s in stats))
   styles = [("o", "-"), ("s", "--"), ("^", ":"), ("v", "-."), ("D", "-")]
@@ -260,10 +283,14 @@ def plot_first_round(path: str, rows: Sequence[Dict[str, Any]], title: str = "")
       pts = [s for s in stats if s["axis"] == axis and s["method"] == method]
       if not pts:
         continue
-      marker, line = styles[k % len(styles)]   # methods that coincide stay visible
+      marker, line = styles[k % len(styles)]  # methods that coincide stay visible
       ax.errorbar([float(s["value"]) for s in pts], [s["mean"] for s in pts],
-                  yerr=[s["std"] for s in pts], marker=marker, linestyle=line, capsize=3,
-                  label=method, alpha=0.85)
+                  yerr=[s["std"] for s in pts],
+                  marker=marker,
+                  linestyle=line,
+                  capsize=3,
+                  label=method,
+                  alpha=0.85)
     if axis in ("alpha", "client_lr"):
       ax.set_xscale("log")
     ax.set_xlabel(axis)
@@ -284,8 +311,11 @@ def add_best_global_accuracy(output_dir: str) -> Dict[str, Any]:
   return summary
 
 
-def learning_curves(base_params: Dict[str, Any], methods: Sequence[str], alphas: Sequence[float],
-                    output_dir: str, log=print) -> List[Dict[str, Any]]:
+def learning_curves(base_params: Dict[str, Any],
+                    methods: Sequence[str],
+                    alphas: Sequence[float],
+                    output_dir: str,
+                    log=print) -> List[Dict[str, Any]]:
   """Learning curves per alpha and method (Fig. 3) through `training.run_training`.
 
   Each run writes `metrics.csv`, `summary.json` (with `best_global_accuracy`) and
@@ -300,8 +330,12 @@ def learning_curves(base_params: Dict[str, Any], methods: Sequence[str], alphas:
     for method in methods:
       run_dir = os.path.join(output_dir, method, f"alpha_{alpha:g}")
       # Each figure run owns its directory and re-runs afresh.
-      p = dict(base_params, algorithm=method, alpha=float(alpha), partition="label_dirichlet",
-               output_dir=run_dir, overwrite=True)
+      p = dict(base_params,
+               algorithm=method,
+               alpha=float(alpha),
+               partition="label_dirichlet",
+               output_dir=run_dir,
+               overwrite=True)
       p["clients_per_round"] = p.get("num_clients", training.DEFAULTS["num_clients"])
       try:
         if method in EXTRA_METHODS:
@@ -314,12 +348,15 @@ def learning_curves(base_params: Dict[str, Any], methods: Sequence[str], alphas:
           continue
         raise
       summary = add_best_global_accuracy(run_dir)
-      rows.append(dict(method=method, alpha=float(alpha),
-                       best_global_accuracy=summary["best_global_accuracy"],
-                       final_global_accuracy=summary["final_server_accuracy"],
-                       bytes_up_total=summary.get("bytes_up_total"),
-                       bytes_down_total=summary.get("bytes_down_total"),
-                       wall_time_s=summary["wall_time_s"], run_dir=run_dir))
+      rows.append(
+          dict(method=method,
+               alpha=float(alpha),
+               best_global_accuracy=summary["best_global_accuracy"],
+               final_global_accuracy=summary["final_server_accuracy"],
+               bytes_up_total=summary.get("bytes_up_total"),
+               bytes_down_total=summary.get("bytes_down_total"),
+               wall_time_s=summary["wall_time_s"],
+               run_dir=run_dir))
       log(f"[curves] {method} alpha={alpha:g}: best GA {summary['best_global_accuracy']:.4f}")
   return rows
 
@@ -332,10 +369,13 @@ def _run_extra(params):
   fd = training.load_data(p)
   runtime.set_local_runtime()
   algorithm = build_method(fd, p)
-  run_config = experiment.RunConfig(
-      rounds=p["rounds"], clients_per_round=p["clients_per_round"], eval_every=p["eval_every"],
-      seed=p["seed"], output_dir=p["output_dir"], verbose=p["verbose"],
-      overwrite=p.get("overwrite", False))
+  run_config = experiment.RunConfig(rounds=p["rounds"],
+                                    clients_per_round=p["clients_per_round"],
+                                    eval_every=p["eval_every"],
+                                    seed=p["seed"],
+                                    output_dir=p["output_dir"],
+                                    verbose=p["verbose"],
+                                    overwrite=p.get("overwrite", False))
   flags = {k: (list(v) if isinstance(v, tuple) else v) for k, v in p.items()}
   return experiment.ExperimentRunner(algorithm, fd, run_config, flags=flags).run()
 
@@ -344,14 +384,17 @@ def plot_learning_curves(path: str, rows: Sequence[Dict[str, Any]]) -> None:
   """Global (S) accuracy per round, one panel per alpha, one line per method (Fig. 3)."""
   plt = _runs.pyplot()
   alphas = list(collections.OrderedDict.fromkeys(r["alpha"] for r in rows))
-  fig, axes = plt.subplots(1, max(1, len(alphas)), figsize=(4 * max(1, len(alphas)), 3.5),
+  fig, axes = plt.subplots(1,
+                           max(1, len(alphas)),
+                           figsize=(4 * max(1, len(alphas)), 3.5),
                            squeeze=False)
   for ax, alpha in zip(axes[0], alphas):
     for r in rows:
       if r["alpha"] != alpha:
         continue
       m = _runs.read_metrics(r["run_dir"], numeric=True)
-      ax.plot([x["round"] for x in m], [x["server_accuracy"] for x in m], marker=".",
+      ax.plot([x["round"] for x in m], [x["server_accuracy"] for x in m],
+              marker=".",
               label=r["method"])
     ax.set_title(f"alpha = {alpha:g}")
     ax.set_xlabel("round")

@@ -48,24 +48,43 @@ from tfbfl.experiments import _runs
 from tfbfl.matching import MatchingHyperparams, StreamingPFNM
 
 __all__ = [
-    "ExperimentSettings", "ONESHOT_METHODS", "CONSTRAINED_METHODS", "EXTRA_METHODS",
-    "STREAMING_METHODS", "DEPTH_METHODS", "PFNM_DATASETS", "define_launcher_flags",
+    "ExperimentSettings",
+    "ONESHOT_METHODS",
+    "CONSTRAINED_METHODS",
+    "EXTRA_METHODS",
+    "STREAMING_METHODS",
+    "DEPTH_METHODS",
+    "PFNM_DATASETS",
+    "define_launcher_flags",
     "define_data_flags",
-    "define_training_flags", "define_matching_flags", "define_baseline_flags",
-    "settings_from_flags", "matching_hparams_from_flags", "parse_int_list", "parse_float_list",
-    "check_at_least_one", "launcher_main", "check_dataset", "get_trainer", "run_oneshot_trial", "run_batches", "run_depth",
-    "run_streaming", "run_sensitivity", "summarize",
+    "define_training_flags",
+    "define_matching_flags",
+    "define_baseline_flags",
+    "settings_from_flags",
+    "matching_hparams_from_flags",
+    "parse_int_list",
+    "parse_float_list",
+    "check_at_least_one",
+    "launcher_main",
+    "check_dataset",
+    "get_trainer",
+    "run_oneshot_trial",
+    "run_batches",
+    "run_depth",
+    "run_streaming",
+    "run_sensitivity",
+    "summarize",
 ]
 
 # Methods satisfying PFNM's constraints (Fig. 2), then those with extra resources (Fig. 3).
-CONSTRAINED_METHODS = ("pfnm", "pfnm_small_gamma", "fedavg_shared", "fedavg_independent",
-                       "dpmeans", "local")
+CONSTRAINED_METHODS = ("pfnm", "pfnm_small_gamma", "fedavg_shared", "fedavg_independent", "dpmeans",
+                       "local")
 EXTRA_METHODS = ("uniform_ensemble", "weighted_ensemble", "distillation", "downpour_sgd")
 ONESHOT_METHODS = CONSTRAINED_METHODS + EXTRA_METHODS
 STREAMING_METHODS = ("pfnm_streaming", "downpour_sgd", "uniform_ensemble", "weighted_ensemble",
                      "local")
-DEPTH_METHODS = ("pfnm", "uniform_ensemble", "weighted_ensemble", "distillation",
-                 "downpour_sgd", "local", "fedavg_independent")
+DEPTH_METHODS = ("pfnm", "uniform_ensemble", "weighted_ensemble", "distillation", "downpour_sgd",
+                 "local", "fedavg_independent")
 PARTITION_CHOICES = ("homogeneous", "class_dirichlet")
 
 LABELS = {
@@ -91,10 +110,15 @@ _CONSTRAINT = {
 
 # Matching flags -> MatchingHyperparams fields.
 _HP_FLAGS = {
-    "sigma0_sq": "sigma0_sq", "sigma_sq": "sigma_sq", "gamma0": "gamma0",
-    "max_sweeps": "max_sweeps", "max_global_neurons": "max_global_neurons",
-    "truncation": "truncation", "popularity_cap": "popularity_cap",
-    "softmax_precision": "softmax_precision", "bias_prior_mean": "bias_prior_mean",
+    "sigma0_sq": "sigma0_sq",
+    "sigma_sq": "sigma_sq",
+    "gamma0": "gamma0",
+    "max_sweeps": "max_sweeps",
+    "max_global_neurons": "max_global_neurons",
+    "truncation": "truncation",
+    "popularity_cap": "popularity_cap",
+    "softmax_precision": "softmax_precision",
+    "bias_prior_mean": "bias_prior_mean",
 }
 
 
@@ -149,18 +173,22 @@ class ExperimentSettings:
     kwargs = dict(self.training)
     kwargs.update(overrides)
     return pfnm.LocalTrainingConfig(
-        input_dim=int(np.prod(fd.input_shape)), num_classes=fd.num_classes,
+        input_dim=int(np.prod(fd.input_shape)),
+        num_classes=fd.num_classes,
         hidden_units=tuple(self.hidden_units if hidden_units is None else hidden_units),
         **kwargs)
 
   def load(self, num_clients: int, seed: int, min_size: Optional[int] = None):
     """The federated data of one trial."""
     check_dataset(self.dataset)
-    return data_lib.load_federated(
-        self.dataset, data_dir=self.data_dir, partition=self.partition,
-        num_clients=num_clients, alpha=self.alpha,
-        min_size=self.min_size if min_size is None else min_size,
-        test_fraction=self.test_fraction, seed=seed)
+    return data_lib.load_federated(self.dataset,
+                                   data_dir=self.data_dir,
+                                   partition=self.partition,
+                                   num_clients=num_clients,
+                                   alpha=self.alpha,
+                                   min_size=self.min_size if min_size is None else min_size,
+                                   test_fraction=self.test_fraction,
+                                   seed=seed)
 
   def to_json(self) -> dict:
     d = dataclasses.asdict(self)
@@ -179,10 +207,9 @@ def check_dataset(name: str) -> None:
     raise ValueError(f"--dataset must be one of {PFNM_DATASETS} (pooled datasets split into J "
                      f"batches by --partition), got {name!r}")
   if name not in data_lib.DATASETS:
-    raise ValueError(
-        f"--dataset={name!r} is not in the data registry (tfbfl.data.DATASETS has "
-        f"{sorted(data_lib.DATASETS)}); register its loader with "
-        "tfbfl.data.register_dataset, or use --dataset=digits (no files needed).")
+    raise ValueError(f"--dataset={name!r} is not in the data registry (tfbfl.data.DATASETS has "
+                     f"{sorted(data_lib.DATASETS)}); register its loader with "
+                     "tfbfl.data.register_dataset, or use --dataset=digits (no files needed).")
 
 
 def parse_int_list(flag: str, value, minimum: int = 1) -> List[int]:
@@ -244,7 +271,8 @@ class _Definer:
     return lambda *args, **kwargs: fn(*args, flag_values=self._fv, **kwargs)
 
 
-def define_launcher_flags(methods: Optional[Sequence[str]] = None, flag_values=None,
+def define_launcher_flags(methods: Optional[Sequence[str]] = None,
+                          flag_values=None,
                           hidden_units: bool = True) -> None:
   """A launcher's shared flags: data, local training (``hidden_units``: with
   ``--hidden_units``), matching and, given its ``methods``, the baselines'."""
@@ -259,16 +287,19 @@ def define_data_flags(flag_values=None, partition: str = "class_dirichlet") -> N
   """--dataset, --data_dir, --partition, --alpha, --min_size, --seed, --output_dir
   (on ``flag_values``, default ``absl.flags.FLAGS``)."""
   flags = _Definer(flag_values)
-  flags.DEFINE_string("dataset", "digits", "digits (bundled, no download), mnist or cifar10 "
-                      "(files under --data_dir; see tfbfl.data).")
+  flags.DEFINE_string(
+      "dataset", "digits", "digits (bundled, no download), mnist or cifar10 "
+      "(files under --data_dir; see tfbfl.data).")
   flags.DEFINE_string("data_dir", None, _runs.flag_help("data_dir"))
-  flags.DEFINE_enum("partition", partition, list(PARTITION_CHOICES),
-                    "homogeneous (IID) or class_dirichlet (per class p_k ~ Dir_J(alpha); paper's "
-                    "heterogeneous partition).")
+  flags.DEFINE_enum(
+      "partition", partition, list(PARTITION_CHOICES),
+      "homogeneous (IID) or class_dirichlet (per class p_k ~ Dir_J(alpha); paper's "
+      "heterogeneous partition).")
   flags.DEFINE_float("alpha", 0.2, _runs.flag_help("alpha", paper=0.2))
   flags.DEFINE_integer("min_size", training.DEFAULTS["min_size"], _runs.flag_help("min_size"))
-  flags.DEFINE_integer("seed", training.DEFAULTS["seed"], _runs.flag_help(
-      "seed", note="the master seed: every trial derives its seeds from it"))
+  flags.DEFINE_integer(
+      "seed", training.DEFAULTS["seed"],
+      _runs.flag_help("seed", note="the master seed: every trial derives its seeds from it"))
   flags.DEFINE_string("output_dir", None, "Directory for results.csv, results.md and figures.")
 
 
@@ -276,48 +307,57 @@ def define_training_flags(flag_values=None, hidden_units: bool = True) -> None:
   """Local training flags (paper Table 1, MNIST column)."""
   flags = _Definer(flag_values)
   if hidden_units:
-    flags.DEFINE_list("hidden_units", ["100"], "Hidden widths of every client network "
-                      "(paper main text: one layer of 100).")
+    flags.DEFINE_list(
+        "hidden_units", ["100"], "Hidden widths of every client network "
+        "(paper main text: one layer of 100).")
   flags.DEFINE_integer("epochs", 10, "Local epochs (Table 1: 10).")
   flags.DEFINE_integer("batch_size", 32, _runs.flag_help("batch_size", paper="32, Table 1"))
-  flags.DEFINE_float("lr", 0.01, "Adam learning rate (Table 1: 0.01; 0.001 is used for "
-                     "--dataset=cifar10 unless given).")
-  flags.DEFINE_float("l2", 1e-6, "L2 coefficient as PyTorch weight_decay (Table 1: 1e-6; 1e-5 "
-                     "is used for --dataset=cifar10 unless given).")
-  flags.DEFINE_float("init_std", 0.1, "Std of the kernel initialisation: Table 1's N(0, 0.01) "
-                     "read as a variance (the paper's N(mean, variance) notation); 0.01 for the "
-                     "std reading.")
+  flags.DEFINE_float(
+      "lr", 0.01, "Adam learning rate (Table 1: 0.01; 0.001 is used for "
+      "--dataset=cifar10 unless given).")
+  flags.DEFINE_float(
+      "l2", 1e-6, "L2 coefficient as PyTorch weight_decay (Table 1: 1e-6; 1e-5 "
+      "is used for --dataset=cifar10 unless given).")
+  flags.DEFINE_float(
+      "init_std", 0.1, "Std of the kernel initialisation: Table 1's N(0, 0.01) "
+      "read as a variance (the paper's N(mean, variance) notation); 0.01 for the "
+      "std reading.")
   flags.DEFINE_float("bias_init", 0.1, "Initial biases (Table 1: 0.1).")
-  flags.DEFINE_bool("shared_init", False, "All clients start from the same weights "
-                    "(PFNM does not need it; default: independent initialisations).")
+  flags.DEFINE_bool(
+      "shared_init", False, "All clients start from the same weights "
+      "(PFNM does not need it; default: independent initialisations).")
 
 
 def define_matching_flags(flag_values=None) -> None:
   """PFNM matching hyperparameters and the --reference_settings preset."""
   flags = _Definer(flag_values)
   flags.DEFINE_float("sigma0_sq", 10.0, "Prior variance sigma0^2 of global neurons (paper: 10).")
-  flags.DEFINE_float("sigma_sq", 0.1, "Client noise variance sigma^2. Paper: 1 on MNIST, 'set "
-                     "using training data'; on digits' 64-input networks sigma^2 = 1 merges every "
-                     "neuron into L_j global ones, 0.1 is near the best training accuracy at a "
-                     "compact size (see launchers.pfnm_sensitivity).")
+  flags.DEFINE_float(
+      "sigma_sq", 0.1, "Client noise variance sigma^2. Paper: 1 on MNIST, 'set "
+      "using training data'; on digits' 64-input networks sigma^2 = 1 merges every "
+      "neuron into L_j global ones, 0.1 is near the best training accuracy at a "
+      "compact size (see launchers.pfnm_sensitivity).")
   flags.DEFINE_float("gamma0", 1.0, "Beta-process mass gamma0 (paper: 1).")
   flags.DEFINE_integer("max_sweeps", 10, "Random-order matching sweeps after the first pass.")
   flags.DEFINE_integer("max_global_neurons", 700, "Truncation level of the global layer "
                        "(paper: 700).")
   flags.DEFINE_enum("truncation", "paper", ["paper", "reference"], "Truncation rule "
                     "(supplement 4.2, or the public reference code's).")
-  flags.DEFINE_integer("popularity_cap", 0, "Cap on popularity counts m in log(m/(J-m)) "
-                       "(reference code: 10; 0 = no cap, the paper).")
-  flags.DEFINE_enum("softmax_precision", "class_frequency", ["uniform", "class_frequency"],
-                    "Precision of client softmax weights: uniform 1/sigma^2 (paper text) or "
-                    "scaled by the client's class frequency (reference code; a client that never "
-                    "saw class k carries no information about it). Default class_frequency: it "
-                    "matters on heterogeneous partitions and equals uniform on balanced data.")
+  flags.DEFINE_integer(
+      "popularity_cap", 0, "Cap on popularity counts m in log(m/(J-m)) "
+      "(reference code: 10; 0 = no cap, the paper).")
+  flags.DEFINE_enum(
+      "softmax_precision", "class_frequency", ["uniform", "class_frequency"],
+      "Precision of client softmax weights: uniform 1/sigma^2 (paper text) or "
+      "scaled by the client's class frequency (reference code; a client that never "
+      "saw class k carries no information about it). Default class_frequency: it "
+      "matters on heterogeneous partitions and equals uniform on balanced data.")
   flags.DEFINE_float("bias_prior_mean", 0.0, "Prior mean of biases (paper 0; reference code 0.1).")
-  flags.DEFINE_bool("reference_settings", False, "Start from the public reference code's choices "
-                    "(sigma0^2 = sigma^2 = gamma0 = 1, popularity cap 10, reference truncation, "
-                    "class-frequency softmax precision, bias prior 0.1); matching flags given "
-                    "explicitly still override.")
+  flags.DEFINE_bool(
+      "reference_settings", False, "Start from the public reference code's choices "
+      "(sigma0^2 = sigma^2 = gamma0 = 1, popularity cap 10, reference truncation, "
+      "class-frequency softmax precision, bias prior 0.1); matching flags given "
+      "explicitly still override.")
 
 
 def define_baseline_flags(methods: Sequence[str], flag_values=None) -> None:
@@ -325,10 +365,12 @@ def define_baseline_flags(methods: Sequence[str], flag_values=None) -> None:
   flags = _Definer(flag_values)
   flags.DEFINE_string("methods", "all", f"Comma list of methods, or 'all': {list(methods)}.")
   flags.DEFINE_float("small_gamma0", 1e-5, "gamma0 of pfnm_small_gamma (paper: 1e-5).")
-  flags.DEFINE_list("fedavg_hidden_units", [], "Hidden widths of the FedAvg clients (default: "
-                    "--hidden_units; the paper used 300 for capacity).")
-  flags.DEFINE_float("dpmeans_lambda", 1.5, "DP-means penalty lambda (squared distance between "
-                     "neuron atoms; ~ that of two unrelated digits neurons).")
+  flags.DEFINE_list(
+      "fedavg_hidden_units", [], "Hidden widths of the FedAvg clients (default: "
+      "--hidden_units; the paper used 300 for capacity).")
+  flags.DEFINE_float(
+      "dpmeans_lambda", 1.5, "DP-means penalty lambda (squared distance between "
+      "neuron atoms; ~ that of two unrelated digits neurons).")
   flags.DEFINE_integer("kd_hidden", 500, "Width of each hidden layer of the distilled network "
                        "(paper: 500).")
   flags.DEFINE_integer("kd_epochs", None, "Distillation epochs (default: --epochs).")
@@ -360,11 +402,20 @@ def settings_from_flags(FLAGS, methods: Sequence[str]) -> ExperimentSettings:
   if FLAGS.dataset == "cifar10":  # Table 1's CIFAR-10 column unless given explicitly
     lr = lr if FLAGS["lr"].present else 0.001
     l2 = l2 if FLAGS["l2"].present else 1e-5
-  training = dict(epochs=FLAGS.epochs, batch_size=FLAGS.batch_size, learning_rate=lr,
-                  l2=l2, init_std=FLAGS.init_std, bias_init=FLAGS.bias_init,
+  training = dict(epochs=FLAGS.epochs,
+                  batch_size=FLAGS.batch_size,
+                  learning_rate=lr,
+                  l2=l2,
+                  init_std=FLAGS.init_std,
+                  bias_init=FLAGS.bias_init,
                   shared_init=FLAGS.shared_init)
-  flag_of = dict(epochs="epochs", batch_size="batch_size", learning_rate="lr", l2="l2",
-                 init_std="init_std", bias_init="bias_init", shared_init="shared_init")
+  flag_of = dict(epochs="epochs",
+                 batch_size="batch_size",
+                 learning_rate="lr",
+                 l2="l2",
+                 init_std="init_std",
+                 bias_init="bias_init",
+                 shared_init="shared_init")
   try:
     pfnm.LocalTrainingConfig(input_dim=1, num_classes=2, **training)
   except ValueError as e:
@@ -372,26 +423,37 @@ def settings_from_flags(FLAGS, methods: Sequence[str]) -> ExperimentSettings:
     raise ValueError(f"--{flag_of.get(field, field)}: {e}") from None
   hidden = (tuple(parse_int_list("hidden_units", FLAGS.hidden_units))
             if "hidden_units" in FLAGS else (100,))
-  fedavg_hidden = (tuple(parse_int_list("fedavg_hidden_units", FLAGS.fedavg_hidden_units))
-                   if _flag(FLAGS, "fedavg_hidden_units") else None)
-  check_at_least_one(**{name: FLAGS[name].value for name in
-                          ("comm_rounds", "dsgd_epochs_per_round", "kd_hidden") if name in FLAGS})
+  fedavg_hidden = (tuple(parse_int_list("fedavg_hidden_units", FLAGS.fedavg_hidden_units)) if _flag(
+      FLAGS, "fedavg_hidden_units") else None)
+  check_at_least_one(
+      **{
+          name: FLAGS[name].value
+          for name in ("comm_rounds", "dsgd_epochs_per_round", "kd_hidden")
+          if name in FLAGS
+      })
   if _flag(FLAGS, "kd_epochs") is not None:
     check_at_least_one(kd_epochs=FLAGS.kd_epochs)
   for name in ("dpmeans_lambda", "dsgd_server_lr", "small_gamma0"):
     if name in FLAGS and not (np.isfinite(FLAGS[name].value) and FLAGS[name].value > 0):
       raise ValueError(f"--{name} must be a finite number > 0, got {FLAGS[name].value}")
-  return ExperimentSettings(
-      dataset=FLAGS.dataset, data_dir=FLAGS.data_dir, partition=FLAGS.partition,
-      alpha=FLAGS.alpha, min_size=FLAGS.min_size, seed=FLAGS.seed, hidden_units=hidden,
-      training=training, hp=matching_hparams_from_flags(FLAGS),
-      small_gamma0=_flag(FLAGS, "small_gamma0", 1e-5), fedavg_hidden_units=fedavg_hidden,
-      dpmeans_lambda=_flag(FLAGS, "dpmeans_lambda", 1.5),
-      kd_hidden=_flag(FLAGS, "kd_hidden", 500), kd_epochs=_flag(FLAGS, "kd_epochs"),
-      comm_rounds=_flag(FLAGS, "comm_rounds", 10),
-      dsgd_epochs_per_round=_flag(FLAGS, "dsgd_epochs_per_round", 1),
-      dsgd_server_lr=_flag(FLAGS, "dsgd_server_lr", 1.0),
-      methods=_check_methods(_flag(FLAGS, "methods", "all"), methods))
+  return ExperimentSettings(dataset=FLAGS.dataset,
+                            data_dir=FLAGS.data_dir,
+                            partition=FLAGS.partition,
+                            alpha=FLAGS.alpha,
+                            min_size=FLAGS.min_size,
+                            seed=FLAGS.seed,
+                            hidden_units=hidden,
+                            training=training,
+                            hp=matching_hparams_from_flags(FLAGS),
+                            small_gamma0=_flag(FLAGS, "small_gamma0", 1e-5),
+                            fedavg_hidden_units=fedavg_hidden,
+                            dpmeans_lambda=_flag(FLAGS, "dpmeans_lambda", 1.5),
+                            kd_hidden=_flag(FLAGS, "kd_hidden", 500),
+                            kd_epochs=_flag(FLAGS, "kd_epochs"),
+                            comm_rounds=_flag(FLAGS, "comm_rounds", 10),
+                            dsgd_epochs_per_round=_flag(FLAGS, "dsgd_epochs_per_round", 1),
+                            dsgd_server_lr=_flag(FLAGS, "dsgd_server_lr", 1.0),
+                            methods=_check_methods(_flag(FLAGS, "methods", "all"), methods))
 
 
 def matching_hparams_from_flags(FLAGS) -> MatchingHyperparams:
@@ -461,14 +523,20 @@ def _as_single(net):
 
 def _row(method, net_or_size, acc, **extra):
   size = net_or_size if isinstance(net_or_size, dict) else pfnm.model_size(net_or_size)
-  row = dict(method=method, accuracy=float(acc), neurons=size["neurons"],
-             layers="-".join(str(l) for l in size["layers"]), params=size["params"])
+  row = dict(method=method,
+             accuracy=float(acc),
+             neurons=size["neurons"],
+             layers="-".join(str(l) for l in size["layers"]),
+             params=size["params"])
   row.update(extra)
   return row
 
 
 # ------------------------------------------------------------ one-shot trial
-def run_oneshot_trial(fd, settings: ExperimentSettings, methods: Sequence[str], seed: int,
+def run_oneshot_trial(fd,
+                      settings: ExperimentSettings,
+                      methods: Sequence[str],
+                      seed: int,
                       hidden_units=None) -> List[dict]:
   """Trains the local networks of one trial and evaluates every method.
 
@@ -518,25 +586,34 @@ def run_oneshot_trial(fd, settings: ExperimentSettings, methods: Sequence[str], 
     elif method == "dpmeans":
       if len(hidden) != 1:
         continue  # DP-means of neurons is defined for one hidden layer only.
-      glob = baselines.dpmeans_network(nets, counts, lam=settings.dpmeans_lambda,
-                                       max_iter=settings.dpmeans_max_iter, seed=seed)
+      glob = baselines.dpmeans_network(nets,
+                                       counts,
+                                       lam=settings.dpmeans_lambda,
+                                       max_iter=settings.dpmeans_max_iter,
+                                       seed=seed)
       rows.append(_row(method, glob, pfnm.accuracy(glob, x_test, y_test)))
     elif method == "local":
       accs = baselines.local_accuracies(nets, x_test, y_test)
       rows.append(_row(method, nets[0], accs.mean()))
     elif method in ("uniform_ensemble", "weighted_ensemble"):
-      acc = baselines.ensemble_accuracy(
-          nets, x_test, y_test, counts if method == "weighted_ensemble" else None)
+      acc = baselines.ensemble_accuracy(nets, x_test, y_test,
+                                        counts if method == "weighted_ensemble" else None)
       rows.append(_row(method, baselines.ensemble_size(nets), acc))
     elif method == "distillation":
       x_pool, _ = fd.pooled("train")
-      glob = baselines.distill(nets, x_pool, cfg, seed=seed,
+      glob = baselines.distill(nets,
+                               x_pool,
+                               cfg,
+                               seed=seed,
                                hidden_units=(settings.kd_hidden,) * len(hidden),
                                epochs=settings.kd_epochs)
       rows.append(_row(method, glob, pfnm.accuracy(glob, x_test, y_test)))
     elif method == "downpour_sgd":
       trainer = get_trainer(dataclasses.replace(cfg, epochs=settings.dsgd_epochs_per_round))
-      glob = baselines.downpour_sgd(trainer, client_data, settings.comm_rounds, seed=seed,
+      glob = baselines.downpour_sgd(trainer,
+                                    client_data,
+                                    settings.comm_rounds,
+                                    seed=seed,
                                     server_lr=settings.dsgd_server_lr)
       rows.append(_row(method, glob, pfnm.accuracy(glob, x_test, y_test)))
     else:
@@ -545,8 +622,10 @@ def run_oneshot_trial(fd, settings: ExperimentSettings, methods: Sequence[str], 
 
 
 # -------------------------------------------------------------------- outputs
-def summarize(rows: Sequence[dict], keys: Sequence[str],
-              values: Sequence[str] = ("accuracy", "neurons", "params")) -> List[dict]:
+def summarize(
+    rows: Sequence[dict],
+    keys: Sequence[str],
+    values: Sequence[str] = ("accuracy", "neurons", "params")) -> List[dict]:
   """Mean and std (population, over trials) of ``values`` per group of ``keys``,
   in first-appearance order."""
   groups: Dict[tuple, List[dict]] = {}
@@ -571,7 +650,8 @@ def _markdown(summary: Sequence[dict], columns: Sequence[tuple], title: str, not
   lines += [f"{n}" for n in notes]
   if notes:
     lines.append("")
-  lines += _runs.md_table([h for h, _ in columns], [[fmt(s) for _, fmt in columns] for s in summary])
+  lines += _runs.md_table([h for h, _ in columns],
+                          [[fmt(s) for _, fmt in columns] for s in summary])
   return "\n".join(lines) + "\n"
 
 
@@ -590,12 +670,20 @@ def _plot_lines(ax, summary, x_key, methods, value="accuracy"):
     if not pts:
       continue
     ax.errorbar([s[x_key] for s in pts], [s[f"{value}_mean"] for s in pts],
-                yerr=[s[f"{value}_std"] for s in pts], marker="o", capsize=3,
+                yerr=[s[f"{value}_std"] for s in pts],
+                marker="o",
+                capsize=3,
                 label=LABELS.get(m, m))
   ax.grid(alpha=0.3)
 
 
-def _write_results(output_dir, settings, summary, columns, md, trial_rows, trial_columns,
+def _write_results(output_dir,
+                   settings,
+                   summary,
+                   columns,
+                   md,
+                   trial_rows,
+                   trial_columns,
                    extra=None):
   """``results.csv`` (``summary`` in ``columns``), ``trials.csv``, ``settings.json``
   (``settings`` and ``extra``) and ``results.md`` (the text ``md``)."""
@@ -617,8 +705,7 @@ def _label_axes(ax, xlabel, ylabel="test accuracy", legend=True):
     ax.legend(fontsize=8)
 
 
-def _oneshot_trials(settings, methods, num_batches, trials, label, log, hidden_units=None,
-                    **keys):
+def _oneshot_trials(settings, methods, num_batches, trials, label, log, hidden_units=None, **keys):
   """``trials`` one-shot trials with ``num_batches`` clients (trial ``t``: data and
   training seeds derived from ``(settings.seed, num_batches, t)``); every row gets
   ``keys`` and ``trial``, every trial a log line ``[<label> trial t/trials] ...``."""
@@ -627,7 +714,9 @@ def _oneshot_trials(settings, methods, num_batches, trials, label, log, hidden_u
   for t in range(trials):
     start = time.time()
     fd = settings.load(J, baselines.derive_seed(settings.seed, J, t))
-    trial_rows = run_oneshot_trial(fd, settings, methods,
+    trial_rows = run_oneshot_trial(fd,
+                                   settings,
+                                   methods,
                                    baselines.derive_seed(settings.seed, J, t, 1),
                                    hidden_units=hidden_units)
     for r in trial_rows:
@@ -638,14 +727,19 @@ def _oneshot_trials(settings, methods, num_batches, trials, label, log, hidden_u
 
 
 def _log_trial(log, prefix, rows, start):
-  parts = [f"{r['method']}={r['accuracy']:.3f}" + (f" ({r['neurons']} n)" if r['method'].startswith(
-      ("pfnm", "dpmeans")) else "") for r in rows]
+  parts = [
+      f"{r['method']}={r['accuracy']:.3f}" + (f" ({r['neurons']} n)" if r['method'].startswith(
+          ("pfnm", "dpmeans")) else "") for r in rows
+  ]
   log(f"{prefix} {' '.join(parts)} [{time.time() - start:.1f} s]")
 
 
 # -------------------------------------------------------------- experiments
-def run_batches(settings: ExperimentSettings, J_values: Sequence[int], trials: int,
-                output_dir: str, log: Callable[[str], None] = print) -> List[dict]:
+def run_batches(settings: ExperimentSettings,
+                J_values: Sequence[int],
+                trials: int,
+                output_dir: str,
+                log: Callable[[str], None] = print) -> List[dict]:
   """Accuracy and size vs the number of batches ``J`` (Figs. 2 and 3).
 
   Writes ``results.csv``/``results.md`` (per ``J`` and method),
@@ -660,21 +754,28 @@ def run_batches(settings: ExperimentSettings, J_values: Sequence[int], trials: i
   for J in J_values:
     rows += _oneshot_trials(settings, methods, J, trials, f"J={J}", log, J=J)
   summary = summarize(rows, ("J", "method"))
-  columns = ["J", "method", "label", "accuracy_mean", "accuracy_std", "neurons_mean",
-             "neurons_std", "params_mean", "params_std", "trials", "constraint"]
-  md = _markdown(summary, [
-      ("J", lambda s: str(s["J"])), ("method", _method_cell),
-      ("test accuracy", _pm("accuracy")), ("hidden neurons", _pm("neurons", 1)),
-      ("parameters", lambda s: f"{s['params_mean']:.0f}"), ("trials", lambda s: str(s["trials"]))],
-      f"PFNM vs number of batches J ({settings.dataset}, {settings.partition}"
-      + (f", alpha={settings.alpha}" if settings.partition == "class_dirichlet" else "") + ")",
-      notes=["† violates a constraint of the federated setting: U-Ens/W-Ens stack all J "
-             "networks; KD pools the training inputs at the server; D-SGD communicates "
-             f"{settings.comm_rounds} times ({settings.dsgd_epochs_per_round} epoch(s) apart).",
-             "Mean ± std over trials; accuracy on the pooled test data."])
+  columns = [
+      "J", "method", "label", "accuracy_mean", "accuracy_std", "neurons_mean", "neurons_std",
+      "params_mean", "params_std", "trials", "constraint"
+  ]
+  md = _markdown(
+      summary, [("J", lambda s: str(s["J"])), ("method", _method_cell),
+                ("test accuracy", _pm("accuracy")), ("hidden neurons", _pm("neurons", 1)),
+                ("parameters", lambda s: f"{s['params_mean']:.0f}"),
+                ("trials", lambda s: str(s["trials"]))],
+      f"PFNM vs number of batches J ({settings.dataset}, {settings.partition}" +
+      (f", alpha={settings.alpha}" if settings.partition == "class_dirichlet" else "") + ")",
+      notes=[
+          "† violates a constraint of the federated setting: U-Ens/W-Ens stack all J "
+          "networks; KD pools the training inputs at the server; D-SGD communicates "
+          f"{settings.comm_rounds} times ({settings.dsgd_epochs_per_round} epoch(s) apart).",
+          "Mean ± std over trials; accuracy on the pooled test data."
+      ])
   _write_results(output_dir, settings, summary, columns, md, rows,
-                 ["J", "trial", "method", "accuracy", "neurons", "layers", "params"],
-                 {"J": list(J_values), "trials": trials})
+                 ["J", "trial", "method", "accuracy", "neurons", "layers", "params"], {
+                     "J": list(J_values),
+                     "trials": trials
+                 })
   _figures_batches(output_dir, summary, settings, J_values)
   return summary
 
@@ -699,8 +800,13 @@ def _figures_batches(output_dir, summary, settings, J_values):
   _runs.save_figure(fig, os.path.join(output_dir, "fig3_extra_resources.png"), tight=True)
 
 
-def run_depth(settings: ExperimentSettings, C_values: Sequence[int], J: int, width: int,
-              trials: int, output_dir: str, log: Callable[[str], None] = print) -> List[dict]:
+def run_depth(settings: ExperimentSettings,
+              C_values: Sequence[int],
+              J: int,
+              width: int,
+              trials: int,
+              output_dir: str,
+              log: Callable[[str], None] = print) -> List[dict]:
   """Accuracy and size vs the number of hidden layers ``C`` (Fig. 4).
 
   Trial ``t`` uses the same data partition for every ``C``.  Writes
@@ -711,25 +817,39 @@ def run_depth(settings: ExperimentSettings, C_values: Sequence[int], J: int, wid
   methods = settings.methods or DEPTH_METHODS
   rows = []
   for C in C_values:
-    rows += _oneshot_trials(settings, methods, J, trials, f"C={C}", log,
-                            hidden_units=(width,) * C, C=C, J=J)
+    rows += _oneshot_trials(settings,
+                            methods,
+                            J,
+                            trials,
+                            f"C={C}",
+                            log,
+                            hidden_units=(width,) * C,
+                            C=C,
+                            J=J)
   for r in rows:
     r["neurons_per_layer"] = r["neurons"] / r["C"]
-  summary = summarize(rows, ("C", "method"), ("accuracy", "neurons", "neurons_per_layer",
-                                                "params"))
-  columns = ["C", "method", "label", "accuracy_mean", "accuracy_std", "neurons_mean",
-             "neurons_std", "neurons_per_layer_mean", "params_mean", "trials", "constraint"]
-  md = _markdown(summary, [
-      ("C", lambda s: str(s["C"])), ("method", _method_cell),
-      ("test accuracy", _pm("accuracy")), ("hidden neurons", _pm("neurons", 1)),
-      ("per layer", lambda s: f"{s['neurons_per_layer_mean']:.1f}"),
-      ("parameters", lambda s: f"{s['params_mean']:.0f}")],
+  summary = summarize(rows, ("C", "method"), ("accuracy", "neurons", "neurons_per_layer", "params"))
+  columns = [
+      "C", "method", "label", "accuracy_mean", "accuracy_std", "neurons_mean", "neurons_std",
+      "neurons_per_layer_mean", "params_mean", "trials", "constraint"
+  ]
+  md = _markdown(
+      summary, [("C", lambda s: str(s["C"])), ("method", _method_cell),
+                ("test accuracy", _pm("accuracy")), ("hidden neurons", _pm("neurons", 1)),
+                ("per layer", lambda s: f"{s['neurons_per_layer_mean']:.1f}"),
+                ("parameters", lambda s: f"{s['params_mean']:.0f}")],
       f"PFNM vs depth C (J={J}, width {width}, {settings.dataset}, {settings.partition})",
-      notes=["† violates a constraint of the federated setting (see pfnm_batches).",
-             "Mean ± std over trials; accuracy on the pooled test data."])
+      notes=[
+          "† violates a constraint of the federated setting (see pfnm_batches).",
+          "Mean ± std over trials; accuracy on the pooled test data."
+      ])
   _write_results(output_dir, settings, summary, columns, md, rows,
-                 ["C", "J", "trial", "method", "accuracy", "neurons", "layers", "params"],
-                 {"C": list(C_values), "J": J, "width": width, "trials": trials})
+                 ["C", "J", "trial", "method", "accuracy", "neurons", "layers", "params"], {
+                     "C": list(C_values),
+                     "J": J,
+                     "width": width,
+                     "trials": trials
+                 })
   plt = _runs.pyplot()
   fig, axes = plt.subplots(1, 2, figsize=(11, 4))
   _plot_lines(axes[0], summary, "C", methods)
@@ -753,8 +873,13 @@ def _split_steps(fd, steps: int, seed: int):
   return out
 
 
-def run_streaming(settings: ExperimentSettings, J: int, steps: int, trials: int,
-                  output_dir: str, fresh_neurons: int = 1, init_noise: float = 0.01,
+def run_streaming(settings: ExperimentSettings,
+                  J: int,
+                  steps: int,
+                  trials: int,
+                  output_dir: str,
+                  fresh_neurons: int = 1,
+                  init_noise: float = 0.01,
                   log: Callable[[str], None] = print) -> List[dict]:
   """Streaming federated learning (supplement 4.2, Fig. 3b).
 
@@ -810,21 +935,24 @@ def run_streaming(settings: ExperimentSettings, J: int, steps: int, trials: int,
         accs = baselines.local_accuracies(own_nets, x_test, y_test)
         step_rows.append(_row("local", own_nets[0], accs.mean()))
       if "uniform_ensemble" in methods:
-        step_rows.append(_row("uniform_ensemble", baselines.ensemble_size(own_nets),
-                              baselines.ensemble_accuracy(own_nets, x_test, y_test)))
+        step_rows.append(
+            _row("uniform_ensemble", baselines.ensemble_size(own_nets),
+                 baselines.ensemble_accuracy(own_nets, x_test, y_test)))
       if "weighted_ensemble" in methods:
-        step_rows.append(_row("weighted_ensemble", baselines.ensemble_size(own_nets),
-                              baselines.ensemble_accuracy(own_nets, x_test, y_test,
-                                                          list(own_counts))))
+        step_rows.append(
+            _row("weighted_ensemble", baselines.ensemble_size(own_nets),
+                 baselines.ensemble_accuracy(own_nets, x_test, y_test, list(own_counts))))
       if "pfnm_streaming" in methods:
         if s == 0:
           res = own  # fresh independent initialisations: the same training as the ensembles'
         else:
           inits = []
           for j in range(J):
-            W1, b1, W2, b2 = stream.local_init(
-                j, width, n_fresh=fresh_neurons, noise_std=init_noise,
-                seed=baselines.derive_seed(trial_seed, s, j, 3))
+            W1, b1, W2, b2 = stream.local_init(j,
+                                               width,
+                                               n_fresh=fresh_neurons,
+                                               noise_std=init_noise,
+                                               seed=baselines.derive_seed(trial_seed, s, j, 3))
             inits.append([(W1, b1), (W2, b2)])
           res = trainer.train(step_data, seed_s, init_weights=inits)
         W1, b1, W2, b2 = stream.update([_as_single(r.weights) for r in res],
@@ -844,18 +972,27 @@ def run_streaming(settings: ExperimentSettings, J: int, steps: int, trials: int,
   order = {m: i for i, m in enumerate(STREAMING_METHODS)}
   summary = summarize(sorted(rows, key=lambda r: (r["step"], order[r["method"]])),
                       ("step", "method"))
-  columns = ["step", "method", "label", "accuracy_mean", "accuracy_std", "neurons_mean",
-             "neurons_std", "params_mean", "trials", "constraint"]
-  md = _markdown(summary, [
-      ("step", lambda s: str(s["step"])), ("method", _method_cell),
-      ("test accuracy", _pm("accuracy")), ("hidden neurons", _pm("neurons", 1))],
-      f"Streaming PFNM (J={J}, S={steps}, {settings.dataset}, {settings.partition})",
-      notes=["† violates a constraint (ensembles stack all J networks; D-SGD communicates "
-             "every step).", "Mean ± std over trials; accuracy on the pooled test data."])
-  _write_results(output_dir, settings, summary, columns, md, rows,
-                 ["step", "trial", "J", "method", "accuracy", "neurons", "layers", "params"],
-                 {"J": J, "steps": steps, "trials": trials, "fresh_neurons": fresh_neurons,
-                  "init_noise": init_noise})
+  columns = [
+      "step", "method", "label", "accuracy_mean", "accuracy_std", "neurons_mean", "neurons_std",
+      "params_mean", "trials", "constraint"
+  ]
+  md = _markdown(summary, [("step", lambda s: str(s["step"])), ("method", _method_cell),
+                           ("test accuracy", _pm("accuracy")),
+                           ("hidden neurons", _pm("neurons", 1))],
+                 f"Streaming PFNM (J={J}, S={steps}, {settings.dataset}, {settings.partition})",
+                 notes=[
+                     "† violates a constraint (ensembles stack all J networks; D-SGD communicates "
+                     "every step).", "Mean ± std over trials; accuracy on the pooled test data."
+                 ])
+  _write_results(
+      output_dir, settings, summary, columns, md, rows,
+      ["step", "trial", "J", "method", "accuracy", "neurons", "layers", "params"], {
+          "J": J,
+          "steps": steps,
+          "trials": trials,
+          "fresh_neurons": fresh_neurons,
+          "init_noise": init_noise
+      })
   plt = _runs.pyplot()
   fig, axes = plt.subplots(1, 2, figsize=(11, 4))
   _plot_lines(axes[0], summary, "step", methods)
@@ -867,9 +1004,13 @@ def run_streaming(settings: ExperimentSettings, J: int, steps: int, trials: int,
   return summary
 
 
-def run_sensitivity(settings: ExperimentSettings, J_values: Sequence[int], trials: int,
-                    sigma0_sq_grid: Sequence[float], gamma0_grid: Sequence[float],
-                    sigma_sq_grid: Sequence[float], output_dir: str,
+def run_sensitivity(settings: ExperimentSettings,
+                    J_values: Sequence[int],
+                    trials: int,
+                    sigma0_sq_grid: Sequence[float],
+                    gamma0_grid: Sequence[float],
+                    sigma_sq_grid: Sequence[float],
+                    output_dir: str,
                     log: Callable[[str], None] = print) -> List[dict]:
   """PFNM's accuracy over a grid of ``(sigma0^2, gamma0, sigma^2)`` (supplement 4.3).
 
@@ -899,10 +1040,16 @@ def run_sensitivity(settings: ExperimentSettings, J_values: Sequence[int], trial
         hp = dataclasses.replace(settings.hp, sigma0_sq=s0, gamma0=g0, sigma_sq=s2, seed=seed)
         glob = pfnm.match_networks(nets, counts, hp)
         size = pfnm.model_size(glob)
-        rows.append(dict(J=J, trial=t, sigma0_sq=s0, gamma0=g0, sigma_sq=s2,
-                         train_accuracy=pfnm.accuracy(glob, x_tr, y_tr),
-                         test_accuracy=pfnm.accuracy(glob, x_te, y_te),
-                         neurons=size["neurons"], params=size["params"]))
+        rows.append(
+            dict(J=J,
+                 trial=t,
+                 sigma0_sq=s0,
+                 gamma0=g0,
+                 sigma_sq=s2,
+                 train_accuracy=pfnm.accuracy(glob, x_tr, y_tr),
+                 test_accuracy=pfnm.accuracy(glob, x_te, y_te),
+                 neurons=size["neurons"],
+                 params=size["params"]))
       best = max((r for r in rows if r["J"] == J and r["trial"] == t),
                  key=lambda r: r["train_accuracy"])
       log(f"[J={J} trial {t + 1}/{trials}] {len(grid)} grid points; best train accuracy "
@@ -911,29 +1058,45 @@ def run_sensitivity(settings: ExperimentSettings, J_values: Sequence[int], trial
           f"sigma_sq={best['sigma_sq']:g} [{time.time() - start:.1f} s]")
   summary = summarize(rows, ("J", "sigma0_sq", "gamma0", "sigma_sq"),
                       ("train_accuracy", "test_accuracy", "neurons", "params"))
-  columns = ["J", "sigma0_sq", "gamma0", "sigma_sq", "train_accuracy_mean", "train_accuracy_std",
-             "test_accuracy_mean", "test_accuracy_std", "neurons_mean", "neurons_std", "trials"]
-  md = _markdown(summary, [
-      ("J", lambda s: str(s["J"])), ("sigma0^2", lambda s: f"{s['sigma0_sq']:g}"),
-      ("gamma0", lambda s: f"{s['gamma0']:g}"), ("sigma^2", lambda s: f"{s['sigma_sq']:g}"),
-      ("train accuracy", _pm("train_accuracy")), ("test accuracy", _pm("test_accuracy")),
-      ("hidden neurons", _pm("neurons", 1))],
-      f"PFNM parameter sensitivity ({settings.dataset}, {settings.partition})",
-      notes=["Mean ± std over trials."])
-  _write_results(output_dir, settings, summary, columns, md, rows,
-                 ["J", "trial", "sigma0_sq", "gamma0", "sigma_sq", "train_accuracy",
-                  "test_accuracy", "neurons", "params"],
-                 {"J": list(J_values), "trials": trials, "sigma0_sq_grid": list(sigma0_sq_grid),
-                  "gamma0_grid": list(gamma0_grid), "sigma_sq_grid": list(sigma_sq_grid)})
+  columns = [
+      "J", "sigma0_sq", "gamma0", "sigma_sq", "train_accuracy_mean", "train_accuracy_std",
+      "test_accuracy_mean", "test_accuracy_std", "neurons_mean", "neurons_std", "trials"
+  ]
+  md = _markdown(summary, [("J", lambda s: str(s["J"])),
+                           ("sigma0^2", lambda s: f"{s['sigma0_sq']:g}"),
+                           ("gamma0", lambda s: f"{s['gamma0']:g}"),
+                           ("sigma^2", lambda s: f"{s['sigma_sq']:g}"),
+                           ("train accuracy", _pm("train_accuracy")),
+                           ("test accuracy", _pm("test_accuracy")),
+                           ("hidden neurons", _pm("neurons", 1))],
+                 f"PFNM parameter sensitivity ({settings.dataset}, {settings.partition})",
+                 notes=["Mean ± std over trials."])
+  _write_results(
+      output_dir, settings, summary, columns, md, rows, [
+          "J", "trial", "sigma0_sq", "gamma0", "sigma_sq", "train_accuracy", "test_accuracy",
+          "neurons", "params"
+      ], {
+          "J": list(J_values),
+          "trials": trials,
+          "sigma0_sq_grid": list(sigma0_sq_grid),
+          "gamma0_grid": list(gamma0_grid),
+          "sigma_sq_grid": list(sigma_sq_grid)
+      })
 
   plt = _runs.pyplot()
   J0 = J_values[0]
-  fig, axes = plt.subplots(1, len(sigma_sq_grid), figsize=(4 * len(sigma_sq_grid), 3.6),
+  fig, axes = plt.subplots(1,
+                           len(sigma_sq_grid),
+                           figsize=(4 * len(sigma_sq_grid), 3.6),
                            squeeze=False)
   for ax, s2 in zip(axes[0], sigma_sq_grid):
-    mat = np.array([[next(s["train_accuracy_mean"] for s in summary
-                          if s["J"] == J0 and s["sigma0_sq"] == s0 and s["gamma0"] == g0
-                          and s["sigma_sq"] == s2) for g0 in gamma0_grid] for s0 in sigma0_sq_grid])
+    mat = np.array([[
+        next(s["train_accuracy_mean"]
+             for s in summary
+             if s["J"] == J0 and s["sigma0_sq"] == s0 and s["gamma0"] == g0 and s["sigma_sq"] == s2)
+        for g0 in gamma0_grid
+    ]
+                    for s0 in sigma0_sq_grid])
     im = ax.imshow(mat, origin="lower", cmap="viridis", aspect="auto")
     for (i, k), v in np.ndenumerate(mat):
       ax.text(k, i, f"{v:.2f}", ha="center", va="center", color="w", fontsize=8)
@@ -952,7 +1115,10 @@ def run_sensitivity(settings: ExperimentSettings, J_values: Sequence[int], trial
   for J in J_values:
     pts = [s for s in summary if s["J"] == J and s["sigma0_sq"] == s0_ref and s["gamma0"] == g0_ref]
     ax.errorbar([s["sigma_sq"] for s in pts], [s["train_accuracy_mean"] for s in pts],
-                yerr=[s["train_accuracy_std"] for s in pts], marker="o", capsize=3, label=f"J={J}")
+                yerr=[s["train_accuracy_std"] for s in pts],
+                marker="o",
+                capsize=3,
+                label=f"J={J}")
   ax.set_xscale("log")
   ax.grid(alpha=0.3)
   _label_axes(ax, "sigma^2", "training accuracy")

@@ -99,16 +99,22 @@ VARIANTS: Dict[str, Tuple[str, Dict[str, Any]]] = {
     "virtual_eq3": ("virtual", dict(server_loss_weight=0.0)),
 }
 VIRTUAL_ALGORITHMS = tuple(VARIANTS)
-LABELS = {"virtual": "VIRTUAL (w_S=1)", "virtual_eq3": "VIRTUAL eq. 3 (w_S=0)",
-          "fedavg": "FedAvg", "fedprox": "FedProx", "fedpa": "FedPA", "local": "Local",
-          "global": "Global"}
+LABELS = {
+    "virtual": "VIRTUAL (w_S=1)",
+    "virtual_eq3": "VIRTUAL eq. 3 (w_S=0)",
+    "fedavg": "FedAvg",
+    "fedprox": "FedProx",
+    "fedpa": "FedPA",
+    "local": "Local",
+    "global": "Global"
+}
 # Hyperparameters each algorithm is tuned over (cell-key order).
 TUNED = {
     "virtual": ("client_lr", "kl_weight", "server_lr"),
     "virtual_eq3": ("client_lr", "kl_weight", "server_lr"),
     "fedavg": ("client_lr", "server_lr"),
     "fedprox": ("client_lr", "mu", "server_lr"),
-    "fedpa": ("client_lr", "server_lr"),   # FedPA's own settings at their defaults
+    "fedpa": ("client_lr", "server_lr"),  # FedPA's own settings at their defaults
     "local": ("client_lr",),
     "global": ("client_lr",),
 }
@@ -148,20 +154,27 @@ class GridSpec:
       raise ValueError(f"--kl_weights must all be >= 0, got {self.kl_weights}.")
     bad = [v for v in self.virtual_server_lrs if v > 1]
     if bad:
-      raise ValueError(f"--virtual_server_lrs (VIRTUAL's damped-EP step) must be in (0, 1], got {bad}.")
+      raise ValueError(
+          f"--virtual_server_lrs (VIRTUAL's damped-EP step) must be in (0, 1], got {bad}.")
 
   def values(self, algorithm: str) -> Dict[str, Tuple[Any, ...]]:
     """Hyperparameter name -> values tried for `algorithm`."""
-    table = dict(client_lr=self.client_lrs, kl_weight=self.kl_weights, mu=self.mus,
-                 server_lr=(self.virtual_server_lrs if algorithm in VIRTUAL_ALGORITHMS
-                            else self.server_lrs))
+    table = dict(
+        client_lr=self.client_lrs,
+        kl_weight=self.kl_weights,
+        mu=self.mus,
+        server_lr=(self.virtual_server_lrs if algorithm in VIRTUAL_ALGORITHMS else self.server_lrs))
     return {name: table[name] for name in TUNED[algorithm]}
 
 
 # `--quick`: one configuration per algorithm, 3 seeds (rounds come from QUICK_PARAMS;
 # datasets DEFAULT_DATASETS, algorithms QUICK_ALGORITHMS).
-QUICK_GRID = GridSpec(client_lrs=(0.05,), kl_weights=(1e-4,), mus=(0.01,), server_lrs=(1.0,),
-                      virtual_server_lrs=(virtual.default_step(training.DEFAULTS["clients_per_round"]),),
+QUICK_GRID = GridSpec(client_lrs=(0.05,),
+                      kl_weights=(1e-4,),
+                      mus=(0.01,),
+                      server_lrs=(1.0,),
+                      virtual_server_lrs=(virtual.default_step(
+                          training.DEFAULTS["clients_per_round"]),),
                       seeds=(0, 1, 2))
 QUICK_PARAMS = dict(rounds=10)
 
@@ -218,8 +231,9 @@ def parse_assignments(items: Iterable[str], flag: str = "fixed") -> Dict[str, An
     name, sep, text = item.partition("=")
     name = name.strip()
     if not sep or name not in training.DEFAULTS:
-      raise ValueError(f"--{flag}: expected name=value with name one of {sorted(training.DEFAULTS)}, "
-                       f"got {item!r}.")
+      raise ValueError(
+          f"--{flag}: expected name=value with name one of {sorted(training.DEFAULTS)}, "
+          f"got {item!r}.")
     try:
       out[name] = _convert(name, text.strip())
     except ValueError as e:
@@ -274,9 +288,9 @@ def _fmt_value(v) -> str:
 @dataclasses.dataclass(frozen=True)
 class Cell:
   """One run of the grid."""
-  dataset: str                           # dataset spec
+  dataset: str  # dataset spec
   algorithm: str
-  hparams: Tuple[Tuple[str, Any], ...]   # (name, value) in TUNED order
+  hparams: Tuple[Tuple[str, Any], ...]  # (name, value) in TUNED order
   seed: int
 
   @property
@@ -301,12 +315,15 @@ class Cell:
     p.update(dict(self.hparams))
     algorithm, variant_flags = VARIANTS.get(self.algorithm, (self.algorithm, {}))
     p.update(variant_flags)
-    p.update(algorithm=algorithm, seed=self.seed, output_dir=self.directory(output_dir),
+    p.update(algorithm=algorithm,
+             seed=self.seed,
+             output_dir=self.directory(output_dir),
              verbose=False)
     return p
 
 
-def enumerate_cells(datasets: Sequence[str], algorithms: Sequence[str], grid: GridSpec) -> List[Cell]:
+def enumerate_cells(datasets: Sequence[str], algorithms: Sequence[str],
+                    grid: GridSpec) -> List[Cell]:
   """Every cell, in order dataset, algorithm, hyperparameters (row-major), seed."""
   for a in algorithms:
     if a not in TUNED:
@@ -324,9 +341,13 @@ def enumerate_cells(datasets: Sequence[str], algorithms: Sequence[str], grid: Gr
   return cells
 
 
-def plan(quick: bool = False, *, datasets: Optional[Sequence[str]] = None,
-         algorithms: Optional[Sequence[str]] = None, fixed_items: Iterable[str] = (),
-         params: Optional[Dict[str, Any]] = None, **grid_values) -> Tuple[List[Cell], Dict[str, Any]]:
+def plan(quick: bool = False,
+         *,
+         datasets: Optional[Sequence[str]] = None,
+         algorithms: Optional[Sequence[str]] = None,
+         fixed_items: Iterable[str] = (),
+         params: Optional[Dict[str, Any]] = None,
+         **grid_values) -> Tuple[List[Cell], Dict[str, Any]]:
   """The launcher's cells and shared flags.
 
   Args:
@@ -350,11 +371,23 @@ def plan(quick: bool = False, *, datasets: Optional[Sequence[str]] = None,
 # start-up (tracing, first evaluation) plus seconds per round at E = 20 local epochs
 # and C = 10 clients per round, scaled by E and C (measured: a 10-round VIRTUAL run
 # takes ~40-60 s, a FedAvg run ~3 s; a 1-round, 1-epoch VIRTUAL run ~9 s).
-SECONDS_PER_ROUND = {"virtual": 4.2, "fedavg": 0.1, "fedprox": 0.15, "fedpa": 0.2, "local": 0.1,
-                     "global": 0.1}
-STARTUP_SECONDS = {"virtual": 8.0, "fedavg": 2.0, "fedprox": 2.0, "fedpa": 3.0, "local": 2.0,
-                   "global": 2.0}
-_SECONDS_DEFAULT = (5.0, 1.0)   # other algorithms: start-up, per round
+SECONDS_PER_ROUND = {
+    "virtual": 4.2,
+    "fedavg": 0.1,
+    "fedprox": 0.15,
+    "fedpa": 0.2,
+    "local": 0.1,
+    "global": 0.1
+}
+STARTUP_SECONDS = {
+    "virtual": 8.0,
+    "fedavg": 2.0,
+    "fedprox": 2.0,
+    "fedpa": 3.0,
+    "local": 2.0,
+    "global": 2.0
+}
+_SECONDS_DEFAULT = (5.0, 1.0)  # other algorithms: start-up, per round
 
 
 def estimate_seconds(cell: Cell, fixed: Optional[Dict[str, Any]] = None) -> float:
@@ -363,8 +396,8 @@ def estimate_seconds(cell: Cell, fixed: Optional[Dict[str, Any]] = None) -> floa
   p.update(cell.params("", dict(fixed or {})))
   startup = STARTUP_SECONDS.get(p["algorithm"], _SECONDS_DEFAULT[0])
   per_round = SECONDS_PER_ROUND.get(p["algorithm"], _SECONDS_DEFAULT[1])
-  return startup + (float(p["rounds"]) * per_round * float(p["epochs_per_round"]) / 20.0
-                    * float(p["clients_per_round"]) / 10.0)
+  return startup + (float(p["rounds"]) * per_round * float(p["epochs_per_round"]) / 20.0 *
+                    float(p["clients_per_round"]) / 10.0)
 
 
 def read_curves(run_dir: str) -> Dict[str, List[float]]:
@@ -388,11 +421,15 @@ def run_cell(params: Dict[str, Any]) -> Dict[str, Any]:
 def load_result(cell: Cell, output_dir: str, params: Optional[Dict[str, Any]] = None):
   """The cell's stored result, or None if absent or unreadable (or, given `params`,
   run with other flags: `_runs.same_flags`)."""
-  return _runs.finished_run(os.path.join(cell.directory(output_dir), RESULT_FILE), params,
+  return _runs.finished_run(os.path.join(cell.directory(output_dir), RESULT_FILE),
+                            params,
                             key="params")
 
 
-def run_grid(cells: Sequence[Cell], output_dir: str, fixed: Optional[Dict[str, Any]] = None, *,
+def run_grid(cells: Sequence[Cell],
+             output_dir: str,
+             fixed: Optional[Dict[str, Any]] = None,
+             *,
              cell_runner: Callable[[Dict[str, Any]], Dict[str, Any]] = run_cell,
              log: Optional[Callable[[str], None]] = None) -> List[Dict[str, Any]]:
   """Runs every cell not finished yet; returns the results of all cells (in order).
@@ -423,9 +460,14 @@ def run_grid(cells: Sequence[Cell], output_dir: str, fixed: Optional[Dict[str, A
     params = cell.params(output_dir, fixed)
     t0 = time.time()
     out = cell_runner(params)
-    result = dict(dataset=cell.dataset, algorithm=cell.algorithm, hparams=dict(cell.hparams),
-                  config_key=cell.config_key, seed=cell.seed, params=_runs.jsonable(params),
-                  summary=_runs.jsonable(out["summary"]), curves=_runs.jsonable(out["curves"]),
+    result = dict(dataset=cell.dataset,
+                  algorithm=cell.algorithm,
+                  hparams=dict(cell.hparams),
+                  config_key=cell.config_key,
+                  seed=cell.seed,
+                  params=_runs.jsonable(params),
+                  summary=_runs.jsonable(out["summary"]),
+                  curves=_runs.jsonable(out["curves"]),
                   cell_time_s=time.time() - t0)
     experiment.atomic_write_text(os.path.join(cell.directory(output_dir), RESULT_FILE),
                                  json.dumps(result, indent=1, sort_keys=True))
@@ -474,12 +516,14 @@ class ConfigStats:
   def mean_curve(self, key: str) -> Tuple[List[int], np.ndarray]:
     """Rounds and the per-round mean over seeds of `key` (rounds common to all seeds)."""
     rounds = sorted(set.intersection(*[set(r["curves"]["round"]) for r in self.results]))
-    stacked = [[dict(zip(r["curves"]["round"], r["curves"][key]))[t] for t in rounds]
-               for r in self.results]
+    stacked = [
+        [dict(zip(r["curves"]["round"], r["curves"][key]))[t] for t in rounds] for r in self.results
+    ]
     return rounds, np.mean(np.array(stacked, dtype=np.float64), axis=0)
 
 
-def group_results(results: Iterable[Optional[Dict[str, Any]]]) -> Dict[Tuple[str, str], List[ConfigStats]]:
+def group_results(
+    results: Iterable[Optional[Dict[str, Any]]]) -> Dict[Tuple[str, str], List[ConfigStats]]:
   """(dataset, algorithm) -> configurations in first-seen order (missing results skipped)."""
   groups: Dict[Tuple[str, str], Dict[str, ConfigStats]] = {}
   for r in results:
@@ -507,8 +551,9 @@ def select_best(configs: Sequence[ConfigStats], metric: str) -> ConfigStats:
   return best
 
 
-TABLE_COLUMNS = ("dataset", "algorithm", "label", "partition", "s_mean", "s_std", "s_hparams", "s_diverged", "mt_mean",
-                 "mt_std", "mt_hparams", "mt_diverged", "num_seeds", "num_configs")
+TABLE_COLUMNS = ("dataset", "algorithm", "label", "partition", "s_mean", "s_std", "s_hparams",
+                 "s_diverged", "mt_mean", "mt_std", "mt_hparams", "mt_diverged", "num_seeds",
+                 "num_configs")
 
 
 def table2_rows(results: Iterable[Optional[Dict[str, Any]]]) -> List[Dict[str, Any]]:
@@ -516,13 +561,21 @@ def table2_rows(results: Iterable[Optional[Dict[str, Any]]]) -> List[Dict[str, A
   rows = []
   for (dataset, algorithm), configs in group_results(results).items():
     s, mt = select_best(configs, "S"), select_best(configs, "MT")
-    rows.append(dict(dataset=dataset, algorithm=algorithm, label=LABELS.get(algorithm, algorithm),
-                     partition=dataset_partition(dataset),
-                     s_mean=s.mean("S"), s_std=s.std("S"), s_hparams=s.config_key,
-                     s_diverged=s.diverged("S"),
-                     mt_mean=mt.mean("MT"), mt_std=mt.std("MT"), mt_hparams=mt.config_key,
-                     mt_diverged=mt.diverged("MT"),
-                     num_seeds=min(len(c.results) for c in configs), num_configs=len(configs)))
+    rows.append(
+        dict(dataset=dataset,
+             algorithm=algorithm,
+             label=LABELS.get(algorithm, algorithm),
+             partition=dataset_partition(dataset),
+             s_mean=s.mean("S"),
+             s_std=s.std("S"),
+             s_hparams=s.config_key,
+             s_diverged=s.diverged("S"),
+             mt_mean=mt.mean("MT"),
+             mt_std=mt.std("MT"),
+             mt_hparams=mt.config_key,
+             mt_diverged=mt.diverged("MT"),
+             num_seeds=min(len(c.results) for c in configs),
+             num_configs=len(configs)))
   return rows
 
 
@@ -548,8 +601,8 @@ def _is_non_iid(row: Dict[str, Any]) -> bool:
 
 def _pm(row: Dict[str, Any], metric: str) -> str:
   m = metric.lower()
-  return (f"{100 * row[m + '_mean']:.1f} ± {100 * row[m + '_std']:.1f}"
-          + (" †" if row.get(m + "_diverged") else ""))
+  return (f"{100 * row[m + '_mean']:.1f} ± {100 * row[m + '_std']:.1f}" +
+          (" †" if row.get(m + "_diverged") else ""))
 
 
 # A VIRTUAL mean S at most this many percentage points below FedAvg's is "comparable".
@@ -616,14 +669,15 @@ def paper_claims(rows: Sequence[Dict[str, Any]], baseline: str = "fedavg") -> Li
 def format_table2_md(rows: Sequence[Dict[str, Any]], claims: bool = True) -> str:
   """Markdown table in percent, like VIRTUAL Table II (+ the winning hyperparameters),
   followed (`claims`) by the paper's claims judged on it (`paper_claims`)."""
-  lines = ["Server (S) and multi-task (MT) max accuracy at convergence, % "
-           "(mean ± std over seeds; best configuration per metric; "
-           "† = every configuration diverged).", ""]
+  lines = [
+      "Server (S) and multi-task (MT) max accuracy at convergence, % "
+      "(mean ± std over seeds; best configuration per metric; "
+      "† = every configuration diverged).", ""
+  ]
   lines += _runs.md_table(
       ("Dataset", "Algorithm", "S", "MT", "S hyperparameters", "MT hyperparameters", "seeds"),
-      [(r["dataset"], r.get("label") or LABELS.get(r["algorithm"], r["algorithm"]),
-        _pm(r, "s"), _pm(r, "mt"), r["s_hparams"], r["mt_hparams"], r["num_seeds"])
-       for r in rows])
+      [(r["dataset"], r.get("label") or LABELS.get(r["algorithm"], r["algorithm"]), _pm(
+          r, "s"), _pm(r, "mt"), r["s_hparams"], r["mt_hparams"], r["num_seeds"]) for r in rows])
   if claims and rows:
     lines += ["", "Paper claims (Table II), judged on the rows above:", ""]
     lines += [f"- {line}" for line in paper_claims(rows)]
@@ -678,7 +732,9 @@ def plot_fig3(path: str, results) -> None:
       for row, (metric, key) in enumerate((("S", "server_loss"), ("MT", "mt_loss"))):
         best = select_best(configs, metric)
         rounds, curve = best.mean_curve(key)
-        axes[row, col].plot(rounds, _positive(curve), marker=".",
+        axes[row, col].plot(rounds,
+                            _positive(curve),
+                            marker=".",
                             label=f"{LABELS.get(algorithm, algorithm)} ({best.config_key})")
     _loss_axes(axes[:, col], ("S test cross-entropy", "MT test cross-entropy"))
     axes[0, col].set_title(dataset)
@@ -703,20 +759,24 @@ def plot_fig2(path: str, results, algorithm: str = "virtual") -> bool:
     configs = groups[(dataset, algorithm)]
     best = select_best(configs, "MT")
     others = {k: v for k, v in best.hparams.items() if k != "kl_weight"}
-    sweep = sorted((c for c in configs
-                    if all(c.hparams.get(k) == v for k, v in others.items())),
+    sweep = sorted((c for c in configs if all(c.hparams.get(k) == v for k, v in others.items())),
                    key=lambda c: c.hparams["kl_weight"])
     for c in sweep:
       beta = c.hparams["kl_weight"]
       color = cmap(norm(beta)) if beta > 0 else "black"
       for row, key in enumerate(("server_loss", "mt_loss")):
         rounds, curve = c.mean_curve(key)
-        axes[row, col].plot(rounds, _positive(curve), marker=".", color=color, label=f"beta={beta:g}")
+        axes[row, col].plot(rounds,
+                            _positive(curve),
+                            marker=".",
+                            color=color,
+                            label=f"beta={beta:g}")
     fixed = ",".join(f"{k}={_fmt_value(v)}" for k, v in others.items())
     axes[0, col].set_title(f"{dataset}\n{fixed}", fontsize=9)
     _loss_axes(axes[:, col], ("S cross-entropy", "MT cross-entropy"))
   fig.tight_layout(rect=(0, 0, 0.9, 1))
-  fig.colorbar(plt.cm.ScalarMappable(norm=norm, cmap=cmap), cax=fig.add_axes([0.92, 0.15, 0.015, 0.7]),
+  fig.colorbar(plt.cm.ScalarMappable(norm=norm, cmap=cmap),
+               cax=fig.add_axes([0.92, 0.15, 0.015, 0.7]),
                label="beta (KL multiplier)")
   _runs.save_figure(fig, path)
   return True

@@ -43,34 +43,56 @@ from tfbfl import training
 from tfbfl.experiments import _runs
 
 __all__ = [
-    "VARIANTS", "LABELS", "DEFAULT_PERCENTILES", "PASS_THROUGH", "RunSpec", "run_name",
-    "sparsity_specs", "ensure_run", "run_record", "table3_rows", "format_table3_md",
-    "write_table3", "run_sparsity_table", "load_final_state", "dense_kernel_indices",
-    "log10_snr", "empirical_cdf", "layer_log_snr", "cdf_curves", "write_cdf_csv",
-    "cdf_quantiles", "plot_snr_cdf", "run_snr_cdf", "define_launcher_flags",
-    "define_training_flags", "params_from_flags", "parse_percentiles",
+    "VARIANTS",
+    "LABELS",
+    "DEFAULT_PERCENTILES",
+    "PASS_THROUGH",
+    "RunSpec",
+    "run_name",
+    "sparsity_specs",
+    "ensure_run",
+    "run_record",
+    "table3_rows",
+    "format_table3_md",
+    "write_table3",
+    "run_sparsity_table",
+    "load_final_state",
+    "dense_kernel_indices",
+    "log10_snr",
+    "empirical_cdf",
+    "layer_log_snr",
+    "cdf_curves",
+    "write_cdf_csv",
+    "cdf_quantiles",
+    "plot_snr_cdf",
+    "run_snr_cdf",
+    "define_launcher_flags",
+    "define_training_flags",
+    "params_from_flags",
+    "parse_percentiles",
 ]
 
 # Table III's columns (left to right) and the reference line.
 VARIANTS = ("virtual_fedavg_init", "virtual")
-LABELS = {"virtual_fedavg_init": "VIRTUAL + FedAvg init", "virtual": "VIRTUAL",
-          "fedprox": "FedProx"}
+LABELS = {
+    "virtual_fedavg_init": "VIRTUAL + FedAvg init",
+    "virtual": "VIRTUAL",
+    "fedprox": "FedProx"
+}
 DEFAULT_PERCENTILES = (0.0, 50.0, 75.0, 90.0)
-TABLE_COLUMNS = (
-    "row", "pruned_percent", "metric", "virtual_fedavg_init", "virtual", "fedprox",
-    "zero_fraction", "delta_nonzeros", "delta_bytes",
-    "delta_nonzeros_virtual_fedavg_init", "delta_nonzeros_virtual",
-    "delta_bytes_virtual_fedavg_init", "delta_bytes_virtual")
+TABLE_COLUMNS = ("row", "pruned_percent", "metric", "virtual_fedavg_init", "virtual", "fedprox",
+                 "zero_fraction", "delta_nonzeros", "delta_bytes",
+                 "delta_nonzeros_virtual_fedavg_init", "delta_nonzeros_virtual",
+                 "delta_bytes_virtual_fedavg_init", "delta_bytes_virtual")
 
 # Training flags the launchers pass through to `training.run_training` unchanged
 # (VIRTUAL-specific ones are ignored by FedProx and vice versa).
-PASS_THROUGH = (
-    "dataset", "data_dir", "partition", "alpha", "min_size", "classes_per_client",
-    "test_fraction", "num_clients", "clients_per_round", "rounds", "epochs_per_round",
-    "batch_size", "client_lr", "server_lr", "hidden_units", "seed", "eval_every",
-    "precision_step", "kl_weight", "prior_scale", "init_scale",
-    "server_loss_weight", "gate_init", "eval_samples", "prune_per_layer", "architecture",
-    "image_shape", "filters", "lstm_units", "mu")
+PASS_THROUGH = ("dataset", "data_dir", "partition", "alpha", "min_size", "classes_per_client",
+                "test_fraction", "num_clients", "clients_per_round", "rounds", "epochs_per_round",
+                "batch_size", "client_lr", "server_lr", "hidden_units", "seed", "eval_every",
+                "precision_step", "kl_weight", "prior_scale", "init_scale", "server_loss_weight",
+                "gate_init", "eval_samples", "prune_per_layer", "architecture", "image_shape",
+                "filters", "lstm_units", "mu")
 
 _Log = Callable[[str], None]
 
@@ -84,10 +106,14 @@ def define_training_flags(flag_values=None) -> None:
   from tfbfl import flags as tfbfl_flags  # pylint: disable=g-import-not-at-top
 
   fv = absl_flags.FLAGS if flag_values is None else flag_values
-  absl_flags.DEFINE_string("output_dir", None, "Root of the run directories and the report.",
+  absl_flags.DEFINE_string("output_dir",
+                           None,
+                           "Root of the run directories and the report.",
                            flag_values=fv)
-  absl_flags.DEFINE_float("fedprox_client_lr", None,
-                          "FedProx client learning rate (default: --client_lr).", flag_values=fv)
+  absl_flags.DEFINE_float("fedprox_client_lr",
+                          None,
+                          "FedProx client learning rate (default: --client_lr).",
+                          flag_values=fv)
   # Combinations are checked per run (`training.resolve_params`), not while parsing.
   tfbfl_flags.define(PASS_THROUGH, flag_values=fv, check_combinations=False)
 
@@ -99,9 +125,13 @@ def define_launcher_flags(flag_values=None) -> None:
 
   fv = absl_flags.FLAGS if flag_values is None else flag_values
   define_training_flags(fv)
-  absl_flags.DEFINE_list("variants", list(VARIANTS), f"VIRTUAL variants among {list(VARIANTS)}.",
+  absl_flags.DEFINE_list("variants",
+                         list(VARIANTS),
+                         f"VIRTUAL variants among {list(VARIANTS)}.",
                          flag_values=fv)
-  absl_flags.DEFINE_bool("round_progress", False, "Print one line per round of every run.",
+  absl_flags.DEFINE_bool("round_progress",
+                         False,
+                         "Print one line per round of every run.",
                          flag_values=fv)
   absl_flags.mark_flag_as_required("output_dir", flag_values=fv)
 
@@ -155,13 +185,16 @@ def run_name(method: str, percentile: Optional[float]) -> str:
 def _variant_params(base: Dict[str, Any], method: str, percentile: float) -> Dict[str, Any]:
   p = dict(base)
   p.pop("fedprox_client_lr", None)
-  p.update(algorithm="virtual", fedavg_init=(method == "virtual_fedavg_init"),
+  p.update(algorithm="virtual",
+           fedavg_init=(method == "virtual_fedavg_init"),
            prune_percentile=float(percentile))
   return p
 
 
-def sparsity_specs(base: Dict[str, Any], percentiles: Sequence[float],
-                   variants: Sequence[str] = VARIANTS, fedprox: bool = True) -> List[RunSpec]:
+def sparsity_specs(base: Dict[str, Any],
+                   percentiles: Sequence[float],
+                   variants: Sequence[str] = VARIANTS,
+                   fedprox: bool = True) -> List[RunSpec]:
   """The runs of Table III: each variant at each percentile, then FedProx."""
   for v in variants:
     if v not in VARIANTS:
@@ -191,16 +224,24 @@ def _run_params(spec: RunSpec, output_dir: str, round_progress: bool = False):
   """(`run_training` params of `spec`, its resolved flags: those a matching
   summary.json holds, `_runs.same_flags`)."""
   # A run trained (again) replaces what its directory holds; a resumed one keeps it.
-  params = dict(spec.params, output_dir=os.path.join(output_dir, spec.name),
-                verbose=round_progress, resume=False, overwrite=True)
+  params = dict(spec.params,
+                output_dir=os.path.join(output_dir, spec.name),
+                verbose=round_progress,
+                resume=False,
+                overwrite=True)
   params["checkpoint_every"] = int(params.get("rounds") or training.DEFAULTS["rounds"])
   return params, training.resolve_params(params)
 
 
-def ensure_run(spec: RunSpec, output_dir: str, *, log: Optional[_Log] = None,
-               runner: Callable[[Dict[str, Any]], Dict[str, Any]] = training.run_training,
-               round_progress: bool = False, require_checkpoint: bool = False,
-               ) -> Tuple[Dict[str, Any], str]:
+def ensure_run(
+    spec: RunSpec,
+    output_dir: str,
+    *,
+    log: Optional[_Log] = None,
+    runner: Callable[[Dict[str, Any]], Dict[str, Any]] = training.run_training,
+    round_progress: bool = False,
+    require_checkpoint: bool = False,
+) -> Tuple[Dict[str, Any], str]:
   """Returns `(summary, how)` of `spec` in `<output_dir>/<spec.name>`.
 
   `how` is 'reused' (summary.json with the same flags), 'resumed' (from a
@@ -223,8 +264,8 @@ def ensure_run(spec: RunSpec, output_dir: str, *, log: Optional[_Log] = None,
     # Interrupted (checkpoint, no summary), or finished with fewer rounds.
     same_but_rounds = summary is not None and _runs.same_flags(
         summary.get("flags", {}), want, ignore=("rounds",))
-    if ((summary is None and ckpt_round <= want["rounds"])
-        or (same_but_rounds and ckpt_round < want["rounds"])):
+    if ((summary is None and ckpt_round <= want["rounds"]) or
+        (same_but_rounds and ckpt_round < want["rounds"])):
       try:
         return runner(dict(params, resume=True, overwrite=False)), "resumed"
       except ValueError as e:  # checkpoint written with other flags
@@ -239,7 +280,9 @@ def _mean_column(rows, key) -> Optional[float]:
   return float(np.mean(vals)) if vals else None
 
 
-def run_record(spec: RunSpec, summary: Dict[str, Any], run_dir: Optional[str] = None,
+def run_record(spec: RunSpec,
+               summary: Dict[str, Any],
+               run_dir: Optional[str] = None,
                metrics_rows: Optional[List[Dict[str, Any]]] = None) -> Dict[str, Any]:
   """One run's Table III numbers.
 
@@ -270,12 +313,17 @@ def run_record(spec: RunSpec, summary: Dict[str, Any], run_dir: Optional[str] = 
     entries = down / 8.0 if down is not None else None
     if nnz is not None and entries:
       pruned = 1.0 - nnz / entries
-  return dict(
-      method=spec.method, percentile=spec.percentile, run=spec.name,
-      max_mt_accuracy=float(summary["best_mt_accuracy"]),
-      max_s_accuracy=float(summary["best_server_accuracy"]),
-      delta_bytes=delta_bytes, delta_nonzeros=nnz, delta_entries=entries,
-      zero_fraction=pruned, rounds=rounds, wall_time_s=summary.get("wall_time_s"))
+  return dict(method=spec.method,
+              percentile=spec.percentile,
+              run=spec.name,
+              max_mt_accuracy=float(summary["best_mt_accuracy"]),
+              max_s_accuracy=float(summary["best_server_accuracy"]),
+              delta_bytes=delta_bytes,
+              delta_nonzeros=nnz,
+              delta_entries=entries,
+              zero_fraction=pruned,
+              rounds=rounds,
+              wall_time_s=summary.get("wall_time_s"))
 
 
 # ------------------------------------------------------------------ table
@@ -298,11 +346,11 @@ def table3_rows(records: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
   rows = []
   for pct in sorted(by_pct):
     runs = by_pct[pct]
-    common = dict(
-        row=f"{_pct_text(pct)}%", pruned_percent=pct,
-        zero_fraction=_mean_of(r["zero_fraction"] for r in runs.values()),
-        delta_nonzeros=_mean_of(r["delta_nonzeros"] for r in runs.values()),
-        delta_bytes=_mean_of(r["delta_bytes"] for r in runs.values()))
+    common = dict(row=f"{_pct_text(pct)}%",
+                  pruned_percent=pct,
+                  zero_fraction=_mean_of(r["zero_fraction"] for r in runs.values()),
+                  delta_nonzeros=_mean_of(r["delta_nonzeros"] for r in runs.values()),
+                  delta_bytes=_mean_of(r["delta_bytes"] for r in runs.values()))
     for v in VARIANTS:
       common[f"delta_nonzeros_{v}"] = runs[v]["delta_nonzeros"] if v in runs else None
       common[f"delta_bytes_{v}"] = runs[v]["delta_bytes"] if v in runs else None
@@ -313,10 +361,14 @@ def table3_rows(records: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
       rows.append(row)
   if fedprox is not None:
     for metric, key in (("MT", "max_mt_accuracy"), ("S", "max_s_accuracy")):
-      rows.append(dict(row="FedProx", pruned_percent=None, metric=metric,
-                       fedprox=100.0 * fedprox[key], zero_fraction=0.0,
-                       delta_nonzeros=fedprox["delta_nonzeros"],
-                       delta_bytes=fedprox["delta_bytes"]))
+      rows.append(
+          dict(row="FedProx",
+               pruned_percent=None,
+               metric=metric,
+               fedprox=100.0 * fedprox[key],
+               zero_fraction=0.0,
+               delta_nonzeros=fedprox["delta_nonzeros"],
+               delta_bytes=fedprox["delta_bytes"]))
   return rows
 
 
@@ -340,10 +392,9 @@ def format_table3_md(rows: Sequence[Dict[str, Any]], title: str = "") -> str:
     lines += [title, ""]
   fed = [r for r in rows if r["row"] == "FedProx"]
 
-  def sizes(r):   # Delta's size, on a percentile's (or FedProx's) first (MT) row only
+  def sizes(r):  # Delta's size, on a percentile's (or FedProx's) first (MT) row only
     first = r["metric"] == "MT"
-    return ((_human(r["delta_nonzeros"]), _human(r["delta_bytes"], "B")) if first
-            else ("", ""))
+    return ((_human(r["delta_nonzeros"]), _human(r["delta_bytes"], "B")) if first else ("", ""))
 
   def zeros(r):
     frac = r["zero_fraction"]
@@ -355,19 +406,19 @@ def format_table3_md(rows: Sequence[Dict[str, Any]], title: str = "") -> str:
       ("% pruned weights", "zero entries (measured)", "Delta size (non-zeros)",
        "Delta size (bytes)", "Acc", "VIRTUAL + FedAvg init", "VIRTUAL"),
       [(r["row"] if r["metric"] == "MT" else "", zeros(r), *sizes(r), r["metric"],
-        _acc(r["virtual_fedavg_init"]), _acc(r["virtual"]))
-       for r in rows if r["row"] != "FedProx"])
+        _acc(r["virtual_fedavg_init"]), _acc(r["virtual"])) for r in rows if r["row"] != "FedProx"])
   if fed:
     lines += [""] + _runs.md_table(
         ("Reference (no pruning)", "Delta size (non-zeros)", "Delta size (bytes)", "Acc",
-         "FedProx"),
-        [("FedProx (dense)" if r["metric"] == "MT" else "", *sizes(r), r["metric"],
-          _acc(r["fedprox"])) for r in fed])
-  lines += ["", "Accuracies: max over evaluated rounds, in %. Delta size: mean upload of one "
-            "client in one round (VIRTUAL: non-zero entries of Delta_i, each two float32 natural "
-            "parameters, sent sparse with an int32 index when pruned; FedProx: dense float32 "
-            "weights). Zero entries: 1 - non-zeros / entries of the dense Delta_i (pruned, plus "
-            "entries that did not change)."]
+         "FedProx"), [("FedProx (dense)" if r["metric"] == "MT" else "", *sizes(r), r["metric"],
+                       _acc(r["fedprox"])) for r in fed])
+  lines += [
+      "", "Accuracies: max over evaluated rounds, in %. Delta size: mean upload of one "
+      "client in one round (VIRTUAL: non-zero entries of Delta_i, each two float32 natural "
+      "parameters, sent sparse with an int32 index when pruned; FedProx: dense float32 "
+      "weights). Zero entries: 1 - non-zeros / entries of the dense Delta_i (pruned, plus "
+      "entries that did not change)."
+  ]
   return "\n".join(lines) + "\n"
 
 
@@ -387,9 +438,14 @@ def _describe(base: Dict[str, Any]) -> str:
           f"seed {p['seed']}")
 
 
-def run_sparsity_table(base: Dict[str, Any], percentiles: Sequence[float], output_dir: str, *,
-                       variants: Sequence[str] = VARIANTS, fedprox: bool = True,
-                       log: Optional[_Log] = None, report_only: bool = False,
+def run_sparsity_table(base: Dict[str, Any],
+                       percentiles: Sequence[float],
+                       output_dir: str,
+                       *,
+                       variants: Sequence[str] = VARIANTS,
+                       fedprox: bool = True,
+                       log: Optional[_Log] = None,
+                       report_only: bool = False,
                        runner: Callable[[Dict[str, Any]], Dict[str, Any]] = training.run_training,
                        round_progress: bool = False) -> Tuple[List[Dict[str, Any]], str]:
   """Runs (or reuses) every Table III run; writes the table. Returns (records, md)."""
@@ -408,19 +464,22 @@ def run_sparsity_table(base: Dict[str, Any], percentiles: Sequence[float], outpu
         continue
       how = "reused"
     else:
-      log(f"[{i}/{len(specs)}] {spec.name}: {LABELS[spec.method]}"
-          + (f", prune {_pct_text(spec.percentile)}%" if spec.percentile is not None else "")
-          + " ...")
+      log(f"[{i}/{len(specs)}] {spec.name}: {LABELS[spec.method]}" +
+          (f", prune {_pct_text(spec.percentile)}%" if spec.percentile is not None else "") +
+          " ...")
       t0 = time.time()
-      summary, how = ensure_run(spec, output_dir, log=log, runner=runner,
+      summary, how = ensure_run(spec,
+                                output_dir,
+                                log=log,
+                                runner=runner,
                                 round_progress=round_progress)
     rec = run_record(spec, summary, run_dir)
     records.append(rec)
     elapsed = time.time() - start
     log(f"[{i}/{len(specs)}] {spec.name} {how}: max MT {rec['max_mt_accuracy']:.4f} "
         f"max S {rec['max_s_accuracy']:.4f}, delta {_human(rec['delta_nonzeros'])} non-zeros "
-        f"{_human(rec['delta_bytes'], 'B')} per client-round"
-        + ("" if report_only else f" ({time.time() - t0:.1f} s; elapsed {elapsed / 60:.1f} min)"))
+        f"{_human(rec['delta_bytes'], 'B')} per client-round" +
+        ("" if report_only else f" ({time.time() - t0:.1f} s; elapsed {elapsed / 60:.1f} min)"))
   title = f"Table III (VIRTUAL Sec. IV-F) on {_describe(base)}"
   md = write_table3(output_dir, records, title)
   return records, md
@@ -432,7 +491,7 @@ def load_final_state(run_dir: str) -> Dict[str, Any]:
   client index -> state; a disk store's snapshot is read into it), read with
   `tfbfl.state_io.load` (checked; never unpickled)."""
   path = os.path.join(run_dir, experiment.CHECKPOINT)
-  importlib.import_module("tfbfl.algorithms.virtual")   # its state types, for state_io.load
+  importlib.import_module("tfbfl.algorithms.virtual")  # its state types, for state_io.load
   state, _ = state_io.load(path)
   snapshot = state.pop("client_snapshot", None)
   if snapshot is not None:
@@ -466,8 +525,10 @@ def log10_snr(posterior) -> List[np.ndarray]:
   `tfbfl.sparsity.snr`). Exact zeros give -inf."""
   eta1, eta2 = _eta(posterior)
   with np.errstate(divide="ignore"):
-    return [np.log10(np.abs(np.asarray(a, np.float64))) - 0.5 * np.log10(np.asarray(b, np.float64))
-            for a, b in zip(eta1, eta2)]
+    return [
+        np.log10(np.abs(np.asarray(a, np.float64))) - 0.5 * np.log10(np.asarray(b, np.float64))
+        for a, b in zip(eta1, eta2)
+    ]
 
 
 def dense_kernel_indices(posterior) -> List[int]:
@@ -496,7 +557,8 @@ def layer_log_snr(client_states, trained_only: bool = True) -> Dict[int, np.ndar
   """Dense kernel leaf index -> log10 SNR pooled over the clients' shared
   posteriors (`state.shared_posterior`). `trained_only`: skip clients never
   selected (their posterior is the initial one) when any client was trained."""
-  states = list(client_states.values()) if isinstance(client_states, collections.abc.Mapping) else list(client_states)
+  states = list(client_states.values()) if isinstance(
+      client_states, collections.abc.Mapping) else list(client_states)
   if trained_only and any(bool(np.asarray(getattr(s, "trained", True))) for s in states):
     states = [s for s in states if bool(np.asarray(getattr(s, "trained", True)))]
   if not states:
@@ -510,7 +572,8 @@ def layer_log_snr(client_states, trained_only: bool = True) -> Dict[int, np.ndar
   return {i: np.concatenate(v) for i, v in pooled.items()}
 
 
-def cdf_curves(per_variant: Dict[str, Dict[int, np.ndarray]], num_points: int = 200,
+def cdf_curves(per_variant: Dict[str, Dict[int, np.ndarray]],
+               num_points: int = 200,
                shapes: Optional[Dict[int, Tuple[int, ...]]] = None) -> List[Dict[str, Any]]:
   """CDF rows `{layer, leaf, shape, variant, log10_snr, snr_db, cdf}` on a common
   grid per layer (spanning every variant's finite values)."""
@@ -527,8 +590,14 @@ def cdf_curves(per_variant: Dict[str, Dict[int, np.ndarray]], num_points: int = 
       x, f = empirical_cdf(d[leaf], grid)
       shape = "x".join(str(s) for s in (shapes or {}).get(leaf, ()))
       for xi, fi in zip(x, f):
-        rows.append(dict(layer=layer_num, leaf=leaf, shape=shape, variant=variant,
-                         log10_snr=xi, snr_db=10.0 * xi, cdf=fi))
+        rows.append(
+            dict(layer=layer_num,
+                 leaf=leaf,
+                 shape=shape,
+                 variant=variant,
+                 log10_snr=xi,
+                 snr_db=10.0 * xi,
+                 cdf=fi))
   return rows
 
 
@@ -537,8 +606,10 @@ def write_cdf_csv(path: str, rows: Sequence[Dict[str, Any]]) -> None:
                        ("layer", "leaf", "shape", "variant", "log10_snr", "snr_db", "cdf"))
 
 
-def cdf_quantiles(per_variant: Dict[str, Dict[int, np.ndarray]],
-                  quantiles: Sequence[float] = (0.1, 0.25, 0.5, 0.75, 0.9)) -> List[Dict[str, Any]]:
+def cdf_quantiles(
+    per_variant: Dict[str, Dict[int, np.ndarray]],
+    quantiles: Sequence[float] = (0.1, 0.25, 0.5, 0.75, 0.9)
+) -> List[Dict[str, Any]]:
   """Per layer and variant: number of weights and quantiles of log10 SNR."""
   rows = []
   layers = sorted({i for d in per_variant.values() for i in d})
@@ -558,7 +629,9 @@ def plot_snr_cdf(path: str, rows: Sequence[Dict[str, Any]], title: str = "") -> 
   """Fig. 4: one panel per dense layer, one CDF per variant (PNG, Agg)."""
   plt = _runs.pyplot()
   layers = sorted({(r["layer"], r["shape"]) for r in rows})
-  fig, axes = plt.subplots(1, max(len(layers), 1), figsize=(4.2 * max(len(layers), 1), 3.6),
+  fig, axes = plt.subplots(1,
+                           max(len(layers), 1),
+                           figsize=(4.2 * max(len(layers), 1), 3.6),
                            squeeze=False)
   styles = {"virtual": dict(color="C0", ls="-"), "virtual_fedavg_init": dict(color="C3", ls="--")}
   # VIRTUAL first, so that a dashed curve on top stays visible where they coincide.
@@ -568,8 +641,10 @@ def plot_snr_cdf(path: str, rows: Sequence[Dict[str, Any]], title: str = "") -> 
     for variant in variants:
       pts = [r for r in rows if r["layer"] == layer and r["variant"] == variant]
       if pts:
-        ax.step([r["snr_db"] for r in pts], [r["cdf"] for r in pts], where="post",
-                label=LABELS.get(variant, variant), **styles.get(variant, {}))
+        ax.step([r["snr_db"] for r in pts], [r["cdf"] for r in pts],
+                where="post",
+                label=LABELS.get(variant, variant),
+                **styles.get(variant, {}))
         lows.append(next(r["snr_db"] for r in pts if r["cdf"] >= 0.002))
     x_max = max(r["snr_db"] for r in rows if r["layer"] == layer)
     if lows and min(lows) < x_max:  # hide the long empty left tail (< 0.2% of weights)
@@ -585,8 +660,12 @@ def plot_snr_cdf(path: str, rows: Sequence[Dict[str, Any]], title: str = "") -> 
   _runs.save_figure(fig, path, dpi=110, tight=True)
 
 
-def run_snr_cdf(base: Dict[str, Any], output_dir: str, *, percentile: float = 0.0,
-                variants: Sequence[str] = VARIANTS, num_points: int = 400,
+def run_snr_cdf(base: Dict[str, Any],
+                output_dir: str,
+                *,
+                percentile: float = 0.0,
+                variants: Sequence[str] = VARIANTS,
+                num_points: int = 400,
                 log: Optional[_Log] = None,
                 runner: Callable[[Dict[str, Any]], Dict[str, Any]] = training.run_training,
                 round_progress: bool = False) -> Dict[str, Any]:
@@ -599,8 +678,12 @@ def run_snr_cdf(base: Dict[str, Any], output_dir: str, *, percentile: float = 0.
   for i, spec in enumerate(specs, 1):
     log(f"[{i}/{len(specs)}] {spec.name}: {LABELS[spec.method]} ...")
     t0 = time.time()
-    summary, how = ensure_run(spec, output_dir, log=log, runner=runner,
-                              round_progress=round_progress, require_checkpoint=True)
+    summary, how = ensure_run(spec,
+                              output_dir,
+                              log=log,
+                              runner=runner,
+                              round_progress=round_progress,
+                              require_checkpoint=True)
     run_dir = os.path.join(output_dir, spec.name)
     state = load_final_state(run_dir)
     if int(state["round"]) != int(summary["rounds"]):
@@ -610,8 +693,8 @@ def run_snr_cdf(base: Dict[str, Any], output_dir: str, *, percentile: float = 0.
     first = next(iter(state["clients"].values()))
     eta1, _ = _eta(first.shared_posterior)
     shapes.update({leaf: tuple(eta1[leaf].shape) for leaf in per_variant[spec.method]})
-    med = ", ".join(f"{np.median(v[np.isfinite(v)]):.2f}"
-                    for v in per_variant[spec.method].values())
+    med = ", ".join(
+        f"{np.median(v[np.isfinite(v)]):.2f}" for v in per_variant[spec.method].values())
     log(f"[{i}/{len(specs)}] {spec.name} {how} ({time.time() - t0:.1f} s): max MT "
         f"{summary['best_mt_accuracy']:.4f} S {summary['best_server_accuracy']:.4f}; "
         f"median log10 SNR per dense layer: {med}")
@@ -620,7 +703,8 @@ def run_snr_cdf(base: Dict[str, Any], output_dir: str, *, percentile: float = 0.
   write_cdf_csv(os.path.join(output_dir, "fig4_snr_cdf.csv"), rows)
   experiment.write_csv(os.path.join(output_dir, "fig4_summary.csv"), quantiles,
                        list(quantiles[0]) if quantiles else ["layer"])
-  plot_snr_cdf(os.path.join(output_dir, "fig4_snr_cdf.png"), rows,
-               title=f"CDF of client posterior SNR (Fig. 4): {_describe(base)}"
-               + (f", prune {_pct_text(percentile)}%" if percentile else ""))
+  plot_snr_cdf(os.path.join(output_dir, "fig4_snr_cdf.png"),
+               rows,
+               title=f"CDF of client posterior SNR (Fig. 4): {_describe(base)}" +
+               (f", prune {_pct_text(percentile)}%" if percentile else ""))
   return dict(per_variant=per_variant, rows=rows, quantiles=quantiles)

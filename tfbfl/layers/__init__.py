@@ -15,10 +15,10 @@ from tfbfl.layers.lateral import LateralConnection
 from tfbfl.layers.recurrent import BayesianLSTM, GaussianEmbedding
 
 __all__ = [
-  "BayesianConv2D",
-  "BayesianDense",
-  "BayesianLSTM",
-  "GaussianEmbedding",
-  "LateralConnection",
-  "MeanFieldGaussianLayer",
+    "BayesianConv2D",
+    "BayesianDense",
+    "BayesianLSTM",
+    "GaussianEmbedding",
+    "LateralConnection",
+    "MeanFieldGaussianLayer",
 ]

@@ -20,16 +20,16 @@ import tensorflow_probability as tfp
 from tfbfl import gaussian
 
 __all__ = [
-  "MeanFieldGaussianLayer",
-  "check_finite_float",
-  "check_natural_gaussian",
-  "check_positive_int",
-  "check_seed",
-  "derive_seed",
-  "initial_loc",
-  "is_int",
-  "initial_untransformed_scale",
-  "scale_from_untransformed",
+    "MeanFieldGaussianLayer",
+    "check_finite_float",
+    "check_natural_gaussian",
+    "check_positive_int",
+    "check_seed",
+    "derive_seed",
+    "initial_loc",
+    "is_int",
+    "initial_untransformed_scale",
+    "scale_from_untransformed",
 ]
 
 _TRUNCATED_NORMAL_STDDEV_CORRECTION = 0.87962566103423978  # std of N(0,1) cut at +-2
@@ -37,9 +37,7 @@ _TRUNCATED_NORMAL_STDDEV_CORRECTION = 0.87962566103423978  # std of N(0,1) cut a
 
 def is_int(value):
   """True for Python and numpy integers, False for bools (which are ints too)."""
-  return isinstance(value, (int, np.integer)) and not isinstance(
-    value, (bool, np.bool_)
-  )
+  return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
 def check_positive_int(name, value):
@@ -70,10 +68,8 @@ def check_seed(seed):
 def check_natural_gaussian(g, name):
   """`(list(g.eta1), list(g.eta2))`; ValueError unless `g` is a `NaturalGaussian`."""
   if not (hasattr(g, "eta1") and hasattr(g, "eta2")):
-    raise ValueError(
-      f"`{name}` must be a tfbfl.gaussian.NaturalGaussian, got "
-      f"{type(g).__name__}."
-    )
+    raise ValueError(f"`{name}` must be a tfbfl.gaussian.NaturalGaussian, got "
+                     f"{type(g).__name__}.")
   return list(g.eta1), list(g.eta2)
 
 
@@ -102,9 +98,10 @@ def initial_loc(shape, fan_in, fan_out, seed=None, dtype=tf.float32):
   stddev /= _TRUNCATED_NORMAL_STDDEV_CORRECTION
   if seed is None:
     return tf.random.truncated_normal(shape, stddev=stddev, dtype=dtype)
-  return tf.random.stateless_truncated_normal(
-    shape, seed=tf.constant([seed, 0], tf.int64), stddev=stddev, dtype=dtype
-  )
+  return tf.random.stateless_truncated_normal(shape,
+                                              seed=tf.constant([seed, 0], tf.int64),
+                                              stddev=stddev,
+                                              dtype=dtype)
 
 
 def initial_untransformed_scale(init_scale, min_scale):
@@ -115,9 +112,7 @@ def initial_untransformed_scale(init_scale, min_scale):
   """
   x = float(init_scale) - float(min_scale)
   if not x > 0:
-    raise ValueError(
-      f"`init_scale` must exceed `min_scale`, got {init_scale} <= {min_scale}."
-    )
+    raise ValueError(f"`init_scale` must exceed `min_scale`, got {init_scale} <= {min_scale}.")
   return float(x + np.log(-np.expm1(-x)))
 
 
@@ -165,27 +160,23 @@ class MeanFieldGaussianLayer(tf.keras.layers.Layer):
   """
 
   def __init__(
-    self,
-    activation=None,
-    prior_scale=1.0,
-    init_scale=1e-3,
-    min_scale=1e-6,
-    variance_epsilon=1e-8,
-    seed=None,
-    **kwargs,
+      self,
+      activation=None,
+      prior_scale=1.0,
+      init_scale=1e-3,
+      min_scale=1e-6,
+      variance_epsilon=1e-8,
+      seed=None,
+      **kwargs,
   ):
     super().__init__(**kwargs)
     self.prior_scale = _check_positive("prior_scale", prior_scale)
     self.min_scale = _check_positive("min_scale", min_scale, allow_zero=True)
     self.init_scale = _check_positive("init_scale", init_scale)
     if self.init_scale <= self.min_scale:
-      raise ValueError(
-        f"`init_scale` must exceed `min_scale` ({self.min_scale}), "
-        f"got {init_scale!r}."
-      )
-    self.variance_epsilon = _check_positive(
-      "variance_epsilon", variance_epsilon, allow_zero=True
-    )
+      raise ValueError(f"`init_scale` must exceed `min_scale` ({self.min_scale}), "
+                       f"got {init_scale!r}.")
+    self.variance_epsilon = _check_positive("variance_epsilon", variance_epsilon, allow_zero=True)
     self.seed = check_seed(seed)
     self.activation = tf.keras.activations.get(activation)
     self._param_names = ()
@@ -200,10 +191,8 @@ class MeanFieldGaussianLayer(tf.keras.layers.Layer):
     axes' names, for the error) and a known last dimension; the input spec is
     fixed to that rank and last dimension."""
     if input_shape.rank != len(axes) or input_shape[-1] is None:
-      raise ValueError(
-        f"`input_shape` must be [{', '.join(axes)}] with known {axes[-1]}, got "
-        f"{input_shape}."
-      )
+      raise ValueError(f"`input_shape` must be [{', '.join(axes)}] with known {axes[-1]}, got "
+                       f"{input_shape}.")
     last = int(input_shape[-1])
     self.input_spec = tf.keras.layers.InputSpec(ndim=len(axes), axes={-1: last})
     return last
@@ -216,31 +205,28 @@ class MeanFieldGaussianLayer(tf.keras.layers.Layer):
     for index, (name, shape, fan_in, fan_out, random_loc) in enumerate(specs):
       if random_loc:
         seed = derive_seed(self.seed, index)
-        loc_init = lambda shape, dtype, fi=fan_in, fo=fan_out, s=seed: (
-          initial_loc(shape, fi, fo, seed=s, dtype=dtype)
-        )
+        loc_init = lambda shape, dtype, fi=fan_in, fo=fan_out, s=seed: (initial_loc(
+            shape, fi, fo, seed=s, dtype=dtype))
       else:
         loc_init = tf.keras.initializers.Zeros()
-      loc = self.add_weight(
-        name=f"{name}_loc", shape=shape, initializer=loc_init, trainable=True
-      )
+      loc = self.add_weight(name=f"{name}_loc", shape=shape, initializer=loc_init, trainable=True)
       u = self.add_weight(
-        name=f"{name}_untransformed_scale",
-        shape=shape,
-        initializer=tf.keras.initializers.Constant(u0),
-        trainable=True,
+          name=f"{name}_untransformed_scale",
+          shape=shape,
+          initializer=tf.keras.initializers.Constant(u0),
+          trainable=True,
       )
       eta1 = self.add_weight(
-        name=f"{name}_prior_eta1",
-        shape=shape,
-        initializer=tf.keras.initializers.Zeros(),
-        trainable=False,
+          name=f"{name}_prior_eta1",
+          shape=shape,
+          initializer=tf.keras.initializers.Zeros(),
+          trainable=False,
       )
       eta2 = self.add_weight(
-        name=f"{name}_prior_eta2",
-        shape=shape,
-        initializer=tf.keras.initializers.Constant(prior_eta2),
-        trainable=False,
+          name=f"{name}_prior_eta2",
+          shape=shape,
+          initializer=tf.keras.initializers.Constant(prior_eta2),
+          trainable=False,
       )
       setattr(self, f"{name}_loc", loc)
       setattr(self, f"{name}_untransformed_scale", u)
@@ -256,9 +242,7 @@ class MeanFieldGaussianLayer(tf.keras.layers.Layer):
   def _apply_variational(self, inputs, locs, variances, seed):
     raise NotImplementedError
 
-  def _local_reparameterization(
-    self, linear, inputs, locs, variances, seed, square_inputs=True
-  ):
+  def _local_reparameterization(self, linear, inputs, locs, variances, seed, square_inputs=True):
     """`_apply_variational` of a layer whose output is linear in its parameters.
 
     `linear(inputs, params)` computes the output from a dict of parameter tensors.
@@ -281,12 +265,10 @@ class MeanFieldGaussianLayer(tf.keras.layers.Layer):
     variances = None
     if seed is not None:
       variances = {
-        n: tf.square(
-          scale_from_untransformed(
-            getattr(self, f"{n}_untransformed_scale"), self.min_scale
-          )
-        )
-        for n in self._param_names
+          n:
+              tf.square(
+                  scale_from_untransformed(getattr(self, f"{n}_untransformed_scale"),
+                                           self.min_scale)) for n in self._param_names
       }
     outputs = self._apply_variational(inputs, locs, variances, seed)
     if self.activation is not None:
@@ -297,10 +279,8 @@ class MeanFieldGaussianLayer(tf.keras.layers.Layer):
 
   def _check_built(self, method):
     if not self.built:
-      raise ValueError(
-        f"{type(self).__name__}.{method}() needs a built layer; call "
-        "`layer.build(input_shape)` first."
-      )
+      raise ValueError(f"{type(self).__name__}.{method}() needs a built layer; call "
+                       "`layer.build(input_shape)` first.")
 
   @property
   def parameter_names(self):
@@ -311,9 +291,9 @@ class MeanFieldGaussianLayer(tf.keras.layers.Layer):
   def posterior_variables(self):
     """The trainable variables `[w_loc, w_untransformed_scale, ...]` by parameter."""
     return [
-      getattr(self, f"{n}_{kind}")
-      for n in self._param_names
-      for kind in ("loc", "untransformed_scale")
+        getattr(self, f"{n}_{kind}")
+        for n in self._param_names
+        for kind in ("loc", "untransformed_scale")
     ]
 
   def posterior_loc_scale(self):
@@ -321,10 +301,8 @@ class MeanFieldGaussianLayer(tf.keras.layers.Layer):
     self._check_built("posterior_loc_scale")
     locs = [tf.convert_to_tensor(getattr(self, f"{n}_loc")) for n in self._param_names]
     scales = [
-      scale_from_untransformed(
-        getattr(self, f"{n}_untransformed_scale"), self.min_scale
-      )
-      for n in self._param_names
+        scale_from_untransformed(getattr(self, f"{n}_untransformed_scale"), self.min_scale)
+        for n in self._param_names
     ]
     return locs, scales
 
@@ -359,8 +337,8 @@ class MeanFieldGaussianLayer(tf.keras.layers.Layer):
     """The prior as a `NaturalGaussian` over `[w for w in parameter_names]`."""
     self._check_built("prior")
     return gaussian.NaturalGaussian(
-      [tf.convert_to_tensor(getattr(self, f"{n}_prior_eta1")) for n in self._param_names],
-      [tf.convert_to_tensor(getattr(self, f"{n}_prior_eta2")) for n in self._param_names],
+        [tf.convert_to_tensor(getattr(self, f"{n}_prior_eta1")) for n in self._param_names],
+        [tf.convert_to_tensor(getattr(self, f"{n}_prior_eta2")) for n in self._param_names],
     )
 
   def set_prior(self, g):
@@ -382,10 +360,8 @@ class MeanFieldGaussianLayer(tf.keras.layers.Layer):
   def _as_structure(self, g, name):
     eta1, eta2 = check_natural_gaussian(g, name)
     if len(eta1) != len(self._param_names) or len(eta2) != len(self._param_names):
-      raise ValueError(
-        f"`{name}` must hold {len(self._param_names)} tensors per natural parameter "
-        f"(one per {list(self._param_names)}), got {len(eta1)} and {len(eta2)}."
-      )
+      raise ValueError(f"`{name}` must hold {len(self._param_names)} tensors per natural parameter "
+                       f"(one per {list(self._param_names)}), got {len(eta1)} and {len(eta2)}.")
     return gaussian.NaturalGaussian(eta1, eta2)
 
   # -- serialisation -----------------------------------------------------------------
@@ -393,11 +369,11 @@ class MeanFieldGaussianLayer(tf.keras.layers.Layer):
   def get_config(self):
     config = super().get_config()
     config.update(
-      activation=tf.keras.activations.serialize(self.activation),
-      prior_scale=self.prior_scale,
-      init_scale=self.init_scale,
-      min_scale=self.min_scale,
-      variance_epsilon=self.variance_epsilon,
-      seed=self.seed,
+        activation=tf.keras.activations.serialize(self.activation),
+        prior_scale=self.prior_scale,
+        init_scale=self.init_scale,
+        min_scale=self.min_scale,
+        variance_epsilon=self.variance_epsilon,
+        seed=self.seed,
     )
     return config

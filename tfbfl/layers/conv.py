@@ -17,12 +17,9 @@ def _pair(name, value):
     pair = tuple(value)
   except TypeError:
     raise ValueError(
-      f"`{name}` must be a positive int or a pair of positive ints, got {value!r}."
-    ) from None
+        f"`{name}` must be a positive int or a pair of positive ints, got {value!r}.") from None
   if len(pair) != 2 or any(not is_int(v) or v <= 0 for v in pair):
-    raise ValueError(
-      f"`{name}` must be a positive int or a pair of positive ints, got {value!r}."
-    )
+    raise ValueError(f"`{name}` must be a positive int or a pair of positive ints, got {value!r}.")
   return tuple(int(v) for v in pair)
 
 
@@ -111,27 +108,27 @@ class BayesianConv2D(MeanFieldGaussianLayer):
   """
 
   def __init__(
-    self,
-    filters,
-    kernel_size,
-    strides=1,
-    padding="valid",
-    activation=None,
-    prior_scale=1.0,
-    init_scale=1e-3,
-    min_scale=1e-6,
-    variance_epsilon=1e-8,
-    seed=None,
-    **kwargs,
+      self,
+      filters,
+      kernel_size,
+      strides=1,
+      padding="valid",
+      activation=None,
+      prior_scale=1.0,
+      init_scale=1e-3,
+      min_scale=1e-6,
+      variance_epsilon=1e-8,
+      seed=None,
+      **kwargs,
   ):
     super().__init__(
-      activation=activation,
-      prior_scale=prior_scale,
-      init_scale=init_scale,
-      min_scale=min_scale,
-      variance_epsilon=variance_epsilon,
-      seed=seed,
-      **kwargs,
+        activation=activation,
+        prior_scale=prior_scale,
+        init_scale=init_scale,
+        min_scale=min_scale,
+        variance_epsilon=variance_epsilon,
+        seed=seed,
+        **kwargs,
     )
     filters = check_positive_int("filters", filters)
     if not isinstance(padding, str) or padding.upper() not in _PADDINGS:
@@ -146,20 +143,18 @@ class BayesianConv2D(MeanFieldGaussianLayer):
     c_in = self._known_last_dim(input_shape, ("batch", "height", "width", "channels"))
     k_h, k_w = self.kernel_size
     return [
-      (
-        "kernel",
-        [k_h, k_w, c_in, self.filters],
-        k_h * k_w * c_in,
-        k_h * k_w * self.filters,
-        True,
-      ),
-      ("bias", [self.filters], k_h * k_w * c_in, k_h * k_w * self.filters, False),
+        (
+            "kernel",
+            [k_h, k_w, c_in, self.filters],
+            k_h * k_w * c_in,
+            k_h * k_w * self.filters,
+            True,
+        ),
+        ("bias", [self.filters], k_h * k_w * c_in, k_h * k_w * self.filters, False),
     ]
 
   def _affine(self, inputs, params):
-    conv = tf.nn.conv2d(
-      inputs, params["kernel"], strides=self.strides, padding=self.padding
-    )
+    conv = tf.nn.conv2d(inputs, params["kernel"], strides=self.strides, padding=self.padding)
     return tf.nn.bias_add(conv, params["bias"])
 
   def _apply_variational(self, inputs, locs, variances, seed):
@@ -175,9 +170,9 @@ class BayesianConv2D(MeanFieldGaussianLayer):
   def get_config(self):
     config = super().get_config()
     config.update(
-      filters=self.filters,
-      kernel_size=self.kernel_size,
-      strides=self.strides,
-      padding=self.padding.lower(),
+        filters=self.filters,
+        kernel_size=self.kernel_size,
+        strides=self.strides,
+        padding=self.padding.lower(),
     )
     return config

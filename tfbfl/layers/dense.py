@@ -88,24 +88,24 @@ class BayesianDense(MeanFieldGaussianLayer):
   """
 
   def __init__(
-    self,
-    units,
-    activation=None,
-    prior_scale=1.0,
-    init_scale=1e-3,
-    min_scale=1e-6,
-    variance_epsilon=1e-8,
-    seed=None,
-    **kwargs,
+      self,
+      units,
+      activation=None,
+      prior_scale=1.0,
+      init_scale=1e-3,
+      min_scale=1e-6,
+      variance_epsilon=1e-8,
+      seed=None,
+      **kwargs,
   ):
     super().__init__(
-      activation=activation,
-      prior_scale=prior_scale,
-      init_scale=init_scale,
-      min_scale=min_scale,
-      variance_epsilon=variance_epsilon,
-      seed=seed,
-      **kwargs,
+        activation=activation,
+        prior_scale=prior_scale,
+        init_scale=init_scale,
+        min_scale=min_scale,
+        variance_epsilon=variance_epsilon,
+        seed=seed,
+        **kwargs,
     )
     if isinstance(units, bool) or not isinstance(units, int) or units <= 0:
       raise ValueError(f"`units` must be a positive int, got {units!r}.")
@@ -115,15 +115,13 @@ class BayesianDense(MeanFieldGaussianLayer):
   def _parameter_shapes(self, input_shape):
     n_in = input_shape[-1]
     if n_in is None:
-      raise ValueError(
-        "`input_shape` must have a known last dimension, got "
-        f"{input_shape}."
-      )
+      raise ValueError("`input_shape` must have a known last dimension, got "
+                       f"{input_shape}.")
     n_in = int(n_in)
     self.input_spec = tf.keras.layers.InputSpec(min_ndim=2, axes={-1: n_in})
     return [
-      ("kernel", [n_in, self.units], n_in, self.units, True),
-      ("bias", [self.units], n_in, self.units, False),
+        ("kernel", [n_in, self.units], n_in, self.units, True),
+        ("bias", [self.units], n_in, self.units, False),
     ]
 
   @staticmethod

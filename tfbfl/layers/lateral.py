@@ -67,68 +67,63 @@ class LateralConnection(tf.keras.layers.Layer):
   """
 
   def __init__(
-    self,
-    units,
-    adapter_units=None,
-    activation="relu",
-    prior_scale=1.0,
-    init_scale=1e-3,
-    min_scale=1e-6,
-    variance_epsilon=1e-8,
-    gate_init=1.0,
-    seed=None,
-    **kwargs,
+      self,
+      units,
+      adapter_units=None,
+      activation="relu",
+      prior_scale=1.0,
+      init_scale=1e-3,
+      min_scale=1e-6,
+      variance_epsilon=1e-8,
+      gate_init=1.0,
+      seed=None,
+      **kwargs,
   ):
     super().__init__(**kwargs)
     if isinstance(units, bool) or not isinstance(units, int) or units <= 0:
       raise ValueError(f"`units` must be a positive int, got {units!r}.")
     if adapter_units is None:
       adapter_units = units
-    if (
-      isinstance(adapter_units, bool)
-      or not isinstance(adapter_units, int)
-      or adapter_units <= 0
-    ):
-      raise ValueError(
-        f"`adapter_units` must be a positive int or None, got {adapter_units!r}."
-      )
+    if (isinstance(adapter_units, bool) or not isinstance(adapter_units, int) or
+        adapter_units <= 0):
+      raise ValueError(f"`adapter_units` must be a positive int or None, got {adapter_units!r}.")
     gate_init = check_finite_float("gate_init", gate_init)
     self.units = units
     self.adapter_units = adapter_units
     self.gate_init = gate_init
     self.seed = seed
     common = dict(
-      prior_scale=prior_scale,
-      init_scale=init_scale,
-      min_scale=min_scale,
-      variance_epsilon=variance_epsilon,
-      dtype=self.dtype_policy,
+        prior_scale=prior_scale,
+        init_scale=init_scale,
+        min_scale=min_scale,
+        variance_epsilon=variance_epsilon,
+        dtype=self.dtype_policy,
     )
     # BayesianDense validates prior_scale/init_scale/min_scale/variance_epsilon/seed.
     self.adapter_in = BayesianDense(
-      adapter_units,
-      activation=activation,
-      seed=derive_seed(seed, 0),
-      name="V",
-      **common,
+        adapter_units,
+        activation=activation,
+        seed=derive_seed(seed, 0),
+        name="V",
+        **common,
     )
-    self.adapter_out = BayesianDense(
-      units, activation=None, seed=derive_seed(seed, 1), name="U", **common
-    )
+    self.adapter_out = BayesianDense(units,
+                                     activation=None,
+                                     seed=derive_seed(seed, 1),
+                                     name="U",
+                                     **common)
 
   def build(self, input_shape):
     input_shape = tf.TensorShape(input_shape)
     with tf.name_scope(self.adapter_in.name):
       self.adapter_in.build(input_shape)
     with tf.name_scope(self.adapter_out.name):
-      self.adapter_out.build(
-        input_shape[:-1].concatenate([self.adapter_units])
-      )
+      self.adapter_out.build(input_shape[:-1].concatenate([self.adapter_units]))
     self.gate = self.add_weight(
-      name="gate",
-      shape=[self.units],
-      initializer=tf.keras.initializers.Constant(self.gate_init),
-      trainable=True,
+        name="gate",
+        shape=[self.units],
+        initializer=tf.keras.initializers.Constant(self.gate_init),
+        trainable=True,
     )
     super().build(input_shape)
 
@@ -149,11 +144,8 @@ class LateralConnection(tf.keras.layers.Layer):
   @property
   def trainable_parameter_variables(self):
     """`V`'s posterior variables, then `U`'s, then the gate (a fixed order)."""
-    return (
-      self.adapter_in.posterior_variables
-      + self.adapter_out.posterior_variables
-      + [self.gate]
-    )
+    return (self.adapter_in.posterior_variables + self.adapter_out.posterior_variables +
+            [self.gate])
 
   def compute_output_shape(self, input_shape):
     return tf.TensorShape(input_shape)[:-1].concatenate([self.units])
@@ -161,14 +153,14 @@ class LateralConnection(tf.keras.layers.Layer):
   def get_config(self):
     config = super().get_config()
     config.update(
-      units=self.units,
-      adapter_units=self.adapter_units,
-      activation=tf.keras.activations.serialize(self.adapter_in.activation),
-      prior_scale=self.adapter_in.prior_scale,
-      init_scale=self.adapter_in.init_scale,
-      min_scale=self.adapter_in.min_scale,
-      variance_epsilon=self.adapter_in.variance_epsilon,
-      gate_init=self.gate_init,
-      seed=self.seed,
+        units=self.units,
+        adapter_units=self.adapter_units,
+        activation=tf.keras.activations.serialize(self.adapter_in.activation),
+        prior_scale=self.adapter_in.prior_scale,
+        init_scale=self.adapter_in.init_scale,
+        min_scale=self.adapter_in.min_scale,
+        variance_epsilon=self.adapter_in.variance_epsilon,
+        gate_init=self.gate_init,
+        seed=self.seed,
     )
     return config

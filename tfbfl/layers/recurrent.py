@@ -4,9 +4,9 @@ import numpy as np
 import tensorflow as tf
 
 from tfbfl.layers.base import (
-  MeanFieldGaussianLayer,
-  check_finite_float,
-  check_positive_int,
+    MeanFieldGaussianLayer,
+    check_finite_float,
+    check_positive_int,
 )
 
 __all__ = ["BayesianLSTM", "GaussianEmbedding"]
@@ -95,29 +95,27 @@ class BayesianLSTM(MeanFieldGaussianLayer):
   """
 
   def __init__(
-    self,
-    units,
-    return_sequences=False,
-    forget_bias=1.0,
-    prior_scale=1.0,
-    init_scale=1e-3,
-    min_scale=1e-6,
-    seed=None,
-    **kwargs,
+      self,
+      units,
+      return_sequences=False,
+      forget_bias=1.0,
+      prior_scale=1.0,
+      init_scale=1e-3,
+      min_scale=1e-6,
+      seed=None,
+      **kwargs,
   ):
     super().__init__(
-      activation=None,
-      prior_scale=prior_scale,
-      init_scale=init_scale,
-      min_scale=min_scale,
-      seed=seed,
-      **kwargs,
+        activation=None,
+        prior_scale=prior_scale,
+        init_scale=init_scale,
+        min_scale=min_scale,
+        seed=seed,
+        **kwargs,
     )
     self.units = check_positive_int("units", units)
     if not isinstance(return_sequences, (bool, np.bool_)):
-      raise ValueError(
-        f"`return_sequences` must be a bool, got {return_sequences!r}."
-      )
+      raise ValueError(f"`return_sequences` must be a bool, got {return_sequences!r}.")
     self.return_sequences = bool(return_sequences)
     self.forget_bias = check_finite_float("forget_bias", forget_bias)
     self.input_spec = tf.keras.layers.InputSpec(ndim=3)
@@ -126,17 +124,16 @@ class BayesianLSTM(MeanFieldGaussianLayer):
     n_in = self._known_last_dim(input_shape, ("batch", "time", "features"))
     u = self.units
     return [
-      ("kernel", [n_in, 4 * u], n_in, 4 * u, True),
-      ("recurrent_kernel", [u, 4 * u], u, 4 * u, True),
-      ("bias", [4 * u], n_in, 4 * u, False),
+        ("kernel", [n_in, 4 * u], n_in, 4 * u, True),
+        ("recurrent_kernel", [u, 4 * u], u, 4 * u, True),
+        ("bias", [4 * u], n_in, 4 * u, False),
     ]
 
   def _draw(self, locs, variances, seed):
     if variances is None:
       return dict(locs)
-    seeds = tf.random.experimental.stateless_split(
-      tf.convert_to_tensor(seed), num=len(self._param_names)
-    )
+    seeds = tf.random.experimental.stateless_split(tf.convert_to_tensor(seed),
+                                                   num=len(self._param_names))
     draws = {}
     for i, name in enumerate(self._param_names):
       loc = tf.convert_to_tensor(locs[name])
@@ -164,8 +161,8 @@ class BayesianLSTM(MeanFieldGaussianLayer):
     kernel = tf.convert_to_tensor(w["kernel"])
     recurrent = tf.convert_to_tensor(w["recurrent_kernel"])
     offset = tf.constant(
-      np.repeat(np.array([0.0, self.forget_bias, 0.0, 0.0]), self.units),
-      dtype=kernel.dtype,
+        np.repeat(np.array([0.0, self.forget_bias, 0.0, 0.0]), self.units),
+        dtype=kernel.dtype,
     )
     bias = w["bias"] + offset
     # All input projections at once, then a time-major scan over the recurrence.
@@ -197,9 +194,9 @@ class BayesianLSTM(MeanFieldGaussianLayer):
     for key in ("activation", "variance_epsilon"):
       config.pop(key, None)
     config.update(
-      units=self.units,
-      return_sequences=self.return_sequences,
-      forget_bias=self.forget_bias,
+        units=self.units,
+        return_sequences=self.return_sequences,
+        forget_bias=self.forget_bias,
     )
     return config
 
@@ -268,39 +265,37 @@ class GaussianEmbedding(MeanFieldGaussianLayer):
   """
 
   def __init__(
-    self,
-    input_dim,
-    output_dim,
-    prior_scale=1.0,
-    init_scale=1e-3,
-    min_scale=1e-6,
-    variance_epsilon=1e-8,
-    seed=None,
-    **kwargs,
+      self,
+      input_dim,
+      output_dim,
+      prior_scale=1.0,
+      init_scale=1e-3,
+      min_scale=1e-6,
+      variance_epsilon=1e-8,
+      seed=None,
+      **kwargs,
   ):
     super().__init__(
-      activation=None,
-      prior_scale=prior_scale,
-      init_scale=init_scale,
-      min_scale=min_scale,
-      variance_epsilon=variance_epsilon,
-      seed=seed,
-      **kwargs,
+        activation=None,
+        prior_scale=prior_scale,
+        init_scale=init_scale,
+        min_scale=min_scale,
+        variance_epsilon=variance_epsilon,
+        seed=seed,
+        **kwargs,
     )
     self.input_dim = check_positive_int("input_dim", input_dim)
     self.output_dim = check_positive_int("output_dim", output_dim)
 
   def _parameter_shapes(self, input_shape):
     del input_shape  # any shape of ids
-    return [
-      (
+    return [(
         "embeddings",
         [self.input_dim, self.output_dim],
         self.input_dim,
         self.output_dim,
         True,
-      )
-    ]
+    )]
 
   @staticmethod
   def _lookup(ids, params):
@@ -311,9 +306,12 @@ class GaussianEmbedding(MeanFieldGaussianLayer):
     if not ids.dtype.is_integer:
       ids = tf.cast(ids, tf.int32)
     # A lookup is a dense layer on one-hot ids, which are their own squares.
-    return self._local_reparameterization(
-      self._lookup, ids, locs, variances, seed, square_inputs=False
-    )
+    return self._local_reparameterization(self._lookup,
+                                          ids,
+                                          locs,
+                                          variances,
+                                          seed,
+                                          square_inputs=False)
 
   def compute_output_shape(self, input_shape):
     return tf.TensorShape(input_shape).concatenate([self.output_dim])

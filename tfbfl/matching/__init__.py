@@ -12,19 +12,35 @@ launchers can call these functions directly on trained Keras weights.
 from tfbfl.matching.dpmeans import dp_means, dpmeans_single_layer
 from tfbfl.matching.multilayer import multilayer_atoms, patch_outgoing, pfnm_multilayer
 from tfbfl.matching.pfnm import (MatchingHyperparams, MatchResult, assignment_cost,
-                                 class_frequency_weights, coordinate_blocks,
-                                 existing_neuron_gain, group_popularity_log_odds, match_layer,
-                                 new_neuron_gain, new_neuron_log_prior, num_new_columns,
-                                 pfnm_single_layer, popularity_log_odds, single_layer_atoms,
-                                 softmax_bias_posterior, split_single_layer_atoms)
+                                 class_frequency_weights, coordinate_blocks, existing_neuron_gain,
+                                 group_popularity_log_odds, match_layer, new_neuron_gain,
+                                 new_neuron_log_prior, num_new_columns, pfnm_single_layer,
+                                 popularity_log_odds, single_layer_atoms, softmax_bias_posterior,
+                                 split_single_layer_atoms)
 from tfbfl.matching.streaming import StreamingPFNM, StreamingState
 
 __all__ = [
-    "MatchingHyperparams", "MatchResult", "match_layer", "pfnm_single_layer",
-    "pfnm_multilayer", "StreamingPFNM", "StreamingState", "dp_means",
-    "dpmeans_single_layer", "assignment_cost", "coordinate_blocks", "existing_neuron_gain",
-    "new_neuron_gain", "popularity_log_odds", "group_popularity_log_odds",
-    "new_neuron_log_prior", "num_new_columns", "single_layer_atoms",
-    "split_single_layer_atoms", "class_frequency_weights", "softmax_bias_posterior",
-    "multilayer_atoms", "patch_outgoing",
+    "MatchingHyperparams",
+    "MatchResult",
+    "match_layer",
+    "pfnm_single_layer",
+    "pfnm_multilayer",
+    "StreamingPFNM",
+    "StreamingState",
+    "dp_means",
+    "dpmeans_single_layer",
+    "assignment_cost",
+    "coordinate_blocks",
+    "existing_neuron_gain",
+    "new_neuron_gain",
+    "popularity_log_odds",
+    "group_popularity_log_odds",
+    "new_neuron_log_prior",
+    "num_new_columns",
+    "single_layer_atoms",
+    "split_single_layer_atoms",
+    "class_frequency_weights",
+    "softmax_bias_posterior",
+    "multilayer_atoms",
+    "patch_outgoing",
 ]

@@ -41,15 +41,15 @@ import numpy as np
 
 from tfbfl.matching.pfnm import (MatchingHyperparams, MatchResult, _check_single_layer_weights,
                                  base_prior_mean, class_frequency_weights, match_layer,
-                                 single_layer_atoms, single_layer_obs_var,
-                                 softmax_bias_posterior, split_single_layer_atoms)
+                                 single_layer_atoms, single_layer_obs_var, softmax_bias_posterior,
+                                 split_single_layer_atoms)
 
 __all__ = ["StreamingPFNM", "StreamingState"]
 
 
 @dataclasses.dataclass
 class StreamingState:
-    """Posterior after ``steps`` streaming steps.
+  """Posterior after ``steps`` streaming steps.
 
     Attributes:
       G, P: ``(L, A)`` natural sums of the global neurons (eq. 10): prior of the
@@ -61,34 +61,34 @@ class StreamingState:
       D, K: input and output dimensions.
     """
 
-    G: np.ndarray
-    P: np.ndarray
-    group_counts: np.ndarray
-    softmax_G: np.ndarray
-    softmax_P: np.ndarray
-    steps: int
-    D: int
-    K: int
+  G: np.ndarray
+  P: np.ndarray
+  group_counts: np.ndarray
+  softmax_G: np.ndarray
+  softmax_P: np.ndarray
+  steps: int
+  D: int
+  K: int
 
-    @property
-    def num_global(self) -> int:
-        return int(self.G.shape[0])
+  @property
+  def num_global(self) -> int:
+    return int(self.G.shape[0])
 
 
 class StreamingPFNM:
-    """Streaming single-hidden-layer PFNM; see the module docstring.
+  """Streaming single-hidden-layer PFNM; see the module docstring.
 
     Args:
       hp: ``MatchingHyperparams`` (default paper values).
     """
 
-    def __init__(self, hp: Optional[MatchingHyperparams] = None):
-        self.hp = MatchingHyperparams() if hp is None else hp
-        self.state: Optional[StreamingState] = None
-        self.last_result: Optional[MatchResult] = None
+  def __init__(self, hp: Optional[MatchingHyperparams] = None):
+    self.hp = MatchingHyperparams() if hp is None else hp
+    self.state: Optional[StreamingState] = None
+    self.last_result: Optional[MatchResult] = None
 
-    def update(self, weights_list, class_counts=None) -> Tuple[np.ndarray, ...]:
-        """Match step ``s``'s networks against the posterior of step ``s - 1``.
+  def update(self, weights_list, class_counts=None) -> Tuple[np.ndarray, ...]:
+    """Match step ``s``'s networks against the posterior of step ``s - 1``.
 
         Args:
           weights_list: list over the ``J`` groups of ``(W1, b1, W2, b2)``; ``J``,
@@ -98,50 +98,63 @@ class StreamingPFNM:
         Returns:
           Global ``(W1 (D, L), b1 (L,), W2 (L, K), b2 (K,))`` after this step.
         """
-        hp = self.hp
-        D, K, ws = _check_single_layer_weights(weights_list)
-        J = len(ws)
-        st = self.state
-        if st is not None and (st.group_counts.shape[0], st.D, st.K) != (J, D, K):
-            raise ValueError(
-                f"weights_list: expected the same J={st.group_counts.shape[0]} groups with "
-                f"D={st.D}, K={st.K} as earlier steps, got J={J}, D={D}, K={K}")
-        omega = class_frequency_weights(class_counts, J, K)
-        atoms = [single_layer_atoms(W1, b1, W2) for W1, b1, W2, _ in ws]
-        obs_var = [single_layer_obs_var(D, K, omega[j], hp) for j in range(J)]
-        mu0 = base_prior_mean(D, K, hp)
-        if st is None:
-            res = match_layer(atoms, hp, prior_mean=mu0, obs_var=obs_var)
-            counts = np.zeros((J, 0), dtype=np.int64)
-            Gb, Pb = softmax_bias_posterior([w[3] for w in ws], omega, hp)
-        else:
-            res = match_layer(atoms, hp, prior_mean=st.G / st.P, prior_var=1.0 / st.P,
-                              prior_popularity=st.group_counts, obs_var=obs_var,
-                              base_mean=mu0, prior_steps=st.steps)
-            counts = st.group_counts
-            # Softmax bias: previous posterior is the prior, add this step's evidence.
-            Gs, Ps = softmax_bias_posterior([w[3] for w in ws], omega, hp)
-            Gb = st.softmax_G + Gs - hp.bias_prior_mean / hp.sigma0_sq
-            Pb = st.softmax_P + Ps - 1.0 / hp.sigma0_sq
-        L = res.num_global
-        counts = np.hstack([counts, np.zeros((J, L - counts.shape[1]), dtype=np.int64)])
-        for j, a in enumerate(res.assignments):
-            counts[j, a] += 1
-        self.state = StreamingState(G=res.G, P=res.P, group_counts=counts, softmax_G=Gb,
-                                    softmax_P=Pb, steps=(0 if st is None else st.steps) + 1,
-                                    D=D, K=K)
-        self.last_result = res
-        return self.global_weights()
+    hp = self.hp
+    D, K, ws = _check_single_layer_weights(weights_list)
+    J = len(ws)
+    st = self.state
+    if st is not None and (st.group_counts.shape[0], st.D, st.K) != (J, D, K):
+      raise ValueError(f"weights_list: expected the same J={st.group_counts.shape[0]} groups with "
+                       f"D={st.D}, K={st.K} as earlier steps, got J={J}, D={D}, K={K}")
+    omega = class_frequency_weights(class_counts, J, K)
+    atoms = [single_layer_atoms(W1, b1, W2) for W1, b1, W2, _ in ws]
+    obs_var = [single_layer_obs_var(D, K, omega[j], hp) for j in range(J)]
+    mu0 = base_prior_mean(D, K, hp)
+    if st is None:
+      res = match_layer(atoms, hp, prior_mean=mu0, obs_var=obs_var)
+      counts = np.zeros((J, 0), dtype=np.int64)
+      Gb, Pb = softmax_bias_posterior([w[3] for w in ws], omega, hp)
+    else:
+      res = match_layer(atoms,
+                        hp,
+                        prior_mean=st.G / st.P,
+                        prior_var=1.0 / st.P,
+                        prior_popularity=st.group_counts,
+                        obs_var=obs_var,
+                        base_mean=mu0,
+                        prior_steps=st.steps)
+      counts = st.group_counts
+      # Softmax bias: previous posterior is the prior, add this step's evidence.
+      Gs, Ps = softmax_bias_posterior([w[3] for w in ws], omega, hp)
+      Gb = st.softmax_G + Gs - hp.bias_prior_mean / hp.sigma0_sq
+      Pb = st.softmax_P + Ps - 1.0 / hp.sigma0_sq
+    L = res.num_global
+    counts = np.hstack([counts, np.zeros((J, L - counts.shape[1]), dtype=np.int64)])
+    for j, a in enumerate(res.assignments):
+      counts[j, a] += 1
+    self.state = StreamingState(G=res.G,
+                                P=res.P,
+                                group_counts=counts,
+                                softmax_G=Gb,
+                                softmax_P=Pb,
+                                steps=(0 if st is None else st.steps) + 1,
+                                D=D,
+                                K=K)
+    self.last_result = res
+    return self.global_weights()
 
-    def global_weights(self) -> Tuple[np.ndarray, ...]:
-        """Posterior-mean network ``(W1, b1, W2, b2)`` of the current state."""
-        st = self._require_state()
-        W1, b1, W2 = split_single_layer_atoms(st.G / st.P, st.D)
-        return W1, b1, W2, st.softmax_G / st.softmax_P
+  def global_weights(self) -> Tuple[np.ndarray, ...]:
+    """Posterior-mean network ``(W1, b1, W2, b2)`` of the current state."""
+    st = self._require_state()
+    W1, b1, W2 = split_single_layer_atoms(st.G / st.P, st.D)
+    return W1, b1, W2, st.softmax_G / st.softmax_P
 
-    def local_init(self, j: int, n_neurons: int, n_fresh: int = 1, noise_std: float = 0.01,
-                   seed: Optional[int] = None) -> Tuple[np.ndarray, ...]:
-        """Initial weights of group ``j``'s next local network (supplement 4.2).
+  def local_init(self,
+                 j: int,
+                 n_neurons: int,
+                 n_fresh: int = 1,
+                 noise_std: float = 0.01,
+                 seed: Optional[int] = None) -> Tuple[np.ndarray, ...]:
+    """Initial weights of group ``j``'s next local network (supplement 4.2).
 
         ``n_neurons - n_fresh`` global neurons are drawn without replacement with
         probability proportional to the group's popularity ``m_ji`` (a small
@@ -152,27 +165,28 @@ class StreamingPFNM:
         Returns:
           ``(W1 (D, n), b1 (n,), W2 (n, K), b2 (K,))``.
         """
-        st = self._require_state()
-        J = st.group_counts.shape[0]
-        if not 0 <= j < J:
-            raise ValueError(f"j must be in [0, {J}), got {j}")
-        if n_neurons < 1 or not 0 <= n_fresh <= n_neurons:
-            raise ValueError(f"need n_neurons >= 1 and 0 <= n_fresh <= n_neurons, "
-                             f"got n_neurons={n_neurons}, n_fresh={n_fresh}")
-        if noise_std < 0:
-            raise ValueError(f"noise_std must be >= 0, got {noise_std}")
-        rng = np.random.default_rng(seed)
-        weight = st.group_counts[j] + 1e-3 * st.group_counts.sum(axis=0) + 1e-12
-        n_old = min(n_neurons - n_fresh, st.num_global)
-        idx = rng.choice(st.num_global, size=n_old, replace=False, p=weight / weight.sum())
-        mu0 = base_prior_mean(st.D, st.K, self.hp)
-        atoms = np.vstack([st.G[idx] / st.P[idx],
-                           np.broadcast_to(mu0, (n_neurons - n_old, mu0.shape[0]))])
-        atoms = atoms + noise_std * rng.standard_normal(atoms.shape)
-        W1, b1, W2 = split_single_layer_atoms(atoms, st.D)
-        return W1, b1, W2, st.softmax_G / st.softmax_P
+    st = self._require_state()
+    J = st.group_counts.shape[0]
+    if not 0 <= j < J:
+      raise ValueError(f"j must be in [0, {J}), got {j}")
+    if n_neurons < 1 or not 0 <= n_fresh <= n_neurons:
+      raise ValueError(f"need n_neurons >= 1 and 0 <= n_fresh <= n_neurons, "
+                       f"got n_neurons={n_neurons}, n_fresh={n_fresh}")
+    if noise_std < 0:
+      raise ValueError(f"noise_std must be >= 0, got {noise_std}")
+    rng = np.random.default_rng(seed)
+    weight = st.group_counts[j] + 1e-3 * st.group_counts.sum(axis=0) + 1e-12
+    n_old = min(n_neurons - n_fresh, st.num_global)
+    idx = rng.choice(st.num_global, size=n_old, replace=False, p=weight / weight.sum())
+    mu0 = base_prior_mean(st.D, st.K, self.hp)
+    atoms = np.vstack(
+        [st.G[idx] / st.P[idx],
+         np.broadcast_to(mu0, (n_neurons - n_old, mu0.shape[0]))])
+    atoms = atoms + noise_std * rng.standard_normal(atoms.shape)
+    W1, b1, W2 = split_single_layer_atoms(atoms, st.D)
+    return W1, b1, W2, st.softmax_G / st.softmax_P
 
-    def _require_state(self) -> StreamingState:
-        if self.state is None:
-            raise ValueError("StreamingPFNM has no state yet: call update() first")
-        return self.state
+  def _require_state(self) -> StreamingState:
+    if self.state is None:
+      raise ValueError("StreamingPFNM has no state yet: call update() first")
+    return self.state

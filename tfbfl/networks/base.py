@@ -22,27 +22,27 @@ import tensorflow as tf
 from tfbfl import gaussian
 from tfbfl.layers import BayesianDense, LateralConnection
 from tfbfl.layers.base import (
-  check_natural_gaussian,
-  derive_seed,
-  initial_loc,
-  initial_untransformed_scale,
-  is_int,
-  scale_from_untransformed,
+    check_natural_gaussian,
+    derive_seed,
+    initial_loc,
+    initial_untransformed_scale,
+    is_int,
+    scale_from_untransformed,
 )
 
 __all__ = [
-  "CLIENT",
-  "LATERAL",
-  "LateralNetworks",
-  "MCMAHAN_CNN",
-  "SERVER",
-  "dense_plan",
-  "deterministic_dense_layers",
-  "initial_private_weights_from_plan",
-  "initial_shared_posterior_from_plan",
-  "lateral_connection",
-  "plan_depth",
-  "positive_ints",
+    "CLIENT",
+    "LATERAL",
+    "LateralNetworks",
+    "MCMAHAN_CNN",
+    "SERVER",
+    "dense_plan",
+    "deterministic_dense_layers",
+    "initial_private_weights_from_plan",
+    "initial_shared_posterior_from_plan",
+    "lateral_connection",
+    "plan_depth",
+    "positive_ints",
 ]
 
 # Salts separating the seeds of the three families of layers (`derive_seed(seed,
@@ -50,7 +50,6 @@ __all__ = [
 # apart from the laterally connected families.
 SERVER, CLIENT, LATERAL = 0, 1, 2
 MCMAHAN_CNN = 3
-
 
 # -- validation --------------------------------------------------------------------
 
@@ -61,9 +60,7 @@ def positive_ints(name, values, allow_empty=True):
   if is_int(values) or not hasattr(values, "__iter__") or isinstance(values, str):
     raise ValueError(f"`{name}` must be a sequence of positive ints, got {values!r}.")
   values = tuple(values)
-  if not all(is_int(v) and v > 0 for v in values) or (
-    not allow_empty and not values
-  ):
+  if not all(is_int(v) and v > 0 for v in values) or (not allow_empty and not values):
     raise ValueError(f"`{name}` must be a sequence of positive ints, got {values!r}.")
   return tuple(int(v) for v in values)
 
@@ -79,13 +76,13 @@ def positive_ints(name, values, allow_empty=True):
 def lateral_connection(units, adapter_units, activation, gate_init, seed, depth, common):
   """The `LateralConnection` feeding the client layer of width `units` at `depth`."""
   return LateralConnection(
-    units,
-    adapter_units=units if adapter_units is None else adapter_units,
-    activation=activation,
-    gate_init=gate_init,
-    seed=derive_seed(seed, LATERAL, depth),
-    name=f"lateral_{depth}",
-    **common,
+      units,
+      adapter_units=units if adapter_units is None else adapter_units,
+      activation=activation,
+      gate_init=gate_init,
+      seed=derive_seed(seed, LATERAL, depth),
+      name=f"lateral_{depth}",
+      **common,
   )
 
 
@@ -95,20 +92,20 @@ def plan_depth(depth, seed, layer_cls, input_shape, lateral, server_kwargs=None,
   pair `lateral`. `server_kwargs` go to the server layer only (e.g. its activation:
   the client's is applied after the lateral term is added)."""
   return dict(
-    server=(
-      layer_cls(
-        seed=derive_seed(seed, SERVER, depth),
-        name=f"server_{depth}",
-        **kwargs,
-        **(server_kwargs or {}),
+      server=(
+          layer_cls(
+              seed=derive_seed(seed, SERVER, depth),
+              name=f"server_{depth}",
+              **kwargs,
+              **(server_kwargs or {}),
+          ),
+          input_shape,
       ),
-      input_shape,
-    ),
-    client=(
-      layer_cls(seed=derive_seed(seed, CLIENT, depth), name=f"client_{depth}", **kwargs),
-      input_shape,
-    ),
-    lateral=lateral,
+      client=(
+          layer_cls(seed=derive_seed(seed, CLIENT, depth), name=f"client_{depth}", **kwargs),
+          input_shape,
+      ),
+      lateral=lateral,
   )
 
 
@@ -150,9 +147,8 @@ def initial_private_weights_from_plan(plan):
     lat, shape = depth["lateral"]
     shape = tf.TensorShape(shape)
     lateral += _mean_field_initial_values(lat.adapter_in, shape)
-    lateral += _mean_field_initial_values(
-      lat.adapter_out, shape[:-1].concatenate([lat.adapter_units])
-    )
+    lateral += _mean_field_initial_values(lat.adapter_out,
+                                          shape[:-1].concatenate([lat.adapter_units]))
     lateral.append(tf.fill([lat.units], tf.constant(lat.gate_init, tf.float32)))
   values = client + lateral
   if tf.executing_eagerly():
@@ -175,9 +171,9 @@ class LateralNetworks(tf.Module):
     with self.name_scope:
       for depth in plan:
         for key, store in (
-          ("server", server_layers),
-          ("client", client_layers),
-          ("lateral", laterals),
+            ("server", server_layers),
+            ("client", client_layers),
+            ("lateral", laterals),
         ):
           layer, shape = depth[key]
           with tf.name_scope(layer.name):
@@ -193,9 +189,7 @@ class LateralNetworks(tf.Module):
     """`3 L` seeds: server layers, then client layers, then laterals."""
     if seed is None:
       return [None] * (3 * self._depth)
-    seeds = tf.random.experimental.stateless_split(
-      tf.convert_to_tensor(seed), num=3 * self._depth
-    )
+    seeds = tf.random.experimental.stateless_split(tf.convert_to_tensor(seed), num=3 * self._depth)
     return [seeds[i] for i in range(3 * self._depth)]
 
   def forward(self, x, seed=None):
@@ -206,8 +200,7 @@ class LateralNetworks(tf.Module):
     for l in range(depth):
       h_s = self.server_layers[l](h_s, seed=seeds[l])
       pre = self.client_layers[l](h_c, seed=seeds[depth + l]) + self.laterals[l](
-        h_s, seed=seeds[2 * depth + l]
-      )
+          h_s, seed=seeds[2 * depth + l])
       h_c = self._client_output(l, pre)
     return h_s, h_c
 
@@ -238,24 +231,19 @@ class LateralNetworks(tf.Module):
     eta1, eta2 = check_natural_gaussian(g, name)
     expected = sum(self._counts)
     if len(eta1) != expected or len(eta2) != expected:
-      raise ValueError(
-        f"`{name}` must hold {expected} tensors per natural parameter "
-        f"({self._parameter_layout()} per server layer), got {len(eta1)} and "
-        f"{len(eta2)}."
-      )
+      raise ValueError(f"`{name}` must hold {expected} tensors per natural parameter "
+                       f"({self._parameter_layout()} per server layer), got {len(eta1)} and "
+                       f"{len(eta2)}.")
     parts, start = [], 0
     for count in self._counts:
-      parts.append(
-        gaussian.NaturalGaussian(eta1[start : start + count], eta2[start : start + count])
-      )
+      parts.append(gaussian.NaturalGaussian(eta1[start:start + count], eta2[start:start + count]))
       start += count
     return parts
 
   @staticmethod
   def _concat(gs):
-    return gaussian.NaturalGaussian(
-      [e for g in gs for e in g.eta1], [e for g in gs for e in g.eta2]
-    )
+    return gaussian.NaturalGaussian([e for g in gs for e in g.eta1],
+                                    [e for g in gs for e in g.eta2])
 
   def shared_posterior(self):
     """Posterior over theta: a `NaturalGaussian` over every server parameter, in
@@ -265,9 +253,7 @@ class LateralNetworks(tf.Module):
   def set_shared_posterior(self, g):
     """Assigns the server layers' posterior; returns the grouped assign op."""
     parts = self._split(g, "g")
-    return tf.group(
-      *[layer.set_posterior(p) for layer, p in zip(self.server_layers, parts)]
-    )
+    return tf.group(*[layer.set_posterior(p) for layer, p in zip(self.server_layers, parts)])
 
   def shared_prior(self):
     """Prior over theta, with the structure of `shared_posterior()`."""
@@ -284,10 +270,8 @@ class LateralNetworks(tf.Module):
 
   def kl_private(self):
     """`KL(c_i || p(phi_i))` over the client layers and the laterals' `U`, `V`."""
-    return tf.add_n(
-      [layer.kl_divergence() for layer in self.client_layers]
-      + [lateral.kl_divergence() for lateral in self.laterals]
-    )
+    return tf.add_n([layer.kl_divergence() for layer in self.client_layers] +
+                    [lateral.kl_divergence() for lateral in self.laterals])
 
   # -- variables -----------------------------------------------------------------
 
@@ -299,9 +283,8 @@ class LateralNetworks(tf.Module):
   @property
   def private_trainable_variables(self):
     """Client layers' posterior variables, then per lateral `V`, `U`, gate."""
-    return [v for layer in self.client_layers for v in layer.posterior_variables] + [
-      v for lateral in self.laterals for v in lateral.trainable_parameter_variables
-    ]
+    return [v for layer in self.client_layers for v in layer.posterior_variables
+           ] + [v for lateral in self.laterals for v in lateral.trainable_parameter_variables]
 
   def get_private_weights(self):
     """Values of `private_trainable_variables` (tensors), for client-state storage."""
@@ -312,16 +295,12 @@ class LateralNetworks(tf.Module):
     variables = self.private_trainable_variables
     weights = list(weights)
     if len(weights) != len(variables):
-      raise ValueError(
-        f"`weights` must hold {len(variables)} tensors, got {len(weights)}."
-      )
+      raise ValueError(f"`weights` must hold {len(variables)} tensors, got {len(weights)}.")
     ops = []
     for i, (v, w) in enumerate(zip(variables, weights)):
       w = tf.convert_to_tensor(w, v.dtype)
       if not v.shape.is_compatible_with(w.shape):
-        raise ValueError(
-          f"`weights[{i}]` must have shape {v.shape} ({v.name}), got {w.shape}."
-        )
+        raise ValueError(f"`weights[{i}]` must have shape {v.shape} ({v.name}), got {w.shape}.")
       ops.append(v.assign(w))
     return tf.group(*ops)
 
@@ -341,17 +320,16 @@ def dense_plan(inputs, widths, first, activation, adapter_units, gate_init, seed
     last = k == len(widths) - 1
     lateral = lateral_connection(n_out, adapter_units, activation, gate_init, seed, l, common)
     plan.append(
-      plan_depth(
-        l,
-        seed,
-        BayesianDense,
-        (None, n_in),
-        (lateral, (None, n_out)),
-        server_kwargs=dict(activation=None if last else activation),
-        units=n_out,
-        **common,
-      )
-    )
+        plan_depth(
+            l,
+            seed,
+            BayesianDense,
+            (None, n_in),
+            (lateral, (None, n_out)),
+            server_kwargs=dict(activation=None if last else activation),
+            units=n_out,
+            **common,
+        ))
   return plan
 
 
@@ -363,14 +341,12 @@ def deterministic_dense_layers(widths, first, activation, seed):
   for k, n_out in enumerate(widths):
     last = k == len(widths) - 1
     layers.append(
-      tf.keras.layers.Dense(
-        n_out,
-        activation=None if last else activation,
-        kernel_initializer=tf.keras.initializers.GlorotNormal(
-          seed=derive_seed(seed, SERVER, first + k)
-        ),
-        bias_initializer="zeros",
-        name=f"dense_{k}",
-      )
-    )
+        tf.keras.layers.Dense(
+            n_out,
+            activation=None if last else activation,
+            kernel_initializer=tf.keras.initializers.GlorotNormal(
+                seed=derive_seed(seed, SERVER, first + k)),
+            bias_initializer="zeros",
+            name=f"dense_{k}",
+        ))
   return layers

@@ -20,24 +20,24 @@ from tfbfl.layers import BayesianConv2D
 from tfbfl.layers.base import check_positive_int, check_seed, derive_seed, is_int
 from tfbfl.layers.conv import conv_output_size
 from tfbfl.networks.base import (
-  MCMAHAN_CNN,
-  SERVER,
-  LateralNetworks,
-  dense_plan,
-  deterministic_dense_layers,
-  initial_private_weights_from_plan,
-  initial_shared_posterior_from_plan,
-  lateral_connection,
-  plan_depth,
-  positive_ints,
+    MCMAHAN_CNN,
+    SERVER,
+    LateralNetworks,
+    dense_plan,
+    deterministic_dense_layers,
+    initial_private_weights_from_plan,
+    initial_shared_posterior_from_plan,
+    lateral_connection,
+    plan_depth,
+    positive_ints,
 )
 
 __all__ = [
-  "VirtualConvNetworks",
-  "build_deterministic_conv",
-  "build_mcmahan_cnn",
-  "initial_private_weights_conv",
-  "initial_shared_posterior_conv",
+    "VirtualConvNetworks",
+    "build_deterministic_conv",
+    "build_mcmahan_cnn",
+    "initial_private_weights_conv",
+    "initial_shared_posterior_conv",
 ]
 
 
@@ -47,13 +47,9 @@ def _image_shape(input_shape):
     dims = tuple(input_shape)
   except TypeError:
     dims = None
-  if dims is None or len(dims) not in (2, 3) or not all(
-    is_int(d) and d > 0 for d in dims
-  ):
-    raise ValueError(
-      "`input_shape` must be the image shape (height, width) or (height, width, "
-      f"channels) of positive ints, got {input_shape!r}."
-    )
+  if dims is None or len(dims) not in (2, 3) or not all(is_int(d) and d > 0 for d in dims):
+    raise ValueError("`input_shape` must be the image shape (height, width) or (height, width, "
+                     f"channels) of positive ints, got {input_shape!r}.")
   dims = tuple(int(d) for d in dims)
   return dims if len(dims) == 3 else dims + (1,)
 
@@ -76,35 +72,33 @@ def _conv_geometry(input_shape, filters, kernel_size, pool_size, padding):
     cw = conv_output_size(w, kernel_size, 1, padding)
     ph, pw = ch // pool_size, cw // pool_size
     if min(ch, cw, ph, pw) < 1:
-      raise ValueError(
-        f"`input_shape` {tuple(input_shape)} is too small for {len(filters)} "
-        f"{kernel_size}x{kernel_size} '{padding}' convolutions with "
-        f"{pool_size}x{pool_size} pooling."
-      )
+      raise ValueError(f"`input_shape` {tuple(input_shape)} is too small for {len(filters)} "
+                       f"{kernel_size}x{kernel_size} '{padding}' convolutions with "
+                       f"{pool_size}x{pool_size} pooling.")
     stages.append(((h, w, c), (ch, cw, f), (ph, pw, f)))
     h, w, c = ph, pw, f
   return image, filters, kernel_size, pool_size, padding.lower(), stages, h * w * c
 
 
 def _conv_plan(
-  input_shape,
-  num_classes,
-  filters,
-  kernel_size,
-  pool_size,
-  padding,
-  hidden_units,
-  activation,
-  prior_scale,
-  init_scale,
-  adapter_units,
-  gate_init,
-  seed,
+    input_shape,
+    num_classes,
+    filters,
+    kernel_size,
+    pool_size,
+    padding,
+    hidden_units,
+    activation,
+    prior_scale,
+    init_scale,
+    adapter_units,
+    gate_init,
+    seed,
 ):
   """Unbuilt layers and their input shapes, per depth (conv stages, then dense)."""
-  _, filters, kernel_size, _, padding, stages, flat = _conv_geometry(
-    input_shape, filters, kernel_size, pool_size, padding
-  )
+  _, filters, kernel_size, _, padding, stages, flat = _conv_geometry(input_shape, filters,
+                                                                     kernel_size, pool_size,
+                                                                     padding)
   num_classes = check_positive_int("num_classes", num_classes)
   hidden = positive_ints("hidden_units", hidden_units)
   if adapter_units is not None:
@@ -115,28 +109,27 @@ def _conv_plan(
   for l, ((h, w, c), (ch, cw, f), _) in enumerate(stages):
     lateral = lateral_connection(f, adapter_units, activation, gate_init, seed, l, common)
     plan.append(
-      plan_depth(
-        l,
-        seed,
-        BayesianConv2D,
-        (None, h, w, c),
-        (lateral, (None, ch, cw, f)),
-        server_kwargs=dict(activation=activation),
-        filters=f,
-        kernel_size=kernel_size,
-        padding=padding,
-        **common,
-      )
-    )
+        plan_depth(
+            l,
+            seed,
+            BayesianConv2D,
+            (None, h, w, c),
+            (lateral, (None, ch, cw, f)),
+            server_kwargs=dict(activation=activation),
+            filters=f,
+            kernel_size=kernel_size,
+            padding=padding,
+            **common,
+        ))
   plan += dense_plan(
-    [flat] + list(hidden),
-    list(hidden) + [num_classes],
-    len(stages),
-    activation,
-    adapter_units,
-    gate_init,
-    seed,
-    common,
+      [flat] + list(hidden),
+      list(hidden) + [num_classes],
+      len(stages),
+      activation,
+      adapter_units,
+      gate_init,
+      seed,
+      common,
   )
   return plan
 
@@ -234,30 +227,39 @@ class VirtualConvNetworks(LateralNetworks):
   """
 
   def __init__(
-    self,
-    input_shape=(28, 28, 1),
-    num_classes=10,
-    filters=(32, 64),
-    kernel_size=5,
-    pool_size=2,
-    padding="same",
-    hidden_units=(100, 100),
-    activation="relu",
-    prior_scale=1.0,
-    init_scale=1e-3,
-    adapter_units=None,
-    gate_init=1.0,
-    seed=0,
-    name=None,
+      self,
+      input_shape=(28, 28, 1),
+      num_classes=10,
+      filters=(32, 64),
+      kernel_size=5,
+      pool_size=2,
+      padding="same",
+      hidden_units=(100, 100),
+      activation="relu",
+      prior_scale=1.0,
+      init_scale=1e-3,
+      adapter_units=None,
+      gate_init=1.0,
+      seed=0,
+      name=None,
   ):
     super().__init__(name=name)
-    image, filters, _, pool_size, _, stages, flat = _conv_geometry(
-      input_shape, filters, kernel_size, pool_size, padding
-    )
+    image, filters, _, pool_size, _, stages, flat = _conv_geometry(input_shape, filters,
+                                                                   kernel_size, pool_size, padding)
     plan = _conv_plan(
-      input_shape, num_classes, filters, kernel_size, pool_size, padding,
-      hidden_units, activation, prior_scale, init_scale, adapter_units, gate_init,
-      seed,
+        input_shape,
+        num_classes,
+        filters,
+        kernel_size,
+        pool_size,
+        padding,
+        hidden_units,
+        activation,
+        prior_scale,
+        init_scale,
+        adapter_units,
+        gate_init,
+        seed,
     )
     self.input_shape = image
     self.num_classes = int(num_classes)
@@ -292,8 +294,7 @@ class VirtualConvNetworks(LateralNetworks):
     for l in range(depth):
       a_s = self.server_layers[l](h_s, seed=seeds[l])
       pre = self.client_layers[l](h_c, seed=seeds[depth + l]) + self.laterals[l](
-        a_s, seed=seeds[2 * depth + l]
-      )
+          a_s, seed=seeds[2 * depth + l])
       if l < self._num_conv:
         h_s, h_c = self._pool(a_s), self._pool(self.activation(pre))
         if l == self._num_conv - 1:
@@ -318,15 +319,15 @@ class VirtualConvNetworks(LateralNetworks):
 
 
 def initial_shared_posterior_conv(
-  input_shape=(28, 28, 1),
-  num_classes=10,
-  filters=(32, 64),
-  kernel_size=5,
-  pool_size=2,
-  padding="same",
-  hidden_units=(100, 100),
-  init_scale=1e-3,
-  seed=0,
+    input_shape=(28, 28, 1),
+    num_classes=10,
+    filters=(32, 64),
+    kernel_size=5,
+    pool_size=2,
+    padding="same",
+    hidden_units=(100, 100),
+    init_scale=1e-3,
+    seed=0,
 ):
   """`VirtualConvNetworks(..., seed=seed).shared_posterior()` without a model.
 
@@ -334,24 +335,35 @@ def initial_shared_posterior_conv(
   computation. Returns a `NaturalGaussian` of float32 tensors.
   """
   plan = _conv_plan(
-    input_shape, num_classes, filters, kernel_size, pool_size, padding,
-    hidden_units, "relu", 1.0, init_scale, None, 1.0, seed,
+      input_shape,
+      num_classes,
+      filters,
+      kernel_size,
+      pool_size,
+      padding,
+      hidden_units,
+      "relu",
+      1.0,
+      init_scale,
+      None,
+      1.0,
+      seed,
   )
   return initial_shared_posterior_from_plan(plan)
 
 
 def initial_private_weights_conv(
-  input_shape=(28, 28, 1),
-  num_classes=10,
-  filters=(32, 64),
-  kernel_size=5,
-  pool_size=2,
-  padding="same",
-  hidden_units=(100, 100),
-  init_scale=1e-3,
-  adapter_units=None,
-  gate_init=1.0,
-  seed=0,
+    input_shape=(28, 28, 1),
+    num_classes=10,
+    filters=(32, 64),
+    kernel_size=5,
+    pool_size=2,
+    padding="same",
+    hidden_units=(100, 100),
+    init_scale=1e-3,
+    adapter_units=None,
+    gate_init=1.0,
+    seed=0,
 ):
   """`VirtualConvNetworks(..., seed=seed).get_private_weights()` without a model.
 
@@ -359,23 +371,34 @@ def initial_private_weights_conv(
   eagerly, tensors inside a graph.
   """
   plan = _conv_plan(
-    input_shape, num_classes, filters, kernel_size, pool_size, padding,
-    hidden_units, "relu", 1.0, init_scale, adapter_units, gate_init, seed,
+      input_shape,
+      num_classes,
+      filters,
+      kernel_size,
+      pool_size,
+      padding,
+      hidden_units,
+      "relu",
+      1.0,
+      init_scale,
+      adapter_units,
+      gate_init,
+      seed,
   )
   return initial_private_weights_from_plan(plan)
 
 
 def build_deterministic_conv(
-  input_shape=(28, 28, 1),
-  num_classes=10,
-  hidden_units=(100, 100),
-  seed=0,
-  filters=(32, 64),
-  kernel_size=5,
-  pool_size=2,
-  padding="same",
-  activation="relu",
-  data_shape=None,
+    input_shape=(28, 28, 1),
+    num_classes=10,
+    hidden_units=(100, 100),
+    seed=0,
+    filters=(32, 64),
+    kernel_size=5,
+    pool_size=2,
+    padding="same",
+    activation="relu",
+    data_shape=None,
 ):
   """The point-estimate conv net with the server network's shapes (logits output).
 
@@ -390,29 +413,25 @@ def build_deterministic_conv(
   the SPEC).
   """
   image, filters, kernel_size, pool_size, padding, stages, _ = _conv_geometry(
-    input_shape, filters, kernel_size, pool_size, padding
-  )
+      input_shape, filters, kernel_size, pool_size, padding)
   num_classes = check_positive_int("num_classes", num_classes)
   hidden = positive_ints("hidden_units", hidden_units)
   seed = check_seed(seed)
   data_shape = image if data_shape is None else tuple(data_shape)
   if int(np.prod(data_shape)) != int(np.prod(image)):
-    raise ValueError(
-      f"`data_shape` {data_shape} must have as many entries as the image {image}."
-    )
+    raise ValueError(f"`data_shape` {data_shape} must have as many entries as the image {image}.")
   glorot = lambda l: tf.keras.initializers.GlorotNormal(seed=derive_seed(seed, SERVER, l))
   layers = [tf.keras.Input(shape=data_shape), tf.keras.layers.Reshape(image)]
   for l, (_, _, (_, _, f)) in enumerate(stages):
     layers.append(
-      tf.keras.layers.Conv2D(
-        f,
-        kernel_size,
-        padding=padding,
-        activation=activation,
-        kernel_initializer=glorot(l),
-        name=f"conv_{l}",
-      )
-    )
+        tf.keras.layers.Conv2D(
+            f,
+            kernel_size,
+            padding=padding,
+            activation=activation,
+            kernel_initializer=glorot(l),
+            name=f"conv_{l}",
+        ))
     layers.append(tf.keras.layers.MaxPool2D(pool_size, name=f"pool_{l}"))
   layers.append(tf.keras.layers.Flatten())
   widths = list(hidden) + [num_classes]
@@ -469,32 +488,38 @@ def build_mcmahan_cnn(input_shape, num_classes, seed=0):
        Networks from Decentralized Data. AISTATS 2017.
   """
   if isinstance(input_shape, (int, np.integer)) or not hasattr(input_shape, "__iter__"):
-    raise ValueError(
-      f"`input_shape` must be (height, width[, channels]), got {input_shape!r}."
-    )
+    raise ValueError(f"`input_shape` must be (height, width[, channels]), got {input_shape!r}.")
   shape = [check_positive_int("input_shape", d) for d in input_shape]
   if len(shape) not in (2, 3):
     raise ValueError(
-      f"`input_shape` must be (height, width[, channels]), got {tuple(input_shape)}."
-    )
+        f"`input_shape` must be (height, width[, channels]), got {tuple(input_shape)}.")
   if len(shape) == 2:
     shape.append(1)
   num_classes = check_positive_int("num_classes", num_classes)
   seed = check_seed(seed)
   init = lambda l: tf.keras.initializers.GlorotNormal(seed=derive_seed(seed, MCMAHAN_CNN, l))
-  conv = lambda l, filters: tf.keras.layers.Conv2D(
-    filters, 5, padding="same", activation="relu", kernel_initializer=init(l),
-    bias_initializer="zeros", name=f"conv_{l}")
+  conv = lambda l, filters: tf.keras.layers.Conv2D(filters,
+                                                   5,
+                                                   padding="same",
+                                                   activation="relu",
+                                                   kernel_initializer=init(l),
+                                                   bias_initializer="zeros",
+                                                   name=f"conv_{l}")
   layers = [
-    tf.keras.Input(shape=tuple(shape)),
-    conv(0, 32),
-    tf.keras.layers.MaxPool2D(2, padding="same", name="pool_0"),
-    conv(1, 64),
-    tf.keras.layers.MaxPool2D(2, padding="same", name="pool_1"),
-    tf.keras.layers.Flatten(name="flatten"),
-    tf.keras.layers.Dense(512, activation="relu", kernel_initializer=init(2),
-                          bias_initializer="zeros", name="dense_0"),
-    tf.keras.layers.Dense(num_classes, kernel_initializer=init(3),
-                          bias_initializer="zeros", name="logits"),
+      tf.keras.Input(shape=tuple(shape)),
+      conv(0, 32),
+      tf.keras.layers.MaxPool2D(2, padding="same", name="pool_0"),
+      conv(1, 64),
+      tf.keras.layers.MaxPool2D(2, padding="same", name="pool_1"),
+      tf.keras.layers.Flatten(name="flatten"),
+      tf.keras.layers.Dense(512,
+                            activation="relu",
+                            kernel_initializer=init(2),
+                            bias_initializer="zeros",
+                            name="dense_0"),
+      tf.keras.layers.Dense(num_classes,
+                            kernel_initializer=init(3),
+                            bias_initializer="zeros",
+                            name="logits"),
   ]
   return tf.keras.Sequential(layers, name="mcmahan_cnn")

@@ -18,21 +18,21 @@ import tensorflow as tf
 from tfbfl.layers import BayesianDense, BayesianLSTM, GaussianEmbedding
 from tfbfl.layers.base import check_positive_int, check_seed, derive_seed
 from tfbfl.networks.base import (
-  SERVER,
-  LateralNetworks,
-  initial_private_weights_from_plan,
-  initial_shared_posterior_from_plan,
-  lateral_connection,
-  plan_depth,
-  positive_ints,
+    SERVER,
+    LateralNetworks,
+    initial_private_weights_from_plan,
+    initial_shared_posterior_from_plan,
+    lateral_connection,
+    plan_depth,
+    positive_ints,
 )
 
 __all__ = [
-  "DEFAULT_VOCAB_SIZE",
-  "VirtualLSTMNetworks",
-  "build_deterministic_lstm",
-  "initial_private_weights_lstm",
-  "initial_shared_posterior_lstm",
+    "DEFAULT_VOCAB_SIZE",
+    "VirtualLSTMNetworks",
+    "build_deterministic_lstm",
+    "initial_private_weights_lstm",
+    "initial_shared_posterior_lstm",
 ]
 
 # Vocabulary of the Shakespeare model: 86 characters, id 0 for padding and the last
@@ -51,39 +51,37 @@ def _lstm_geometry(vocab_size, embedding_dim, lstm_units, return_sequences):
 
 
 def _lstm_plan(
-  vocab_size,
-  embedding_dim,
-  lstm_units,
-  return_sequences,
-  forget_bias,
-  adapter_activation,
-  prior_scale,
-  init_scale,
-  adapter_units,
-  gate_init,
-  seed,
+    vocab_size,
+    embedding_dim,
+    lstm_units,
+    return_sequences,
+    forget_bias,
+    adapter_activation,
+    prior_scale,
+    init_scale,
+    adapter_units,
+    gate_init,
+    seed,
 ):
-  vocab_size, embedding_dim, lstm_units = _lstm_geometry(
-    vocab_size, embedding_dim, lstm_units, return_sequences
-  )
+  vocab_size, embedding_dim, lstm_units = _lstm_geometry(vocab_size, embedding_dim, lstm_units,
+                                                         return_sequences)
   if adapter_units is not None:
     adapter_units = check_positive_int("adapter_units", adapter_units)
   seed = check_seed(seed)
   common = dict(prior_scale=prior_scale, init_scale=init_scale)
-  lateral = lambda units, l: lateral_connection(
-    units, adapter_units, adapter_activation, gate_init, seed, l, common
-  )
+  lateral = lambda units, l: lateral_connection(units, adapter_units, adapter_activation, gate_init,
+                                                seed, l, common)
   plan = [
-    plan_depth(
-      0,
-      seed,
-      GaussianEmbedding,
-      (None, None),
-      (lateral(embedding_dim, 0), (None, None, embedding_dim)),
-      input_dim=vocab_size,
-      output_dim=embedding_dim,
-      **common,
-    )
+      plan_depth(
+          0,
+          seed,
+          GaussianEmbedding,
+          (None, None),
+          (lateral(embedding_dim, 0), (None, None, embedding_dim)),
+          input_dim=vocab_size,
+          output_dim=embedding_dim,
+          **common,
+      )
   ]
   n_in = embedding_dim
   for k, units in enumerate(lstm_units):
@@ -91,32 +89,30 @@ def _lstm_plan(
     sequences = return_sequences or k < len(lstm_units) - 1
     out_shape = (None, None, units) if sequences else (None, units)
     plan.append(
-      plan_depth(
-        l,
-        seed,
-        BayesianLSTM,
-        (None, None, n_in),
-        (lateral(units, l), out_shape),
-        units=units,
-        return_sequences=sequences,
-        forget_bias=forget_bias,
-        **common,
-      )
-    )
+        plan_depth(
+            l,
+            seed,
+            BayesianLSTM,
+            (None, None, n_in),
+            (lateral(units, l), out_shape),
+            units=units,
+            return_sequences=sequences,
+            forget_bias=forget_bias,
+            **common,
+        ))
     n_in = units
   l = len(lstm_units) + 1
   out_shape = (None, None, vocab_size) if return_sequences else (None, vocab_size)
   plan.append(
-    plan_depth(
-      l,
-      seed,
-      BayesianDense,
-      (None, n_in),
-      (lateral(vocab_size, l), out_shape),
-      units=vocab_size,
-      **common,
-    )
-  )
+      plan_depth(
+          l,
+          seed,
+          BayesianDense,
+          (None, n_in),
+          (lateral(vocab_size, l), out_shape),
+          units=vocab_size,
+          **common,
+      ))
   return plan
 
 
@@ -213,24 +209,33 @@ class VirtualLSTMNetworks(LateralNetworks):
   """
 
   def __init__(
-    self,
-    vocab_size=DEFAULT_VOCAB_SIZE,
-    embedding_dim=8,
-    lstm_units=(100, 100),
-    return_sequences=False,
-    forget_bias=1.0,
-    adapter_activation="relu",
-    prior_scale=1.0,
-    init_scale=1e-3,
-    adapter_units=None,
-    gate_init=1.0,
-    seed=0,
-    name=None,
+      self,
+      vocab_size=DEFAULT_VOCAB_SIZE,
+      embedding_dim=8,
+      lstm_units=(100, 100),
+      return_sequences=False,
+      forget_bias=1.0,
+      adapter_activation="relu",
+      prior_scale=1.0,
+      init_scale=1e-3,
+      adapter_units=None,
+      gate_init=1.0,
+      seed=0,
+      name=None,
   ):
     super().__init__(name=name)
     plan = _lstm_plan(
-      vocab_size, embedding_dim, lstm_units, return_sequences, forget_bias,
-      adapter_activation, prior_scale, init_scale, adapter_units, gate_init, seed,
+        vocab_size,
+        embedding_dim,
+        lstm_units,
+        return_sequences,
+        forget_bias,
+        adapter_activation,
+        prior_scale,
+        init_scale,
+        adapter_units,
+        gate_init,
+        seed,
     )
     self.vocab_size = int(vocab_size)
     self.num_classes = self.vocab_size
@@ -241,11 +246,11 @@ class VirtualLSTMNetworks(LateralNetworks):
 
 
 def initial_shared_posterior_lstm(
-  vocab_size=DEFAULT_VOCAB_SIZE,
-  embedding_dim=8,
-  lstm_units=(100, 100),
-  init_scale=1e-3,
-  seed=0,
+    vocab_size=DEFAULT_VOCAB_SIZE,
+    embedding_dim=8,
+    lstm_units=(100, 100),
+    init_scale=1e-3,
+    seed=0,
 ):
   """`VirtualLSTMNetworks(..., seed=seed).shared_posterior()` without a model.
 
@@ -253,20 +258,29 @@ def initial_shared_posterior_lstm(
   computation. (`return_sequences` and `forget_bias` do not change parameters.)
   """
   plan = _lstm_plan(
-    vocab_size, embedding_dim, lstm_units, False, 1.0, "relu", 1.0, init_scale,
-    None, 1.0, seed,
+      vocab_size,
+      embedding_dim,
+      lstm_units,
+      False,
+      1.0,
+      "relu",
+      1.0,
+      init_scale,
+      None,
+      1.0,
+      seed,
   )
   return initial_shared_posterior_from_plan(plan)
 
 
 def initial_private_weights_lstm(
-  vocab_size=DEFAULT_VOCAB_SIZE,
-  embedding_dim=8,
-  lstm_units=(100, 100),
-  init_scale=1e-3,
-  adapter_units=None,
-  gate_init=1.0,
-  seed=0,
+    vocab_size=DEFAULT_VOCAB_SIZE,
+    embedding_dim=8,
+    lstm_units=(100, 100),
+    init_scale=1e-3,
+    adapter_units=None,
+    gate_init=1.0,
+    seed=0,
 ):
   """`VirtualLSTMNetworks(..., seed=seed).get_private_weights()` without a model.
 
@@ -274,19 +288,28 @@ def initial_private_weights_lstm(
   eagerly, tensors inside a graph.
   """
   plan = _lstm_plan(
-    vocab_size, embedding_dim, lstm_units, False, 1.0, "relu", 1.0, init_scale,
-    adapter_units, gate_init, seed,
+      vocab_size,
+      embedding_dim,
+      lstm_units,
+      False,
+      1.0,
+      "relu",
+      1.0,
+      init_scale,
+      adapter_units,
+      gate_init,
+      seed,
   )
   return initial_private_weights_from_plan(plan)
 
 
 def build_deterministic_lstm(
-  vocab_size=DEFAULT_VOCAB_SIZE,
-  embedding_dim=8,
-  lstm_units=(100, 100),
-  seed=0,
-  return_sequences=False,
-  sequence_length=None,
+    vocab_size=DEFAULT_VOCAB_SIZE,
+    embedding_dim=8,
+    lstm_units=(100, 100),
+    seed=0,
+    return_sequences=False,
+    sequence_length=None,
 ):
   """The point-estimate next-character model with the server network's shapes.
 
@@ -298,34 +321,31 @@ def build_deterministic_lstm(
   orthogonal, all seeded from `seed` (deterministic). `model.weights` are in the
   order and shapes of `VirtualLSTMNetworks.shared_posterior()`.
   """
-  vocab_size, embedding_dim, lstm_units = _lstm_geometry(
-    vocab_size, embedding_dim, lstm_units, return_sequences
-  )
+  vocab_size, embedding_dim, lstm_units = _lstm_geometry(vocab_size, embedding_dim, lstm_units,
+                                                         return_sequences)
   if sequence_length is not None:
     sequence_length = check_positive_int("sequence_length", sequence_length)
   seed = check_seed(seed)
   glorot = lambda l: tf.keras.initializers.GlorotNormal(seed=derive_seed(seed, SERVER, l))
   layers = [
-    tf.keras.Input(shape=(sequence_length,)),
-    tf.keras.layers.Embedding(
-      vocab_size, embedding_dim, embeddings_initializer=glorot(0), name="embedding"
-    ),
+      tf.keras.Input(shape=(sequence_length,)),
+      tf.keras.layers.Embedding(vocab_size,
+                                embedding_dim,
+                                embeddings_initializer=glorot(0),
+                                name="embedding"),
   ]
   for k, units in enumerate(lstm_units):
     layers.append(
-      tf.keras.layers.LSTM(
-        units,
-        return_sequences=return_sequences or k < len(lstm_units) - 1,
-        kernel_initializer=glorot(k + 1),
-        recurrent_initializer=tf.keras.initializers.Orthogonal(
-          seed=derive_seed(seed, SERVER, k + 1, 1)
-        ),
-        name=f"lstm_{k}",
-      )
-    )
+        tf.keras.layers.LSTM(
+            units,
+            return_sequences=return_sequences or k < len(lstm_units) - 1,
+            kernel_initializer=glorot(k + 1),
+            recurrent_initializer=tf.keras.initializers.Orthogonal(
+                seed=derive_seed(seed, SERVER, k + 1, 1)),
+            name=f"lstm_{k}",
+        ))
   layers.append(
-    tf.keras.layers.Dense(
-      vocab_size, kernel_initializer=glorot(len(lstm_units) + 1), name="logits"
-    )
-  )
+      tf.keras.layers.Dense(vocab_size,
+                            kernel_initializer=glorot(len(lstm_units) + 1),
+                            name="logits"))
   return tf.keras.Sequential(layers, name="deterministic_lstm")

@@ -20,18 +20,18 @@ import tensorflow as tf
 
 from tfbfl.layers.base import check_positive_int, check_seed
 from tfbfl.networks.base import (
-  LateralNetworks,
-  dense_plan,
-  deterministic_dense_layers,
-  initial_private_weights_from_plan,
-  initial_shared_posterior_from_plan,
+    LateralNetworks,
+    dense_plan,
+    deterministic_dense_layers,
+    initial_private_weights_from_plan,
+    initial_shared_posterior_from_plan,
 )
 
 __all__ = [
-  "VirtualNetworks",
-  "build_deterministic_mlp",
-  "initial_private_weights",
-  "initial_shared_posterior",
+    "VirtualNetworks",
+    "build_deterministic_mlp",
+    "initial_private_weights",
+    "initial_shared_posterior",
 ]
 
 
@@ -39,12 +39,8 @@ def _layer_widths(input_dim, num_classes, hidden_units):
   """Validated `(inputs, widths)`: per-depth widths, from input to logits."""
   input_dim = check_positive_int("input_dim", input_dim)
   num_classes = check_positive_int("num_classes", num_classes)
-  if isinstance(hidden_units, (int, np.integer)) or not hasattr(
-    hidden_units, "__iter__"
-  ):
-    raise ValueError(
-      f"`hidden_units` must be a sequence of positive ints, got {hidden_units!r}."
-    )
+  if isinstance(hidden_units, (int, np.integer)) or not hasattr(hidden_units, "__iter__"):
+    raise ValueError(f"`hidden_units` must be a sequence of positive ints, got {hidden_units!r}.")
   hidden = [check_positive_int("hidden_units", h) for h in hidden_units]
   widths = hidden + [num_classes]
   inputs = [input_dim] + hidden
@@ -52,15 +48,15 @@ def _layer_widths(input_dim, num_classes, hidden_units):
 
 
 def _mlp_plan(
-  input_dim,
-  num_classes,
-  hidden_units,
-  activation,
-  prior_scale,
-  init_scale,
-  adapter_units,
-  gate_init,
-  seed,
+    input_dim,
+    num_classes,
+    hidden_units,
+    activation,
+    prior_scale,
+    init_scale,
+    adapter_units,
+    gate_init,
+    seed,
 ):
   """Unbuilt `BayesianDense` server and client layers and laterals, per depth."""
   inputs, widths = _layer_widths(input_dim, num_classes, hidden_units)
@@ -141,24 +137,31 @@ class VirtualNetworks(LateralNetworks):
   """
 
   def __init__(
-    self,
-    input_dim,
-    num_classes,
-    hidden_units=(100, 100),
-    activation="relu",
-    prior_scale=1.0,
-    init_scale=1e-3,
-    adapter_units=None,
-    gate_init=1.0,
-    seed=0,
-    name=None,
+      self,
+      input_dim,
+      num_classes,
+      hidden_units=(100, 100),
+      activation="relu",
+      prior_scale=1.0,
+      init_scale=1e-3,
+      adapter_units=None,
+      gate_init=1.0,
+      seed=0,
+      name=None,
   ):
     super().__init__(name=name)
     inputs, widths = _layer_widths(input_dim, num_classes, hidden_units)
     with self.name_scope:
       plan = _mlp_plan(
-        inputs[0], widths[-1], widths[:-1], activation, prior_scale, init_scale,
-        adapter_units, gate_init, seed,
+          inputs[0],
+          widths[-1],
+          widths[:-1],
+          activation,
+          prior_scale,
+          init_scale,
+          adapter_units,
+          gate_init,
+          seed,
       )
     self.input_dim = inputs[0]
     self.num_classes = widths[-1]
@@ -173,29 +176,29 @@ class VirtualNetworks(LateralNetworks):
     return "[kernel, bias]"
 
 
-def initial_shared_posterior(
-  input_dim, num_classes, hidden_units=(100, 100), init_scale=1e-3, seed=0
-):
+def initial_shared_posterior(input_dim,
+                             num_classes,
+                             hidden_units=(100, 100),
+                             init_scale=1e-3,
+                             seed=0):
   """`VirtualNetworks(..., seed=seed).shared_posterior()` without building a model.
 
   Stateless ops only: deterministic in `seed` and usable eagerly or inside a
   graph/TFF computation. Returns a `NaturalGaussian` of float32 tensors over
   `[k_1, b_1, ..., k_L, b_L]`.
   """
-  plan = _mlp_plan(
-    input_dim, num_classes, hidden_units, "relu", 1.0, init_scale, None, 1.0, seed
-  )
+  plan = _mlp_plan(input_dim, num_classes, hidden_units, "relu", 1.0, init_scale, None, 1.0, seed)
   return initial_shared_posterior_from_plan(plan)
 
 
 def initial_private_weights(
-  input_dim,
-  num_classes,
-  hidden_units=(100, 100),
-  init_scale=1e-3,
-  adapter_units=None,
-  gate_init=1.0,
-  seed=0,
+    input_dim,
+    num_classes,
+    hidden_units=(100, 100),
+    init_scale=1e-3,
+    adapter_units=None,
+    gate_init=1.0,
+    seed=0,
 ):
   """`VirtualNetworks(..., seed=seed).get_private_weights()` without a model.
 
@@ -203,15 +206,24 @@ def initial_private_weights(
   eagerly, tensors inside a graph.
   """
   plan = _mlp_plan(
-    input_dim, num_classes, hidden_units, "relu", 1.0, init_scale, adapter_units,
-    gate_init, seed,
+      input_dim,
+      num_classes,
+      hidden_units,
+      "relu",
+      1.0,
+      init_scale,
+      adapter_units,
+      gate_init,
+      seed,
   )
   return initial_private_weights_from_plan(plan)
 
 
-def build_deterministic_mlp(
-  input_dim, num_classes, hidden_units=(100, 100), activation="relu", seed=0
-):
+def build_deterministic_mlp(input_dim,
+                            num_classes,
+                            hidden_units=(100, 100),
+                            activation="relu",
+                            seed=0):
   """The point-estimate MLP with the server network's shapes (logits output).
 
   Glorot-normal kernels seeded from `seed` (Keras stateless initializers, so the

@@ -124,7 +124,8 @@ def run_one(k: int, rounds: int, epochs: int, eval_chunk: int) -> dict:
                                   output_dir=out,
                                   verbose=False,
                                   client_store="disk",
-                                  eval_chunk=eval_chunk)
+                                  eval_chunk=eval_chunk,
+                                  export=False)  # measures rounds and evaluation only
     runner = experiment.ExperimentRunner(algorithm, data, config)
     evals, marks = [], [time.time()]
     evaluate = runner.evaluate

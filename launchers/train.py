@@ -9,9 +9,12 @@ With no dataset flags it runs on scikit-learn's bundled handwritten digits (10
 clients, per-class Dirichlet(0.5) partition). Every flag is declared once, next to
 the code it configures (`tfbfl.flags`); `--helpfull` lists them. See README.md for
 every algorithm.
-"""
 
-from absl import app
+A run with --output_dir writes its flags to <output_dir>/flags.txt; after Ctrl-C
+(exit 130, one line) it continues with
+
+    python -m launchers.train --flagfile=<output_dir>/flags.txt --resume
+"""
 
 from tfbfl import experiment
 from tfbfl import flags as tfbfl_flags
@@ -27,8 +30,14 @@ def params_from_flags() -> dict:
 def main(argv):
   if len(argv) > 1:
     tfbfl_flags.fail("train", f"unexpected arguments: {argv[1:]}")
+  params = params_from_flags()
+  if params.get("verbose", True):
+    print(
+        f"[{params.get('algorithm', training.DEFAULT_ALGORITHM)}] loading data "
+        f"(--dataset={params.get('dataset', training.DEFAULTS['dataset'])}) ...",
+        flush=True)
   try:
-    summary = training.run_training(params_from_flags())
+    summary = training.run_training(params)
   except (ValueError, FileNotFoundError) as e:
     tfbfl_flags.fail("train", str(e))
   except experiment.NonFiniteServerStateError as e:  # robust rounds: one line, no traceback
@@ -41,4 +50,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=tfbfl_flags.parser("train"))
+  tfbfl_flags.run(main, "train")

@@ -31,6 +31,7 @@ def _params(tmp_path, **kw):
            seed=5,
            output_dir=str(tmp_path),
            verbose=False,
+           export=False,
            client_lr=0.1)
   p.update(kw)
   return p

@@ -188,3 +188,67 @@ def test_data_spec_reaches_the_loader():
   b = data_lib.load_federated("digits", num_clients=4, seed=3, alpha=0.2)
   assert a.client_ids == b.client_ids
   assert all((a.train[c][1] == b.train[c][1]).all() for c in a.client_ids)
+
+
+# ----------------------------------------------------- flags that mean what they say
+@pytest.mark.parametrize("bad, match", [
+    (dict(dataset="digits", data_dir="/tmp/x"), "--data_dir is not used by --dataset=digits"),
+    (dict(dataset="npz", data_dir="x.npz", num_clients=50), "--num_clients is not used by"),
+    (dict(dataset="npz", data_dir="x.npz", partition="homogeneous"), "--partition is not used"),
+    (dict(dataset="femnist", data_dir="d", alpha=0.1), "--alpha is not used by --dataset=femnist"),
+])
+def test_a_flag_the_dataset_ignores_is_an_error(bad, match):
+  with pytest.raises(ValueError, match=match):
+    training.resolve_params(bad)
+
+
+def test_defaults_of_ignored_flags_are_accepted():
+  # The same values at their defaults (e.g. a grid passing every flag) are fine.
+  p = training.resolve_params(
+      dict(dataset="npz",
+           data_dir="x.npz",
+           num_clients=10,
+           partition=training.DEFAULTS["partition"]))
+  assert p["dataset"] == "npz"
+
+
+def test_an_unused_algorithm_flag_is_one_warning_line(capsys):
+  training.resolve_params(dict(algorithm="fedavg", kl_weight=0.5))
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err == ["warning: --algorithm=fedavg does not use --kl_weight."]
+  training.resolve_params(dict(algorithm="virtual", kl_weight=0.5))
+  assert capsys.readouterr().err == ""
+
+
+def test_clients_per_round_defaults_to_min_10_clients():
+  assert training.DEFAULTS["clients_per_round"] is None
+  assert training.resolve_params(dict(num_clients=3))["clients_per_round"] == 3
+  assert training.resolve_params(dict(num_clients=30))["clients_per_round"] == 10
+  p = training.resolve_params(dict(num_clients=4, algorithm="virtual"))
+  assert p["server_lr"] == pytest.approx(1 / 4)  # VIRTUAL's 1/C follows
+
+
+def test_test_fraction_is_a_flag():
+  fv = absl_flags.FlagValues()
+  tfbfl_flags.define(flag_values=fv)
+  fv(["prog", "--test_fraction=0.4"])
+  assert tfbfl_flags.params(flag_values=fv)["test_fraction"] == 0.4
+
+
+@pytest.mark.usefixtures("tff_runtime")
+def test_run_training_takes_federated_data(tmp_path):
+  from tfbfl import data as data_lib  # pylint: disable=g-import-not-at-top
+  x, y = data_lib.load_digits_arrays()
+  fd = data_lib.from_client_arrays([x[:300], x[300:600], x[600:900]],
+                                   [y[:300], y[300:600], y[600:900]],
+                                   [x[900:1000], x[1000:1100], x[1100:1200]],
+                                   [y[900:1000], y[1000:1100], y[1100:1200]])
+  summary = training.run_training(dict(algorithm="fedavg",
+                                       rounds=2,
+                                       epochs_per_round=2,
+                                       verbose=False),
+                                  data=fd)
+  assert summary["flags"]["num_clients"] == 3 and summary["flags"]["clients_per_round"] == 3
+  assert summary["final_server_accuracy"] > 0.5  # 10 classes: chance 0.1
+  with pytest.raises(ValueError, match="leave --dataset unset"):
+    training.run_training(dict(dataset="digits"), data=fd)

@@ -347,7 +347,7 @@ def test_disk_store_resume_matches_uninterrupted_run(tff_runtime, tmp_path):
 
   data = load_federated("digits", num_clients=4, seed=0)
 
-  def run(out, rounds, **kw):
+  def run(out, rounds, round_hook=None, **kw):
     config = experiment.RunConfig(rounds=rounds,
                                   clients_per_round=2,
                                   seed=5,
@@ -355,8 +355,17 @@ def test_disk_store_resume_matches_uninterrupted_run(tff_runtime, tmp_path):
                                   eval_every=10,
                                   output_dir=str(out),
                                   client_store="disk",
+                                  export=False,
                                   **kw)
-    return experiment.ExperimentRunner(_tiny_virtual(), data, config).run()
+    return experiment.ExperimentRunner(_tiny_virtual(), data, config, round_hook=round_hook).run()
+
+  class _Crash(Exception):
+    pass
+
+  def crash_after_round_2(round_num, row):
+    del row
+    if round_num == 2:
+      raise _Crash()
 
   snapshots = lambda out: sorted(p for p in os.listdir(out) if p.startswith("client_states_r"))
   want = run(tmp_path / "a", 3)
@@ -367,7 +376,8 @@ def test_disk_store_resume_matches_uninterrupted_run(tff_runtime, tmp_path):
       f"client_{i}.npz" for i in selected)
   run(tmp_path / "b", 1, checkpoint_every=1)
   # Round 2 runs and rewrites client files but is never checkpointed (a crash).
-  run(tmp_path / "b", 2, checkpoint_every=3, resume=True)
+  with pytest.raises(_Crash):
+    run(tmp_path / "b", 3, checkpoint_every=3, resume=True, round_hook=crash_after_round_2)
   assert snapshots(tmp_path / "b") == ["client_states_r000001"]
   got = run(tmp_path / "b", 3, checkpoint_every=3, resume=True)
   for key in ("final_server_accuracy", "final_mt_accuracy", "final_server_loss", "final_mt_loss"):

@@ -60,7 +60,12 @@ def _data(shift=0.0):
 
 
 def _run(out, data=None, **kw):
-  cfg = dict(rounds=3, clients_per_round=2, seed=1, verbose=False, output_dir=str(out))
+  cfg = dict(rounds=3,
+             clients_per_round=2,
+             seed=1,
+             verbose=False,
+             output_dir=str(out),
+             export=False)
   cfg.update(kw)
   runner = experiment.ExperimentRunner(_Counter(),
                                        data or _data(),
@@ -131,7 +136,7 @@ def test_lock_of_another_process(tmp_path):
   run_dir.check_free(str(tmp_path))
 
 
-def test_old_run_refused_unless_resume_or_overwrite(tmp_path):
+def test_old_run_refused_unless_resume_or_overwrite(tmp_path, monkeypatch):
   _run(tmp_path, checkpoint_every=1)
   (tmp_path / "notes.txt").write_text("mine")
   (tmp_path / "tb" / "old_events").write_text("x")
@@ -142,7 +147,9 @@ def test_old_run_refused_unless_resume_or_overwrite(tmp_path):
     training.run_training(dict(output_dir=str(tmp_path), rounds=1))  # refused before TFF starts
   with pytest.raises(ValueError, match="exclude each other"):
     _run(tmp_path, resume=True, overwrite=True)
-  _run(tmp_path, overwrite=True, rounds=2)
+  with monkeypatch.context() as m:  # no final checkpoint: any left would be the old run's
+    m.setattr(experiment.ExperimentRunner, "_save_checkpoint", lambda self, state: None)
+    _run(tmp_path, overwrite=True, rounds=2)
   assert not (tmp_path / "tb" / "old_events").exists()
   assert (tmp_path / "notes.txt").read_text() == "mine"  # not a run output: kept
   assert len(_rows(tmp_path)) == 2 and not (tmp_path / experiment.CHECKPOINT).exists()
@@ -247,7 +254,7 @@ def _train_args(out):
   return [
       sys.executable, "-m", "launchers.train", "--algorithm=fedavg", "--rounds=8",
       "--checkpoint_every=1", "--epochs_per_round=1", "--num_clients=4", "--clients_per_round=2",
-      "--hidden_units=16", f"--output_dir={out}"
+      "--hidden_units=16", f"--output_dir={out}", "--noexport"
   ]
 
 

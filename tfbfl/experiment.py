@@ -35,12 +35,36 @@ fully determined by `seed`. Metrics are weighted by client test-set size:
 * MT = each client's own model on its own test data (its last deployed model; a
   client never selected yet is evaluated with its initial model).
 
-Outputs in `output_dir`: `metrics.csv` (one row per evaluated round),
-`client_metrics.csv` (per-client MT accuracy per evaluated round), `summary.json`,
-TensorBoard event files under `tb/`, `curves.png`, and `checkpoint.npz` (a
-`tfbfl.state_io` file: arrays + a JSON manifest, never a pickle). Every file
-is written to a temporary name and renamed, so an interrupted run never leaves a
-half-written file, and a resumed run reproduces the uninterrupted one.
+Outputs in `output_dir` (see `ExperimentRunner.run`):
+
+* `metrics.csv`: one row per round. Every row has the training metrics
+  (`train_loss`, `train_accuracy`, the algorithm's own, `bytes_*`); rounds that
+  are evaluated (every `eval_every`-th and the last) also have S and MT
+  (`server_accuracy`, `server_loss`, `mt_accuracy`, `mt_loss`, `*_ece`), left
+  empty in the others.
+* `client_metrics.csv`: per-client MT accuracy per evaluated round.
+* `summary.json` (strict JSON): best/final S and MT, the flags, `tfbfl_version`,
+  `git_commit` (of the tfbfl checkout, or null), `data_fingerprint`.
+* `flags.txt`: the run's flags as an absl flag file, so that
+  `python -m launchers.train --flagfile=<output_dir>/flags.txt [--resume]`
+  replays (or continues) it.
+* `tb/`: TensorBoard events, one per round and tag, grouped (`accuracy/server`,
+  `accuracy/mt`, `loss/server`, `loss/mt`, `ece/...`, `train/...`,
+  `communication/...`, `diagnostics/...`, `time/wall_s`), and HParams (the flags
+  and, as metrics, the final S/MT accuracy and loss); a resumed run first drops
+  the events of rounds after its checkpoint, so no (tag, round) is written twice.
+* `curves.png`: S/MT accuracy, S/MT loss, train loss and (with `bytes_up`) the
+  cumulative bytes per round.
+* `checkpoint.npz` (a `tfbfl.state_io` file: arrays + a JSON manifest, never a
+  pickle): every `checkpoint_every` rounds and always after the last round, so
+  nothing trained is lost.
+* `export/`: the final server and client models (`tfbfl.export.export_run`,
+  unless `RunConfig.export` is off), written last.
+
+Every file is written to a temporary name and renamed, so an interrupted run
+never leaves a half-written file, and a resumed run reproduces the uninterrupted
+one. Ctrl-C raises `RunInterrupted` (a `KeyboardInterrupt`) whose message says
+where the run stopped and how to continue it; the launchers print it as one line.
 """
 
 from __future__ import annotations
@@ -50,6 +74,7 @@ import dataclasses
 import io
 import json
 import os
+import shlex
 import sys
 import tempfile
 import time
@@ -67,22 +92,37 @@ from tfbfl.algorithms.base import client_seed  # noqa: F401  (the driver's seed 
 from tfbfl.data import FederatedData
 
 CHECKPOINT = "checkpoint.npz"  # tfbfl.state_io format; see _save_checkpoint
+FLAGS_FILE = run_dir_lib.FLAGS_FILE  # the run's flags, an absl --flagfile
+EXPORT_DIR = "export"  # tfbfl.export.export_run's output
+TB_DIR = "tb"
 LEGACY_CHECKPOINT = "checkpoint.pkl"  # pickles of older versions: never loaded
 BASE_COLUMNS = ("round", "server_accuracy", "server_loss", "mt_accuracy", "mt_loss", "train_loss",
                 "train_accuracy", "wall_time_s")
+
+
+def default_clients_per_round(num_clients: int) -> int:
+  """`--clients_per_round`'s default: every client, at most 10."""
+  return min(10, int(num_clients))
 
 
 @dataclasses.dataclass
 class RunConfig:
   """How to drive the rounds (the algorithm-independent flags)."""
   rounds: int = options.integer(20, "Communication rounds.", low=1)
-  clients_per_round: int = options.integer(10, "Clients per round C (fixed).", low=1, high=10**7)
+  clients_per_round: Optional[int] = options.integer(
+      None,
+      "Clients per round C (fixed; default min(10, number of clients)).",
+      low=1,
+      high=10**7,
+      none_ok=True)
   eval_every: int = options.integer(1, "Evaluate S and MT every this many rounds.", low=1)
   seed: int = options.integer(0,
                               "Fixes client sampling, initialisation and data splits.",
                               high=options.MAX_SEED)
   output_dir: Optional[str] = options.text(None, "Where metrics.csv, summary.json, curves.png go.")
-  checkpoint_every: int = options.integer(0, "Checkpoint every N rounds (0: never).")
+  checkpoint_every: int = options.integer(
+      0, "Also checkpoint every N rounds (0: only at the end; with --output_dir the final "
+      "state is always saved).")
   resume: bool = options.boolean(
       False, "Continue from the checkpoint in --output_dir (same "
       "flags and data, checked).")
@@ -101,6 +141,15 @@ class RunConfig:
       64, "Evaluate at most this many clients per call, MT cached per client where exact "
       "(0: every client in one call).")
   eval_cache: bool = True  # cache MT per client (streamed path, where exact)
+  export: bool = options.boolean(True, "Write export/ SavedModels at the end of the run.")
+  export_samples: int = options.integer(
+      0, "MC samples of the exported server predictive (0: posterior mean).")
+
+  def resolved(self, num_clients: int) -> "RunConfig":
+    """This config with `clients_per_round` set (unset: min(10, num_clients))."""
+    if self.clients_per_round is not None:
+      return self
+    return dataclasses.replace(self, clients_per_round=default_clients_per_round(num_clients))
 
   def validate(self, num_clients: int) -> None:
     if self.rounds < 1:
@@ -166,30 +215,167 @@ def _fmt(v):
   return v
 
 
-def plot_curves(path: str, rows: Sequence[Dict[str, Any]], title: str = "") -> None:
-  """S and MT accuracy and loss per round (PNG)."""
+def evaluated(row: Dict[str, Any]) -> bool:
+  """True for a `metrics.csv` row of an evaluated round (it has S and MT)."""
+  value = row.get("server_accuracy")
+  return value is not None and value != ""
+
+
+def curves_figure(rows: Sequence[Dict[str, Any]], title: str = ""):
+  """The figure of `curves.png` (matplotlib, Agg): S/MT accuracy, S/MT loss and
+  train loss per round and, when the rows have `bytes_up`, the cumulative bytes
+  sent each way; integer round ticks."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  from matplotlib.ticker import MaxNLocator  # pylint: disable=g-import-not-at-top
 
-  rounds = [r["round"] for r in rows]
-  fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+  number = lambda v: v is not None and v != "" and np.isfinite(float(v))
+  ev = [r for r in rows if evaluated(r)]
+  with_bytes = any(number(r.get("bytes_up")) for r in rows)
+  panels = 4 if with_bytes else 3
+  fig, axes = plt.subplots(1, panels, figsize=(4.2 * panels, 3.6), squeeze=False)
+  axes = list(axes[0])
+
+  def line(ax, source, key, label):
+    points = [(int(r["round"]), float(r[key])) for r in source if number(r.get(key))]
+    if points:
+      ax.plot(*zip(*points), marker=".", label=label)
+    return bool(points)
+
   for key, label in (("server", "S (server model)"), ("mt", "MT (client models)")):
-    axes[0].plot(rounds, [r[f"{key}_accuracy"] for r in rows], marker=".", label=label)
-    axes[1].plot(rounds, [r[f"{key}_loss"] for r in rows], marker=".", label=label)
+    line(axes[0], ev, f"{key}_accuracy", label)
+    line(axes[1], ev, f"{key}_loss", label)
   axes[0].set_ylabel("test accuracy")
   axes[1].set_ylabel("test cross-entropy")
-  axes[1].set_yscale("log")
+  line(axes[2], rows, "train_loss", "train loss")
+  axes[2].set_ylabel("train loss")
+  if with_bytes:
+    for key, label in (("bytes_up_total", "up (clients -> server)"), ("bytes_down_total",
+                                                                      "down (server -> clients)")):
+      points = [(int(r["round"]), float(r[key]) / 2**20) for r in rows if number(r.get(key))]
+      if points:
+        axes[3].plot(*zip(*points), marker=".", label=label)
+    axes[3].set_ylabel("cumulative MiB")
   for ax in axes:
     ax.set_xlabel("round")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
-    ax.legend()
+    if ax.get_legend_handles_labels()[0]:
+      ax.legend(fontsize=8)
   fig.suptitle(title)
   fig.tight_layout()
+  return fig
+
+
+def plot_curves(path: str, rows: Sequence[Dict[str, Any]], title: str = "") -> None:
+  """Writes `curves_figure(rows, title)` to `path` (PNG, atomically)."""
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  fig = curves_figure(rows, title)
   buf = io.BytesIO()
   fig.savefig(buf, format="png", dpi=100)
   plt.close(fig)
   atomic_write_bytes(path, buf.getvalue())
+
+
+# ---------------------------------------------------------------- TensorBoard
+# metrics.csv column -> TensorBoard tag; other columns: see `tensorboard_tag`.
+TB_TAGS = {
+    "server_accuracy": "accuracy/server",
+    "mt_accuracy": "accuracy/mt",
+    "server_loss": "loss/server",
+    "mt_loss": "loss/mt",
+    "server_ece": "ece/server",
+    "mt_ece": "ece/mt",
+    "train_loss": "train/loss",
+    "train_accuracy": "train/accuracy",
+    "wall_time_s": "time/wall_s",
+}
+# HParams metrics (their last value: the run's final S/MT numbers).
+HPARAMS_METRICS = ("accuracy/server", "accuracy/mt", "loss/server", "loss/mt", "ece/server",
+                   "ece/mt", "train/loss", "communication/bytes_up_total")
+
+
+def tensorboard_tag(key: str, diagnostics: Sequence[str] = ()) -> str:
+  """The grouped TensorBoard tag of a `metrics.csv` column: `TB_TAGS`, else
+  `communication/<key>` for `bytes_*`, `diagnostics/<key>` for the algorithm's
+  `factor_diagnostics`, `train/<key>` for any other training metric."""
+  if key in TB_TAGS:
+    return TB_TAGS[key]
+  if key.startswith("bytes_"):
+    return f"communication/{key}"
+  if key in diagnostics:
+    return f"diagnostics/{key}"
+  return f"train/{key}"
+
+
+def _hparam_value(v):
+  """A flag value as an HParams value (bool, int, float or str); None: left out."""
+  v = _plain_flag(v)
+  if v is None or isinstance(v, (bool, int, float, str)):
+    return v
+  if isinstance(v, list):
+    return ",".join(str(x) for x in v)
+  return json.dumps(v, sort_keys=True)
+
+
+def trim_tensorboard(directory: str, last_round: int) -> int:
+  """Rewrites the event files in `directory` into one, keeping every event of
+  steps <= `last_round` once per (tag, step) and dropping HParams summaries
+  (a resumed run writes them again at its end). A truncated file (a killed
+  run) is read up to the cut. The new file takes the name of the oldest, so
+  TensorBoard reads it before those the resumed run writes; the old ones are
+  removed after it is in place. Returns how many (tag, step) pairs were kept."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tensorflow.core.util import event_pb2  # pylint: disable=g-import-not-at-top
+
+  if not os.path.isdir(directory):
+    return 0
+  names = sorted(n for n in os.listdir(directory) if ".tfevents." in n and not n.startswith("."))
+  if not names:
+    return 0
+  records, seen, version = [], set(), None
+  for name in names:
+    try:
+      for record in tf.data.TFRecordDataset(os.path.join(directory, name)):
+        event = event_pb2.Event.FromString(record.numpy())
+        if event.HasField("file_version"):
+          version = version or event
+          continue
+        if not event.HasField("summary"):
+          continue
+        kept = [
+            v for v in event.summary.value
+            if not v.tag.startswith("_hparams_/") and event.step <= last_round and
+            (v.tag, event.step) not in seen
+        ]
+        if not kept:
+          continue
+        seen.update((v.tag, event.step) for v in kept)
+        del event.summary.value[:]
+        event.summary.value.extend(kept)
+        records.append(event.SerializeToString())
+    except tf.errors.DataLossError:
+      pass  # cut off by a kill: the complete records before the cut are kept
+  target = os.path.join(directory, names[0] if names[0].endswith(".v2") else names[0] + ".v2")
+  fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+  os.close(fd)
+  try:
+    with tf.io.TFRecordWriter(tmp) as writer:
+      if version is not None:
+        writer.write(version.SerializeToString())
+      for record in records:
+        writer.write(record)
+    os.replace(tmp, target)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.unlink(tmp)
+    raise
+  for name in names:
+    if os.path.join(directory, name) != target:
+      os.unlink(os.path.join(directory, name))
+  return len(seen)
 
 
 # --------------------------------------------------------------------- driver
@@ -247,6 +433,16 @@ class NonFiniteServerStateError(RuntimeError):
   """A round made the server state non-finite; the run stops before saving it."""
 
 
+class RunInterrupted(KeyboardInterrupt):
+  """Ctrl-C (a `KeyboardInterrupt`) during `ExperimentRunner.run`. `str()` is one
+  line: the round it stopped in, the last checkpoint and the command that
+  continues the run (or that nothing was saved)."""
+
+  def __init__(self, message: str, round_num: Optional[int], checkpoint_round: Optional[int]):
+    super().__init__(message)
+    self.round_num, self.checkpoint_round = round_num, checkpoint_round
+
+
 def non_finite_leaves(tree, path="server_state"):
   """Paths of the floating-point leaves of `tree` (namedtuples, lists, dicts,
   TFF structs of numpy values) that hold a NaN or an infinity."""
@@ -284,6 +480,7 @@ class ExperimentRunner:
                config: RunConfig,
                flags: Optional[Dict[str, Any]] = None,
                round_hook: Optional[Callable[[int, Dict[str, Any]], None]] = None):
+    config = config.resolved(len(data.client_ids))
     config.validate(len(data.client_ids))
     if not isinstance(algorithm, FederatedAlgorithm):
       missing = [
@@ -302,6 +499,9 @@ class ExperimentRunner:
     self.client_rows: List[Dict[str, Any]] = []
     self.state: Optional[Dict[str, Any]] = None
     self._tb_writer = None
+    self._diagnostic_keys: set = set()  # factor_diagnostics columns (TensorBoard group)
+    self._round_in_progress: Optional[int] = None
+    self._rounds_done = 0
     # Streamed evaluation: client index -> its last MT sums (valid until the
     # client trains again), and how many clients' MT / S each call computed.
     self._mt_cache: Dict[int, Dict[str, Any]] = {}
@@ -357,6 +557,7 @@ class ExperimentRunner:
                 data_fingerprint=self._data_fingerprint(),
                 client_store=getattr(state["clients"], "kind", "memory"))
     state_io.save(self._checkpoint_path(), tree, meta=meta)
+    self._checkpoint_round = int(state["round"])
     if snapshot is not None:
       client_store_lib.prune_snapshots(self.config.output_dir, keep=snapshot)
 
@@ -368,7 +569,8 @@ class ExperimentRunner:
     """The flags a checkpoint must share with a run that resumes it."""
     ignore = {
         "rounds", "resume", "overwrite", "checkpoint_every", "output_dir", "eval_every", "executor",
-        "workers", "call_timeout_s", "verbose", "eval_chunk", "clients_per_group"
+        "workers", "call_timeout_s", "verbose", "eval_chunk", "clients_per_group", "export",
+        "export_samples"
     }
     return {k: _plain_flag(v) for k, v in flags.items() if k not in ignore}
 
@@ -448,6 +650,7 @@ class ExperimentRunner:
         raise ValueError(f"--resume: {e}") from None
     if "clients" not in state:
       raise ValueError(f"--resume: {path} holds no client states.")
+    self._checkpoint_round = int(state["round"])
     return state
 
   def _start_state(self):
@@ -485,6 +688,9 @@ class ExperimentRunner:
     """Releases the lock on `output_dir` (idempotent). `training.run_training`
     calls it when the run ends; the lock also goes with the runner object or
     the process."""
+    writer, self._tb_writer = getattr(self, "_tb_writer", None), None
+    if writer is not None:
+      writer.close()
     lock = getattr(self, "_lock", None)
     if lock is not None:
       lock.release()
@@ -588,24 +794,77 @@ class ExperimentRunner:
   # ------------------------------------------------------------------ run
   def run(self) -> Dict[str, Any]:
     """Runs the rounds; the output directory's lock is released when it returns
-    or raises."""
+    or raises. Each round adds a `metrics.csv` row and prints a progress line
+    (`verbose`); every `eval_every`-th round and the last are evaluated. With an
+    `output_dir`, the run ends by saving the final state (`checkpoint.npz`,
+    whatever `checkpoint_every`), then `summary.json`, `curves.png` and the
+    TensorBoard HParams, then `export/` (`RunConfig.export`; an export that
+    fails raises, the run's other outputs complete, and `launchers.export`
+    can redo it from the checkpoint).
+
+    Raises:
+      RunInterrupted: on Ctrl-C (see the class).
+    """
     try:
       return self._run()
+    except KeyboardInterrupt as e:
+      if isinstance(e, RunInterrupted):
+        raise
+      raise self._interrupted() from None
     finally:
       self.close()
+
+  def _interrupted(self) -> RunInterrupted:
+    """The `RunInterrupted` of a Ctrl-C now (see `run`)."""
+    cfg, r = self.config, self._round_in_progress
+    if r:
+      where = f"in round {r} of {cfg.rounds}"
+    elif self._rounds_done:
+      where = f"after round {self._rounds_done} of {cfg.rounds} (writing the final outputs)"
+    else:
+      where = "before the first round"
+    saved = None
+    if cfg.output_dir:
+      try:
+        saved = int(state_io.read_meta(self._checkpoint_path())["round"])
+      except (OSError, ValueError, KeyError, TypeError):
+        saved = None
+    command = "python -m launchers.train --flagfile=" + shlex.quote(
+        os.path.join(cfg.output_dir or "", FLAGS_FILE))
+    if saved:
+      message = (f"interrupted {where}; the checkpoint has round {saved}; continue with: "
+                 f"{command} --resume")
+    elif cfg.output_dir:
+      message = (f"interrupted {where}; nothing was saved (no checkpoint yet: see "
+                 f"--checkpoint_every); start again with: {command} --overwrite")
+    else:
+      message = f"interrupted {where}; nothing was saved (no --output_dir)."
+    return RunInterrupted(message, r, saved)
 
   def _run(self) -> Dict[str, Any]:
     cfg = self.config
     state = self._start_state()  # lock, ownership of output_dir, checkpoint or fresh
+    self._rounds_done = state["round"]
     if cfg.resume and self.config.verbose:
       print(f"resumed from {self._checkpoint_path()} at round {state['round']}", flush=True)
+    if cfg.output_dir:
+      self._write_flags_file()
+      if cfg.resume:  # events of rounds after the checkpoint are written again
+        trim_tensorboard(os.path.join(cfg.output_dir, TB_DIR), state["round"])
     k = len(self.client_ids)
     self._mt_cache = {}  # a resumed run recomputes every client's MT once
     start_round = state["round"] + 1
     clock = time.time() - state["wall_time_s"]
     session_start, session_rounds = time.time(), 0
     round_fn = self._round_fn()
+    if cfg.verbose and start_round <= cfg.rounds:
+      print(
+          f"[{self.algorithm.name}] rounds {start_round}-{cfg.rounds}, {cfg.clients_per_round} of "
+          f"{k} clients each" + (f", outputs in {cfg.output_dir}" if cfg.output_dir else "") +
+          "; building computations (the first round traces them, ~20 s) ...",
+          flush=True)
     for r in range(start_round, cfg.rounds + 1):
+      self._round_in_progress = r
       selected = sample_clients(cfg.seed, r, k, cfg.clients_per_round)
       states = [self._client_state(state, i) for i in selected]
       seeds = [client_seed(cfg.seed, r, i) for i in selected]
@@ -624,7 +883,7 @@ class ExperimentRunner:
       for i, s in zip(selected, self._rekey(selected, new_states)):
         state["clients"][i] = s
         self._mt_cache.pop(i, None)  # trained: its MT is recomputed at the next evaluation
-      state["round"] = r
+      state["round"] = self._rounds_done = r
       session_rounds += 1
       flat = _flatten_metrics(metrics)
       if cfg.verbose and flat.get("clients_dropped", 0) >= len(selected):
@@ -644,41 +903,115 @@ class ExperimentRunner:
       if self.round_hook is not None:
         self.round_hook(r, flat)
       state["wall_time_s"] = time.time() - clock
+      row = dict(round=r, **flat)
       if r % cfg.eval_every == 0 or r == cfg.rounds:
-        diagnostics = getattr(self.algorithm, "factor_diagnostics", None)
-        if diagnostics is not None:
-          flat.update(diagnostics(state["server_state"], state["clients"]))
-        ev = self.evaluate(state)
-        row = dict(round=r,
-                   **{
-                       k2: v for k2, v in ev.items() if k2 != "client_mt_accuracy"
-                   },
-                   **flat,
-                   wall_time_s=time.time() - clock)
-        state["rows"].append(row)
-        state["client_rows"].append(
-            dict(round=r, **{
-                c: a for c, a in zip(self.client_ids, ev["client_mt_accuracy"])
-            }))
-        self._report(r, row, session_start, session_rounds)
-        self._write_outputs(state)
+        self._evaluate_into(state, row)
+      row["wall_time_s"] = time.time() - clock
+      state["rows"].append(row)
+      self._write_outputs(state, row)
       if cfg.output_dir and cfg.checkpoint_every and r % cfg.checkpoint_every == 0:
         self._save_checkpoint(state)
+      self._report(r, row, session_start, session_rounds)  # after its outputs: Ctrl-C loses none
+    self._round_in_progress = None
+    rows = state["rows"]
+    if not rows or rows[-1]["round"] != state["round"] or not evaluated(rows[-1]):
+      # Resumed with no round left to run, from a checkpoint of a round without
+      # evaluation: the final state is evaluated now.
+      row = rows[-1] if rows and rows[-1]["round"] == state["round"] else None
+      new = row is None
+      row = dict(round=state["round"]) if new else row
+      before = dict(row)
+      self._evaluate_into(state, row)
+      if new:
+        row["wall_time_s"] = state["wall_time_s"]
+        rows.append(row)
+      self._write_outputs(state, {k2: v for k2, v in row.items() if k2 not in before or new})
+      self._report(state["round"], row, session_start, max(session_rounds, 1))
     self.rows, self.client_rows = state["rows"], state["client_rows"]
     self.state = state  # server state and every client's state, for analyses (Fig. 4)
     summary = self.summary(state)
     if cfg.output_dir:
-      self._write_outputs(state, final=True, summary=summary)
+      if self._saved_round() != state["round"]:
+        self._save_checkpoint(state)  # the final state, whatever checkpoint_every
+      self._write_final_outputs(state, summary)
+      if cfg.export:  # last: `python -m launchers.export` can redo it from the checkpoint
+        self._export(state)
     return summary
+
+  def _evaluate_into(self, state, row) -> None:
+    """Adds round `row["round"]`'s S and MT (and the algorithm's diagnostics) to
+    `row` and its per-client MT accuracy to `state["client_rows"]`."""
+    diagnostics = getattr(self.algorithm, "factor_diagnostics", None)
+    if diagnostics is not None:
+      extra = diagnostics(state["server_state"], state["clients"])
+      self._diagnostic_keys.update(extra)
+      row.update(extra)
+    ev = self.evaluate(state)
+    row.update({k: v for k, v in ev.items() if k != "client_mt_accuracy"})
+    state["client_rows"].append(
+        dict(round=row["round"],
+             **{
+                 c: a for c, a in zip(self.client_ids, ev["client_mt_accuracy"])
+             }))
+
+  def _saved_round(self) -> Optional[int]:
+    return getattr(self, "_checkpoint_round", None)
+
+  def _write_flags_file(self) -> None:
+    """`flags.txt`: the flags of `launchers.train` among `self.flags` (see
+    `tfbfl.run_dir.flagfile_text`)."""
+    from tfbfl import training  # pylint: disable=g-import-not-at-top  (imports this module)
+
+    out = self.config.output_dir
+    names = [n for n in ("algorithm", *training.DEFAULTS) if n != "verbose"]
+    path = os.path.join(out, FLAGS_FILE)
+    header = ("# The flags of this run. Continue it, or run it again:\n"
+              f"#   python -m launchers.train --flagfile={shlex.quote(path)} --resume\n"
+              f"#   python -m launchers.train --flagfile={shlex.quote(path)} --overwrite\n")
+    atomic_write_text(path, header + run_dir_lib.flagfile_text(self.flags, names))
+
+  def _export(self, state) -> None:
+    """`tfbfl.export.export_run` of the final state into `<output_dir>/export`,
+    with every client's state (a never-selected client: its initial state);
+    skipped, with a note, for an algorithm `tfbfl.export.supports_export` refuses."""
+    from tfbfl import export  # pylint: disable=g-import-not-at-top
+
+    supported = getattr(export, "supports_export", None)
+    if supported is not None and not supported(self.algorithm):
+      if self.config.verbose:
+        print(f"[{self.algorithm.name}] no export: the algorithm has no export hooks.", flush=True)
+      return
+    clients = state["clients"]
+
+    def client_items():
+      for index, client_id in enumerate(self.client_ids):
+        s = clients.get(index)
+        yield (str(client_id), index,
+               self.algorithm.initial_client_state(index) if s is None else s)
+
+    export.export_run(self.algorithm,
+                      state["server_state"],
+                      client_items(),
+                      os.path.join(self.config.output_dir, EXPORT_DIR),
+                      samples=self.config.export_samples,
+                      seed=self.config.seed)
+    if self.config.verbose:
+      print(
+          f"[{self.algorithm.name}] exported the server and {len(self.client_ids)} client "
+          f"models to {os.path.join(self.config.output_dir, EXPORT_DIR)}",
+          flush=True)
 
   def _report(self, r, row, session_start, session_rounds):
     if not self.config.verbose:
       return
     per_round = (time.time() - session_start) / max(session_rounds, 1)
-    eta = per_round * (self.config.rounds - r)
-    print(f"[{self.algorithm.name}] round {r}/{self.config.rounds}  "
-          f"S acc {row['server_accuracy']:.4f} loss {row['server_loss']:.4f}  "
-          f"MT acc {row['mt_accuracy']:.4f} loss {row['mt_loss']:.4f}  "
+    eta = per_round * max(self.config.rounds - r, 0)
+    if evaluated(row):
+      scores = (f"S acc {row['server_accuracy']:.4f} loss {row['server_loss']:.4f}  "
+                f"MT acc {row['mt_accuracy']:.4f} loss {row['mt_loss']:.4f}  ")
+    else:
+      scores = "(not evaluated)  "
+    print(f"[{self.algorithm.name}] round {r}/{self.config.rounds}  " + scores +
           f"train loss {row.get('train_loss', float('nan')):.4f}  " +
           (f"dropped {int(row['clients_dropped'])}/{self.config.clients_per_round}  "
            if "clients_dropped" in row else "") +
@@ -687,8 +1020,10 @@ class ExperimentRunner:
           flush=True)
 
   def summary(self, state) -> Dict[str, Any]:
-    rows = state["rows"]
+    rows = [r for r in state["rows"] if evaluated(r)]  # S and MT: evaluated rounds
     best = lambda key: max(r[key] for r in rows)
+    import tfbfl  # pylint: disable=g-import-not-at-top
+
     return dict(
         algorithm=self.algorithm.name,
         flags=self.flags,
@@ -707,9 +1042,14 @@ class ExperimentRunner:
         final_mt_ece=rows[-1].get("mt_ece"),
         wall_time_s=state["wall_time_s"],
         bytes_up_total=state.get("bytes_up_total"),
-        bytes_down_total=state.get("bytes_down_total"))
+        bytes_down_total=state.get("bytes_down_total"),
+        tfbfl_version=tfbfl.__version__,
+        git_commit=run_dir_lib.source_commit(),
+        data_fingerprint=self._data_fingerprint())
 
-  def _write_outputs(self, state, final=False, summary=None):
+  def _write_outputs(self, state, new_values):
+    """metrics.csv and client_metrics.csv as of `state`; `new_values` (a row,
+    or what was added to one) to TensorBoard."""
     out = self.config.output_dir
     if not out:
       return
@@ -718,22 +1058,48 @@ class ExperimentRunner:
     write_csv(os.path.join(out, "metrics.csv"), rows, list(BASE_COLUMNS) + extra)
     write_csv(os.path.join(out, "client_metrics.csv"), state["client_rows"],
               ["round"] + self.client_ids)
-    self._write_tensorboard(rows[-1])
-    if final:
-      atomic_write_text(os.path.join(out, "summary.json"),
-                        json.dumps(strict_json(summary), indent=2, sort_keys=True, allow_nan=False))
-      plot_curves(os.path.join(out, "curves.png"), rows, title=self.algorithm.name)
+    self._write_tensorboard(int(rows[-1]["round"]), new_values)
 
-  def _write_tensorboard(self, row):
+  def _write_final_outputs(self, state, summary):
+    out = self.config.output_dir
+    self._write_hparams()
+    plot_curves(os.path.join(out, "curves.png"), state["rows"], title=self.algorithm.name)
+    atomic_write_text(os.path.join(out, "summary.json"),
+                      json.dumps(strict_json(summary), indent=2, sort_keys=True, allow_nan=False))
+
+  def _tensorboard(self):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
     if self._tb_writer is None:
-      self._tb_writer = tf.summary.create_file_writer(os.path.join(self.config.output_dir, "tb"))
-    with self._tb_writer.as_default():
-      for key, value in row.items():
-        if key != "round" and isinstance(value, (int, float, np.floating)):
-          tf.summary.scalar(key, float(value), step=int(row["round"]))
-    self._tb_writer.flush()
+      self._tb_writer = tf.summary.create_file_writer(os.path.join(self.config.output_dir, TB_DIR))
+    return tf, self._tb_writer
+
+  def _write_tensorboard(self, step: int, values: Dict[str, Any]) -> None:
+    """One scalar per numeric entry of `values` at `step` (grouped tags:
+    `tensorboard_tag`)."""
+    tf, writer = self._tensorboard()
+    with writer.as_default():
+      for key, value in values.items():
+        if key == "round" or isinstance(value, bool):
+          continue
+        if isinstance(value, (int, float, np.integer, np.floating)):
+          tf.summary.scalar(tensorboard_tag(key, self._diagnostic_keys), float(value), step=step)
+    writer.flush()
+
+  def _write_hparams(self) -> None:
+    """HParams of the run: the flags (`self.flags`) and, as metrics, the tags in
+    `HPARAMS_METRICS` (their last values: the final S/MT accuracy and loss)."""
+    from tensorboard.plugins.hparams import api as hp  # pylint: disable=g-import-not-at-top
+
+    values = {k: _hparam_value(v) for k, v in sorted(self.flags.items())}
+    values = {k: v for k, v in values.items() if v is not None}
+    tags = {tensorboard_tag(k, self._diagnostic_keys) for r in self.rows for k in r}
+    _, writer = self._tensorboard()
+    with writer.as_default():
+      hp.hparams_config(hparams=[hp.HParam(k) for k in values],
+                        metrics=[hp.Metric(t) for t in HPARAMS_METRICS if t in tags])
+      hp.hparams(values)
+    writer.flush()
 
 
 def strict_json(o):

@@ -7,15 +7,19 @@ the field's rule, and one more validator checks the combinations
 (`training.resolve_params`), so a bad value ends the program with one line naming
 the flag before TensorFlow is imported:
 
-    from absl import app
     from tfbfl import flags as tfbfl_flags
 
     tfbfl_flags.define()
-    app.run(main, flags_parser=tfbfl_flags.parser("train"))
+    tfbfl_flags.run(main, "train")
+
+`run` also quiets TensorFlow's C++ logs (`TF_CPP_MIN_LOG_LEVEL=3` unless set)
+and turns Ctrl-C into one line (`tfbfl.experiment.RunInterrupted` says the round
+and the command that continues the run) and exit status 130.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
@@ -119,8 +123,57 @@ def fail(program: str, message: str) -> None:
   sys.exit(1)
 
 
+INTERRUPTED_STATUS = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
+
+# TensorFlow's C++ log level for launchers: 3 hides INFO, WARNING and ERROR lines.
+# 2 would keep the ERROR lines that TF 2.14 prints at every import on a machine
+# with its CUDA wheels ("E tensorflow/compiler/xla/stream_executor/cuda/cuda_dnn.cc:
+# ... Unable to register cuDNN factory ..."), which are harmless; real failures
+# still raise Python exceptions with their message.
+TF_CPP_MIN_LOG_LEVEL = "3"
+
+
+def quiet_tensorflow() -> None:
+  """Hides TensorFlow's C++ log lines (`I tensorflow/...`, `E external/...`) unless
+  the user set `TF_CPP_MIN_LOG_LEVEL`; effective only before TensorFlow is imported."""
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", TF_CPP_MIN_LOG_LEVEL)
+  # TensorFlow sets TF2_BEHAVIOR=1 itself when imported; a launcher imports it lazily,
+  # inside `app.run`, where without the variable TF 2.14 starts with an empty
+  # context-switch stack and Keras functional models fail to build (found by the
+  # export). Set before the import, launchers run as the tests' subprocesses do.
+  os.environ.setdefault("TF2_BEHAVIOR", "1")
+
+
+def interrupted(program: str, error: BaseException) -> None:
+  """Exits with status 130 after one line on stderr: the driver's
+  `RunInterrupted` message (round, checkpoint, how to continue), or that the
+  program was interrupted."""
+  import logging  # pylint: disable=g-import-not-at-top
+  import threading  # pylint: disable=g-import-not-at-top
+  import warnings  # pylint: disable=g-import-not-at-top
+
+  from tfbfl import experiment  # pylint: disable=g-import-not-at-top
+
+  # The program ends here. What still runs until the process is gone (TFF's
+  # executor thread retrying the worker that the same Ctrl-C stopped, TFF's
+  # finalizers disposing values on it at exit, an abandoned coroutine) logs,
+  # warns and prints nothing more.
+  logging.disable(logging.CRITICAL)
+  warnings.simplefilter("ignore")
+  threading.excepthook = lambda args: None
+  sys.excepthook = lambda *args: None  # weakref finalizers at exit report through it
+  sys.unraisablehook = lambda unraisable: None
+  if isinstance(error, experiment.RunInterrupted):
+    line = f"{program}: {' '.join(str(error).split())}"
+  else:
+    line = f"{program}: interrupted."
+  print(line, file=sys.stderr, flush=True)
+  sys.exit(INTERRUPTED_STATUS)
+
+
 def parser(program: str, flag_values=FLAGS) -> Callable[[List[str]], List[str]]:
   """An `app.run(flags_parser=...)` that reports a bad flag in one line."""
+  quiet_tensorflow()
 
   def parse(argv: List[str]) -> List[str]:
     try:
@@ -137,7 +190,10 @@ def parser(program: str, flag_values=FLAGS) -> Callable[[List[str]], List[str]]:
 def run(main: Callable[[List[str]], Any], program: str) -> None:
   """`app.run(main)` for a launcher: a bad flag (at parse time) or a `ValueError`,
   `FileNotFoundError` or `app.UsageError` raised by `main` ends the program with one
-  line `FATAL <program>: ...` and status 1, without the module's help."""
+  line `FATAL <program>: ...` and status 1, without the module's help; Ctrl-C
+  with one line and status 130 (`interrupted`). TensorFlow's C++ logs are quieted
+  first (`quiet_tensorflow`)."""
+  quiet_tensorflow()
   from absl import app  # pylint: disable=g-import-not-at-top
 
   def guarded(argv):
@@ -145,5 +201,7 @@ def run(main: Callable[[List[str]], Any], program: str) -> None:
       return main(argv)
     except (app.UsageError, ValueError, FileNotFoundError) as e:
       fail(program, str(e))
+    except KeyboardInterrupt as e:
+      interrupted(program, e)
 
   app.run(guarded, flags_parser=parser(program))

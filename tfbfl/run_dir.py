@@ -12,23 +12,31 @@ before it reads or writes anything there:
   process, fails at once with `RunDirBusyError` (a `ValueError`). The lock file
   itself stays (removing it would race with a waiting run).
 * `existing_outputs(path)` lists the outputs of a previous run there
-  (`metrics.csv`, `client_metrics.csv`, `summary.json`, `curves.png`, `tb/`,
-  the checkpoint, client states and their snapshots); `clear_outputs(path)`
-  removes exactly those (`--overwrite`) and nothing else.
+  (`metrics.csv`, `client_metrics.csv`, `summary.json`, `curves.png`,
+  `flags.txt`, `tb/`, `export/`, the checkpoint, client states and their
+  snapshots; a `flags.txt` alone, left by a run stopped before its first
+  round, is no run); `clear_outputs(path)` removes exactly those
+  (`--overwrite`) and nothing else.
 * `data_fingerprint(data)` is a sha256 over every client's id and train/test
   arrays (dtype, shape, bytes), stored in checkpoints so that `--resume`
-  refuses data that changed under the same path.
+  refuses data that changed under the same path (and in `summary.json`).
+* `flagfile_text(flags, names)` writes a run's flags in absl `--flagfile`
+  format (`flags.txt`), `source_commit()` names the git commit of the tfbfl
+  source tree (`summary.json`).
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
+import functools
+import math
 import os
 import re
 import shutil
+import subprocess
 import weakref
-from typing import Dict, List, Optional
+from typing import Any, Dict, Iterable, List, Mapping, Optional
 
 import numpy as np
 
@@ -37,9 +45,13 @@ from tfbfl import state_io
 LOCK_FILE = ".tfbfl.lock"
 # Files and directories a run writes into its output directory (besides the
 # lock and temporaries); `clear_outputs` removes exactly these.
+FLAGS_FILE = "flags.txt"
 OUTPUT_FILES = ("metrics.csv", "client_metrics.csv", "summary.json", "curves.png", "checkpoint.npz",
-                "checkpoint.pkl")
-OUTPUT_DIRS = ("tb", "client_states")
+                "checkpoint.pkl", FLAGS_FILE)
+OUTPUT_DIRS = ("tb", "client_states", "export")
+# Written at the start of a run: alone, they are no run to protect (a run stopped
+# before its first round), though `clear_outputs` removes them.
+_NOT_A_RUN_ALONE = (FLAGS_FILE,)
 _SNAPSHOT = re.compile(r"^client_states_r\d+$")
 
 
@@ -177,6 +189,8 @@ def existing_outputs(directory: str) -> List[str]:
     if n in names and (not os.path.isdir(full) or os.listdir(full)):
       found.append(n + "/")
   found += [n + "/" for n in names if _SNAPSHOT.match(n)]
+  if all(n in _NOT_A_RUN_ALONE for n in found):
+    return []
   return sorted(found)
 
 
@@ -239,3 +253,73 @@ def data_fingerprint(data) -> str:
   except AttributeError:
     pass
   return digest
+
+
+# ------------------------------------------------------------------ flags.txt
+# Flags a replay chooses itself (`--resume` or `--overwrite` after `--flagfile`).
+NOT_IN_FLAGFILE = ("resume", "overwrite")
+
+
+def flag_text(value: Any) -> Optional[str]:
+  """`value` as absl parses it back from `--name=<text>`: bools `true`/`false`,
+  lists comma-joined, floats in `repr` (exact round trip); None: no text."""
+  if value is None:
+    return None
+  if isinstance(value, np.generic):
+    value = value.item()
+  if isinstance(value, bool):
+    return "true" if value else "false"
+  if isinstance(value, float):
+    return repr(value) if math.isfinite(value) else str(value)
+  if isinstance(value, (list, tuple)):
+    return ",".join(flag_text(v) or "" for v in value)
+  return str(value)
+
+
+def flagfile_text(flags: Mapping[str, Any], names: Iterable[str]) -> str:
+  """`flags` (name -> value) as an absl `--flagfile`: one `--name=value` line per
+  flag in `names` (`--algorithm` first, then sorted), None and `NOT_IN_FLAGFILE`
+  left out; a value with a line break cannot be written and is left out with a
+  comment saying so."""
+  names = set(names) - set(NOT_IN_FLAGFILE)
+  keys = sorted((k for k in flags if k in names), key=lambda k: (k != "algorithm", k))
+  lines = []
+  for key in keys:
+    text = flag_text(flags[key])
+    if text is None:
+      continue
+    if "\n" in text or "\r" in text:
+      lines.append(f"# --{key} left out: its value has a line break")
+      continue
+    lines.append(f"--{key}={text}")
+  return "\n".join(lines) + "\n"
+
+
+# -------------------------------------------------------------- source commit
+@functools.lru_cache(maxsize=1)
+def source_commit(timeout_s: float = 2.0) -> Optional[str]:
+  """`git rev-parse HEAD` of the checkout tfbfl is imported from, or None when
+  the package does not lie at the top of a git work tree (an installed wheel),
+  git is missing or slow (`timeout_s`), or anything else goes wrong. Cached."""
+  import tfbfl  # pylint: disable=g-import-not-at-top
+
+  package_dir = os.path.dirname(os.path.abspath(tfbfl.__file__))
+  env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+  env["GIT_OPTIONAL_LOCKS"] = "0"
+  try:
+    out = subprocess.run(["git", "rev-parse", "--show-toplevel", "HEAD"],
+                         cwd=package_dir,
+                         env=env,
+                         stdin=subprocess.DEVNULL,
+                         capture_output=True,
+                         text=True,
+                         timeout=timeout_s,
+                         check=False)
+  except (OSError, subprocess.SubprocessError, ValueError):
+    return None
+  lines = out.stdout.split() if out.returncode == 0 else []
+  if len(lines) != 2 or not re.fullmatch(r"[0-9a-f]{40}([0-9a-f]{24})?", lines[1]):
+    return None
+  if os.path.realpath(lines[0]) != os.path.realpath(os.path.dirname(package_dir)):
+    return None  # tfbfl inside some other repository (e.g. a venv in a project)
+  return lines[1]

@@ -18,7 +18,8 @@ flags from the same table. Nothing here imports TensorFlow before the runtime st
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Tuple
+import sys
+from typing import Any, Dict, Optional, Tuple
 
 from tfbfl import algorithms  # noqa: F401  (registers every algorithm)
 from tfbfl import data as data_lib
@@ -85,9 +86,12 @@ def resolve_params(params: Dict[str, Any]) -> Dict[str, Any]:
     if name in params:
       p[name] = option.check(p[name], name)
   p["hidden_units"] = p["hidden_units"] or ()
+  if p["clients_per_round"] is None:
+    p["clients_per_round"] = experiment.default_clients_per_round(p["num_clients"])
   # Unset values the algorithm derives (VIRTUAL's step 1/C): recorded as used.
   p.update(spec.config_cls.derived_defaults(p))
-  if p["clients_per_round"] > p["num_clients"]:
+  _check_applicable(p, params, spec)
+  if p["dataset"] != "npz" and p["clients_per_round"] > p["num_clients"]:  # npz: after loading
     raise ValueError(
         f"--clients_per_round={p['clients_per_round']} exceeds --num_clients={p['num_clients']}.")
   if p["dataset"] not in data_lib.DATASETS:
@@ -98,6 +102,28 @@ def resolve_params(params: Dict[str, Any]) -> Dict[str, Any]:
     raise ValueError(
         "--client_store=disk needs --output_dir (states go to <output_dir>/client_states).")
   return p
+
+
+def _check_applicable(p: Dict[str, Any], given: Dict[str, Any], spec) -> None:
+  """A flag the chosen dataset does not use, set to another value than its default, is
+  an error; one the chosen algorithm does not use is one warning line (harmless)."""
+  changed = [
+      n for n, v in given.items()
+      if v is not None and n in DEFAULTS and p[n] != DEFAULTS[n] and n != "algorithm"
+  ]
+  ignored = set(data_lib.IGNORED_SETTINGS.get(p["dataset"], ()))
+  bad = [n for n in changed if n in ignored]
+  if bad:
+    raise ValueError(f"--{bad[0]} is not used by --dataset={p['dataset']} (it ignores "
+                     f"{', '.join('--' + n for n in sorted(ignored))}); leave it unset.")
+  used = set(options.option_fields(spec.config_cls))
+  for cls in COMMON_SETTINGS:
+    used |= set(options.option_fields(cls))
+  unused = sorted(n for n in changed if n not in used)
+  if unused:
+    print(f"warning: --algorithm={spec.name} does not use {', '.join('--' + n for n in unused)}.",
+          file=sys.stderr,
+          flush=True)
 
 
 def data_spec(p: Dict[str, Any]) -> data_lib.DataSpec:
@@ -148,8 +174,18 @@ def load_data(p: Dict[str, Any]) -> data_lib.FederatedData:
   return data_lib.load_federated(data_spec(p))
 
 
-def run_training(params: Dict[str, Any], *, round_hook=None) -> Dict[str, Any]:
+def run_training(params: Dict[str, Any],
+                 *,
+                 data: Optional[data_lib.FederatedData] = None,
+                 round_hook=None) -> Dict[str, Any]:
   """Runs one configuration; returns the summary dict (also in summary.json).
+
+  Args:
+    params: flag name -> value (missing: the defaults, `DEFAULTS`).
+    data: the federated data to train on (e.g. `tfbfl.data.from_client_arrays`); None:
+      loaded from the data flags (`DataSpec`). Given, the data flags must be left
+      unset, and `num_clients` is the data's.
+    round_hook: `fn(round, row)` called after every round (tests, progress).
 
   Every flag, path and data check (`resolve_params`, `--output_dir` created
   and not in use by or holding another run unless `--resume`/`--overwrite`,
@@ -159,6 +195,15 @@ def run_training(params: Dict[str, Any], *, round_hook=None) -> Dict[str, Any]:
   """
   from tfbfl import run_dir  # pylint: disable=g-import-not-at-top
 
+  if data is not None:
+    given = [
+        n for n in options.option_fields(data_lib.DataSpec)
+        if params.get(n) is not None and n != "num_clients"
+    ]
+    if given:
+      raise ValueError(f"run_training(data=...) trains on the given data; leave "
+                       f"{', '.join('--' + n for n in given)} unset.")
+    params = dict(params, num_clients=len(data.client_ids))
   p = resolve_params(params)
   if p["output_dir"]:
     run_dir.prepare(p["output_dir"])
@@ -166,10 +211,18 @@ def run_training(params: Dict[str, Any], *, round_hook=None) -> Dict[str, Any]:
     if not p["overwrite"]:
       run_dir.refuse_or_clear(p["output_dir"], resume=p["resume"], overwrite=False)
   spec = registry.get(p["algorithm"])
-  fd = load_data(p)
+  if data is not None:
+    fd = data
+    p["dataset"] = "user"  # recorded; the data fingerprint identifies it
+  else:
+    fd = load_data(p)
   if p["dataset"] == "npz":
     # Natural clients: the file decides how many there are.
     p["num_clients"] = len(fd.client_ids)
+    if params.get("clients_per_round") is None:
+      p["clients_per_round"] = experiment.default_clients_per_round(p["num_clients"])
+      if params.get("server_lr") is None:
+        p.update(spec.config_cls.derived_defaults(dict(p, server_lr=None)))
     if p["clients_per_round"] > p["num_clients"]:
       raise ValueError(f"--clients_per_round={p['clients_per_round']} exceeds the "
                        f"{p['num_clients']} clients in {p['data_dir']}.")

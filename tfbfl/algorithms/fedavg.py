@@ -450,6 +450,100 @@ class ModelComputations:
     """Bytes of one dense copy of the model's weights."""
     return communication.dense_bytes(self.initial_weights)
 
+  # ------------------------------------------------------------- export
+  def _export_kwargs(self, info, name):
+    cfg = self.config
+    return dict(input_shape=cfg.example_shape,
+                input_dtype="float32",
+                num_classes=cfg.num_classes,
+                info=dict(info or {}, samples=0),
+                name=name)
+
+  def predictor(self, weights, info=None, name="model"):
+    """`weights` (`ModelWeights`) as a `tfbfl.export` predictor computing what
+    `score` computes: the model's logits on `x` (flattened for the MLP),
+    probabilities `softmax(logits)`, predictions `argmax(logits)`."""
+    from tfbfl import export  # pylint: disable=g-import-not-at-top
+
+    with export.eager_scope():  # Keras functional models (see there)
+      model = self._model()
+    self._assign(model, _as_model_weights(weights))  # exact copies
+
+    def forward(x):
+      logits = model(self._flat(x), training=False)
+      return tf.nn.softmax(logits), tf.argmax(logits, -1, output_type=tf.int32)
+
+    return export.make_predictor(forward,
+                                 variables=model.variables,
+                                 **self._export_kwargs(info, name))
+
+  def ensemble_predictor(self, weights_list, info=None, name="ensemble"):
+    """The uniform ensemble of the models `weights_list` as a `tfbfl.export`
+    predictor: `p = (sum_k softmax(f(x; w_k))) / K`, summed in list order (as
+    `numpy.mean` over the list does), predictions `argmax p`. The MLP's K
+    models are stacked (one variable per layer parameter, `[K, ...]`) and
+    applied in a `tf.while_loop` with the ops of Keras' `Dense` (graph size
+    independent of K); other architectures hold K Keras models."""
+    from tfbfl import export  # pylint: disable=g-import-not-at-top
+
+    cfg = self.config
+    weights_list = [_as_model_weights(w) for w in weights_list]
+    k = len(weights_list)
+    if k == 0:
+      raise ValueError("an ensemble needs at least one model.")
+    if cfg.architecture == "mlp":
+      with export.eager_scope():  # Keras functional models (see there)
+        template = self._model()
+      dense = [l for l in template.layers if isinstance(l, tf.keras.layers.Dense)]
+      if len(template.trainable_weights) != 2 * len(dense) or any(
+          w.non_trainable for w in weights_list):
+        raise ValueError("the stacked ensemble needs a stack of Dense layers.")
+      stacked = [
+          tf.Variable(np.stack([np.asarray(w.trainable[j], np.float32) for w in weights_list]),
+                      trainable=False,
+                      name=f"stacked_{j}") for j in range(2 * len(dense))
+      ]
+
+      def logits_of(x, j):
+        h = x
+        for l, layer in enumerate(dense):
+          h = tf.nn.bias_add(tf.matmul(h, tf.gather(stacked[2 * l], j)),
+                             tf.gather(stacked[2 * l + 1], j))
+          if layer.activation is not None:
+            h = layer.activation(h)
+        return h
+
+      def forward(x):
+        x = self._flat(x)
+        total = tf.nn.softmax(logits_of(x, 0))
+        _, total = tf.while_loop(lambda j, _: j < k, lambda j, t:
+                                 (j + 1, t + tf.nn.softmax(logits_of(x, j))),
+                                 (tf.constant(1), total))
+        p = total / tf.constant(k, tf.float32)
+        return p, tf.argmax(p, -1, output_type=tf.int32)
+
+      variables = stacked
+    else:
+      members = []
+      for w in weights_list:
+        with export.eager_scope():  # Keras functional models (see there)
+          m = self._model()
+        self._assign(m, w)
+        members.append(m)
+
+      def forward(x):
+        x = self._flat(x)
+        total = None
+        for m in members:
+          p = tf.nn.softmax(m(x, training=False))
+          total = p if total is None else total + p
+        p = total / tf.constant(k, tf.float32)
+        return p, tf.argmax(p, -1, output_type=tf.int32)
+
+      variables = [v for m in members for v in m.variables]
+    info = dict(info or {}, members=k)
+    return export.make_predictor(forward, variables=variables, **self._export_kwargs(info, name))
+
 
 class FedAvgAlgorithm:
   """FedAvg (`mu = 0`) and FedProx (`mu > 0`) in the protocol of `tfbfl.experiment`.
@@ -560,6 +654,32 @@ class FedAvgAlgorithm:
     del metrics
     size = self.computations.dense_bytes()
     return num_selected * size, num_selected * size
+
+  # ------------------------------------------------------------- export
+  # Hooks of `tfbfl.export.export_run` (deterministic models: `samples` and
+  # `seed` are not used).
+  def server_predictor(self, server_state, *, samples: Optional[int] = None, seed: int = 0):
+    """The model metric S evaluates: the server weights w^(t)."""
+    del samples, seed
+    return self.computations.predictor(server_state.model_weights,
+                                       info=dict(metric="S", model="server weights"),
+                                       name="server")
+
+  def client_predictor(self,
+                       server_state,
+                       client_state,
+                       *,
+                       samples: Optional[int] = None,
+                       seed: int = 0):
+    """The model metric MT evaluates for this client: its deployed weights (after
+    its last local training; the initial server model if never selected)."""
+    del server_state, samples, seed
+    return self.computations.predictor(
+        client_state,
+        info=dict(metric="MT",
+                  model="the client's deployed weights (after its last local training; the "
+                  "initial model if never selected)"),
+        name="client")
 
 
 registry.register(

@@ -528,6 +528,55 @@ class _LaplaceBase:
   def _build_computations(self):
     raise NotImplementedError
 
+  # ------------------------------------------------------------- export
+  # Hooks of `tfbfl.export.export_run` (the evaluation is deterministic: `samples`
+  # and `seed` are not used; the server precisions are not exported).
+  def _export_predictor(self, weights, info, name):
+    """`weights` as a `tfbfl.export` predictor computing what the evaluation
+    computes: the model's logits on `x` reshaped to the model's input,
+    probabilities `softmax(logits)`, predictions `argmax(logits)`."""
+    from tfbfl import export  # pylint: disable=g-import-not-at-top
+
+    with export.eager_scope():  # Keras functional models (see there)
+      model = self._model()
+    for v, w in zip(model.trainable_variables, list(weights)):
+      v.assign(w)  # exact copies
+
+    def forward(x):
+      logits = model(self._reshape(x), training=False)
+      return tf.nn.softmax(logits), tf.argmax(logits, -1, output_type=tf.int32)
+
+    return export.make_predictor(forward,
+                                 input_shape=tuple(self.config.input_shape),
+                                 input_dtype="float32",
+                                 num_classes=self.config.num_classes,
+                                 variables=model.variables,
+                                 info=dict(info, samples=0),
+                                 name=name)
+
+  def server_predictor(self, server_state, *, samples: Optional[int] = None, seed: int = 0):
+    """The model metric S evaluates: the server weights (FOLA: the product's mean
+    mu_S; FedCurv: the weighted mean of the clients' weights)."""
+    del samples, seed
+    return self._export_predictor(server_state.model.weights,
+                                  dict(metric="S", model="server weights (posterior mean)"),
+                                  "server")
+
+  def client_predictor(self,
+                       server_state,
+                       client_state,
+                       *,
+                       samples: Optional[int] = None,
+                       seed: int = 0):
+    """The model metric MT evaluates for this client: its last trained weights
+    (the initial model if never selected)."""
+    del server_state, samples, seed
+    return self._export_predictor(
+        client_state.weights,
+        dict(metric="MT",
+             model="the client's last trained weights (the initial model if never "
+             "selected)"), "client")
+
 
 class FolaAlgorithm(_LaplaceBase):
   """Gaussian product server + FOLA clients (module docstring).

@@ -42,7 +42,7 @@ and the round metric `clients_dropped` counts it.
 from __future__ import annotations
 
 import collections
-from typing import Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -145,6 +145,45 @@ class LocalAlgorithm:
     del num_selected, metrics
     return 0, 0
 
+  # ------------------------------------------------------------- export
+  # Hooks of `tfbfl.export.export_run` (deterministic models: `samples` and
+  # `seed` are not used). The "server model" is the ensemble of every client's
+  # model, so `export_run` hands `server_predictor` all client states.
+  export_server_needs_clients = True
+
+  def server_predictor(self,
+                       server_state,
+                       *,
+                       client_states: Optional[Sequence] = None,
+                       samples: Optional[int] = None,
+                       seed: int = 0):
+    """The model metric S evaluates: the uniform ensemble of all K clients'
+    predictive distributions; `client_states` are every client's state in
+    client-index order (a client never selected: its initial model)."""
+    del server_state, samples, seed
+    if client_states is None:
+      raise ValueError("Local's server model is the ensemble of every client's model: pass "
+                       "client_states (all K client states, in client-index order).")
+    return self.computations.ensemble_predictor(
+        list(client_states),
+        info=dict(metric="S", model="uniform ensemble of all clients' predictive distributions"),
+        name="server")
+
+  def client_predictor(self,
+                       server_state,
+                       client_state,
+                       *,
+                       samples: Optional[int] = None,
+                       seed: int = 0):
+    """The model metric MT evaluates for this client: its own model."""
+    del server_state, samples, seed
+    return self.computations.predictor(
+        client_state,
+        info=dict(metric="MT",
+                  model="the client's own model (the initial model if never "
+                  "selected)"),
+        name="client")
+
 
 class GlobalAlgorithm:
   """One model trained on the pooled training data of all clients (reference).
@@ -196,6 +235,27 @@ class GlobalAlgorithm:
     """No model is exchanged (the data are assumed centralised)."""
     del num_selected, metrics
     return 0, 0
+
+  # ------------------------------------------------------------- export
+  # Hooks of `tfbfl.export.export_run`: S and MT both evaluate the pooled model.
+  def server_predictor(self, server_state, *, samples: Optional[int] = None, seed: int = 0):
+    """The model metrics S and MT evaluate: the model trained on the pooled data."""
+    del samples, seed
+    return self.computations.predictor(server_state.model_weights,
+                                       info=dict(metric="S", model="the pooled-data model"),
+                                       name="server")
+
+  def client_predictor(self,
+                       server_state,
+                       client_state,
+                       *,
+                       samples: Optional[int] = None,
+                       seed: int = 0):
+    """Every client's MT model is the pooled-data model (clients hold none)."""
+    del client_state, samples, seed
+    return self.computations.predictor(server_state.model_weights,
+                                       info=dict(metric="MT", model="the pooled-data model"),
+                                       name="client")
 
 
 registry.register(

@@ -1157,6 +1157,107 @@ class VirtualAlgorithm:
     server_state, metrics = self.server_phase(server_state, uploads)
     return server_state, [o.client_state for o in outputs], metrics
 
+  # ------------------------------------------------------------- export
+  # Hooks of `tfbfl.export.export_run`: the models metrics S and MT evaluate, as
+  # `tfbfl.export.make_predictor` modules (SavedModels of plain TF).
+  def server_predictor(self, server_state, *, samples: Optional[int] = None, seed: int = 0):
+    """The model metric S evaluates: the server network with the server
+    posterior's means (`eval_samples == 0`), else the average of `eval_samples`
+    sampled forward passes. `samples` (> 0) asks for that many passes instead (a
+    Monte Carlo predictive whose fixed seed is `[seed, 0]`)."""
+    posterior = server_state.posterior
+    posterior = gaussian.NaturalGaussian([np.asarray(t) for t in posterior[0]],
+                                         [np.asarray(t) for t in posterior[1]])
+    samples = self.config.eval_samples if samples is None else int(samples)
+    how = ("at the server posterior's means"
+           if samples == 0 else f"{samples}-pass Monte Carlo predictive over the server posterior")
+    return self._export_predictor(posterior,
+                                  None,
+                                  head=0,
+                                  samples=samples,
+                                  mc_seed=(seed, 0),
+                                  info=dict(metric="S", model=f"server network, {how}"),
+                                  name="server")
+
+  def client_predictor(self,
+                       server_state,
+                       client_state,
+                       *,
+                       samples: Optional[int] = None,
+                       seed: int = 0):
+    """The model metric MT evaluates for this client: the client network (its
+    shared posterior q_i and its private weights, joined by the lateral
+    connections; the server network with q_i where `private` is off), at the means
+    (`eval_samples == 0`) or the average of `eval_samples` sampled passes (fixed
+    seed `[seed, client_index + 1]`). A client never trained has its initial model.
+    The server state is not read (MT is a function of the client's state)."""
+    del server_state
+    state = _as_client_state(client_state)
+    samples = self.config.eval_samples if samples is None else int(samples)
+    head = 1 if self.config.private else 0
+    what = ("client network (q_i and private weights, lateral connections)"
+            if head == 1 else "server network with the client's posterior q_i")
+    return self._export_predictor(state.shared_posterior,
+                                  state.private,
+                                  head=head,
+                                  samples=samples,
+                                  mc_seed=(seed, int(state.client_index) + 1),
+                                  info=dict(metric="MT",
+                                            model=f"{what}, " +
+                                            ("at the posterior means" if samples == 0 else
+                                             f"{samples}-pass Monte Carlo predictive"),
+                                            trained=bool(np.asarray(state.trained))),
+                                  name="client")
+
+  def _export_predictor(self, posterior, private, head, samples, mc_seed, info, name):
+    """A predictor computing `_predictive_sums`' predictive: the network's
+    variables are assigned as the evaluation assigns them (from the natural
+    parameters), and the forward pass, the softmax, the Monte Carlo average and
+    the decision `argmax log(p + 1e-12)` are the same ops."""
+    from tfbfl import export  # pylint: disable=g-import-not-at-top
+
+    cfg = self.config
+    if cfg.likelihood != "categorical":
+      raise ValueError("export needs a categorical likelihood (class probabilities), got "
+                       f"likelihood={cfg.likelihood!r}.")
+    with export.eager_scope():  # as for any Keras model built by an export
+      net = build_networks(cfg)
+    as_tensors = lambda ts: [tf.constant(np.asarray(t, np.float32)) for t in ts]
+    if private is not None:
+      net.set_private_weights(as_tensors(private))  # exact copies
+    # The layers' (loc, scale) from the natural parameters, with the ops of the
+    # evaluation's `set_shared_posterior` (loc = eta1 / eta2).
+    net.set_shared_posterior(
+        gaussian.NaturalGaussian(as_tensors(posterior.eta1), as_tensors(posterior.eta2)))
+
+    def out(x, s):
+      return net.server_logits(x, seed=s) if head == 0 else net.forward(x, seed=s)[head]
+
+    def predictive(x, seed):
+      x = _flatten_for_mlp(cfg, x)
+      if samples == 0:
+        avg = tf.nn.softmax(out(x, None))
+      else:
+
+        def body(s, avg):
+          p = tf.nn.softmax(out(x, tf.random.experimental.stateless_fold_in(seed, s)))
+          return s + 1, avg + p / samples
+
+        _, avg = tf.while_loop(lambda s, _: s < samples, body,
+                               (tf.constant(0), tf.zeros([tf.shape(x)[0], cfg.num_classes])))
+      pred = tf.math.log(avg + 1e-12)
+      return avg, tf.argmax(pred, -1, output_type=tf.int32)
+
+    kw = dict(input_shape=cfg.example_shape,
+              input_dtype="int32" if cfg.architecture == "lstm" else "float32",
+              num_classes=cfg.num_classes,
+              variables=net.trainable_variables,
+              info=dict(info, samples=int(samples)),
+              name=name)
+    if samples == 0:
+      return export.make_predictor(lambda x: predictive(x, None), **kw)
+    return export.make_predictor(None, seeded_forward=predictive, default_seed=mc_seed, **kw)
+
 
 def _build(data, config: VirtualConfig, run) -> VirtualAlgorithm:
   """The spec's builder: the LSTM's vocabulary from the data (the step's C is in `config`)."""

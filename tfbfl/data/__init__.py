@@ -33,6 +33,7 @@ from tfbfl.data.partition import permute_features
 from tfbfl.data.partition import permuted
 from tfbfl.data.pmnist import load_pmnist
 from tfbfl.data.registry import DATASETS
+from tfbfl.data.registry import IGNORED_SETTINGS
 from tfbfl.data.registry import load_federated
 from tfbfl.data.registry import PARTITIONS
 from tfbfl.data.registry import register_dataset

@@ -160,6 +160,23 @@ DATASETS = {
     "shakespeare": _load_shakespeare,
 }
 
+_NATURAL = ("partition", "alpha", "min_size", "classes_per_client")
+# Settings a dataset's loader does not use (the `del`s of the loaders above): the
+# driver refuses a non-default value of one of them instead of ignoring it.
+IGNORED_SETTINGS = {
+    "digits": ("data_dir",),
+    "npz": _NATURAL + ("num_clients",),  # the file decides the clients
+    "mnist": ("test_fraction",),
+    "pmnist": _NATURAL + ("test_fraction",),
+    "cifar10": ("test_fraction",),
+    "femnist": _NATURAL + ("test_fraction",),
+    "femnist62": _NATURAL + ("test_fraction",),
+    "har": _NATURAL,
+    "hapt": _NATURAL,
+    "vsn": _NATURAL,
+    "shakespeare": _NATURAL + ("test_fraction",),
+}
+
 
 def register_dataset(name, loader):
   """Registers `loader` under `name` (see the module docstring for its call)."""

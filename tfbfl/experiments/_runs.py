@@ -7,7 +7,7 @@
   but `NOT_COMPARED` (where and how a run is written, not what it computes) and,
   for `dataset=npz`, `num_clients` (the file decides it), compared as JSON; a
   record that is missing or cannot be read (a write cut off) is no record.
-* `read_metrics`: the rows of a run's `metrics.csv`.
+* `read_metrics`: the rows of a run's `metrics.csv`; `evaluated`: those with S/MT.
 * `pyplot` / `save_figure`: matplotlib on the Agg backend; a figure saved as PNG
   atomically (`tfbfl.experiment.atomic_write_bytes`) and closed.
 * `md_row` / `md_table`: pipe-table lines (`| a | b |`, `|---|---|`).
@@ -32,7 +32,8 @@ from tfbfl import experiment
 SUMMARY = "summary.json"
 METRICS = "metrics.csv"
 # Flags that decide where or how a run is written, not its result.
-NOT_COMPARED = ("output_dir", "checkpoint_every", "resume", "overwrite", "verbose")
+NOT_COMPARED = ("output_dir", "checkpoint_every", "resume", "overwrite", "verbose", "export",
+                "export_samples")
 
 
 def log_line(line: str) -> None:
@@ -96,6 +97,12 @@ def read_metrics(run_dir: str,
   if numeric:
     return [{k: float(v) for k, v in r.items() if v != ""} for r in rows]
   return rows
+
+
+def evaluated(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+  """The rows of evaluated rounds (with `--eval_every > 1` the others carry only the
+  training metrics, their S/MT cells empty)."""
+  return [r for r in rows if r.get("server_accuracy") not in (None, "")]
 
 
 # -------------------------------------------------------------------- figures

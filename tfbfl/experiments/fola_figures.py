@@ -392,7 +392,7 @@ def plot_learning_curves(path: str, rows: Sequence[Dict[str, Any]]) -> None:
     for r in rows:
       if r["alpha"] != alpha:
         continue
-      m = _runs.read_metrics(r["run_dir"], numeric=True)
+      m = _runs.evaluated(_runs.read_metrics(r["run_dir"], numeric=True))
       ax.plot([x["round"] for x in m], [x["server_accuracy"] for x in m],
               marker=".",
               label=r["method"])

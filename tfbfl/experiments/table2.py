@@ -174,7 +174,7 @@ QUICK_GRID = GridSpec(client_lrs=(0.05,),
                       mus=(0.01,),
                       server_lrs=(1.0,),
                       virtual_server_lrs=(virtual.default_step(
-                          training.DEFAULTS["clients_per_round"]),),
+                          training.resolve_params({})["clients_per_round"]),),
                       seeds=(0, 1, 2))
 QUICK_PARAMS = dict(rounds=10)
 
@@ -396,13 +396,14 @@ def estimate_seconds(cell: Cell, fixed: Optional[Dict[str, Any]] = None) -> floa
   p.update(cell.params("", dict(fixed or {})))
   startup = STARTUP_SECONDS.get(p["algorithm"], _SECONDS_DEFAULT[0])
   per_round = SECONDS_PER_ROUND.get(p["algorithm"], _SECONDS_DEFAULT[1])
+  clients = p["clients_per_round"] or experiment.default_clients_per_round(p["num_clients"])
   return startup + (float(p["rounds"]) * per_round * float(p["epochs_per_round"]) / 20.0 *
-                    float(p["clients_per_round"]) / 10.0)
+                    float(clients) / 10.0)
 
 
 def read_curves(run_dir: str) -> Dict[str, List[float]]:
-  """Per-round S/MT loss and accuracy from a run's `metrics.csv`."""
-  rows = _runs.read_metrics(run_dir)
+  """Per-round S/MT loss and accuracy from a run's `metrics.csv` (evaluated rounds)."""
+  rows = _runs.evaluated(_runs.read_metrics(run_dir))
   curves = {"round": [int(r["round"]) for r in rows]}
   for k in CURVE_KEYS:
     curves[k] = [float(r[k]) for r in rows]

@@ -296,12 +296,13 @@ def run_record(spec: RunSpec,
     metrics_rows = _runs.read_metrics(run_dir, missing_ok=True) if run_dir else []
   flags = summary.get("flags", {})
   rounds = int(summary.get("rounds") or flags.get("rounds") or 0)
-  per_round = int(flags.get("clients_per_round") or training.DEFAULTS["clients_per_round"])
+  per_round = int(
+      flags.get("clients_per_round") or training.resolve_params({})["clients_per_round"])
   uploads = rounds * per_round
   per_client = lambda total: (float(total) / uploads) if total is not None and uploads else None
   delta_bytes = per_client(summary.get("bytes_up_total"))
   down = per_client(summary.get("bytes_down_total"))
-  nnz = _mean_column(metrics_rows, "delta_nonzeros")
+  nnz = _mean_column(_runs.evaluated(metrics_rows), "delta_nonzeros")
   nnz = nnz / per_round if nnz is not None else None
   entries = pruned = None
   if spec.method == "fedprox":

@@ -6,6 +6,13 @@
 * `GaussianEmbedding`  embedding table of diagonal Gaussians, one draw per lookup.
 * `LateralConnection`  gated Bayesian adapter from a server to a client layer (VIRTUAL).
 * `MeanFieldGaussianLayer` the base class new Bayesian layers subclass.
+
+All are ordinary Keras layers, registered for serialization (package `tfbfl`: a
+saved `.keras` or `.h5` model reloads without `custom_objects`). In a Keras
+`fit` they sample (training mode) and add `kl_weight * KL(q || p)` to the loss
+(or a TFP-style `divergence_fn`); set `kl_weight = 1 / num_train_examples` for
+the per-example ELBO. The default weight is 1 and calls without `training` or
+`seed` use the posterior mean, as tfbfl's federated algorithms expect.
 """
 
 from tfbfl.layers.base import MeanFieldGaussianLayer

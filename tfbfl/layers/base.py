@@ -3,15 +3,20 @@
 `MeanFieldGaussianLayer` holds everything a Bayesian layer with a diagonal Gaussian
 posterior and a diagonal Gaussian prior needs: variable creation, the
 scale transform, conversion to and from natural parameters (`tfbfl.gaussian`), the
-closed-form KL divergence and its registration as a *callable* Keras loss, argument
-validation and `get_config`. A concrete layer only says which parameters it has
-(`_parameter_shapes`) and how an input meets them (`_apply_variational`).
+closed-form KL divergence and its registration, weighted by `kl_weight` or replaced
+by a TFP-style `divergence_fn`, as a *callable* Keras loss, sampling in Keras'
+training mode, argument validation and `get_config`/`from_config`. A concrete
+layer only says which parameters it has (`_parameter_shapes`) and how an input
+meets them (`_apply_variational`).
 
 The helpers `initial_loc`, `initial_untransformed_scale` and `scale_from_untransformed`
 are public so that initial values can be computed without building a layer (the
 federated driver needs initial server and client states outside any Keras model);
 they are the functions the layers themselves use, so both agree bit for bit.
 """
+
+import importlib
+import types
 
 import numpy as np
 import tensorflow as tf
@@ -21,16 +26,22 @@ from tfbfl import gaussian
 
 __all__ = [
     "MeanFieldGaussianLayer",
+    "check_divergence_args",
     "check_finite_float",
     "check_natural_gaussian",
     "check_positive_int",
     "check_seed",
     "derive_seed",
+    "deserialize_divergence_fn",
+    "fresh_seed",
     "initial_loc",
     "is_int",
     "initial_untransformed_scale",
     "scale_from_untransformed",
+    "serialize_divergence_fn",
 ]
+
+tfd = tfp.distributions
 
 _TRUNCATED_NORMAL_STDDEV_CORRECTION = 0.87962566103423978  # std of N(0,1) cut at +-2
 
@@ -132,6 +143,96 @@ def _check_positive(name, value, allow_zero=False):
   return value
 
 
+def check_divergence_args(kl_weight, divergence_fn):
+  """`(kl_weight, divergence_fn)` validated: at most one of them is not `None`.
+
+  `kl_weight` must be `None` or a finite number `>= 0` (returned as a Python
+  float); `divergence_fn` must be `None` or a callable `(q, p, _) -> scalar`.
+  ValueError otherwise, naming the argument.
+  """
+  if kl_weight is not None:
+    if isinstance(kl_weight, (bool, np.bool_)) or tf.is_tensor(kl_weight) or isinstance(
+        kl_weight, tf.Variable):
+      raise ValueError(f"`kl_weight` must be a Python float >= 0 or None, got {kl_weight!r}.")
+    kl_weight = _check_positive("kl_weight", kl_weight, allow_zero=True)
+  if divergence_fn is not None and not callable(divergence_fn):
+    raise ValueError("`divergence_fn` must be a callable `(q, p, _) -> scalar` or None, got "
+                     f"{divergence_fn!r}.")
+  if kl_weight is not None and divergence_fn is not None:
+    raise ValueError("Pass at most one of `kl_weight` and `divergence_fn` (a `divergence_fn` "
+                     "sets the whole loss term; fold any weight into it), got "
+                     f"kl_weight={kl_weight!r} and divergence_fn={divergence_fn!r}.")
+  return kl_weight, divergence_fn
+
+
+def serialize_divergence_fn(divergence_fn):
+  """`divergence_fn` as a JSON-friendly value for `get_config`.
+
+  * `None` stays `None`;
+  * a function registered with `tf.keras.utils.register_keras_serializable`
+    becomes its registered name (`"package>name"`): reloads anywhere it is
+    registered, or with `custom_objects`;
+  * another module-level function becomes `{"module": ..., "function": ...}`:
+    reloads wherever its module can be imported;
+  * anything else (a `lambda`, a closure, a Keras-serializable object) is left to
+    `tf.keras.saving.serialize_keras_object`; a `lambda` is stored as bytecode and
+    reloads only with `safe_mode=False`, as in Keras' own `Lambda` layer.
+
+  The format does not depend on Keras' saving mode, so `.keras` and `.h5` files
+  store the same value.
+  """
+  if divergence_fn is None:
+    return None
+  try:
+    registered = tf.keras.utils.get_registered_name(divergence_fn)
+  except (AttributeError, TypeError):  # e.g. a functools.partial: no __name__
+    registered = None
+  if registered is not None and registered != getattr(divergence_fn, "__name__", None):
+    return registered
+  module = getattr(divergence_fn, "__module__", None)
+  qualname = getattr(divergence_fn, "__qualname__", "")
+  if isinstance(divergence_fn, types.FunctionType) and module and "<" not in qualname:
+    return {"module": module, "function": qualname}
+  return tf.keras.saving.serialize_keras_object(divergence_fn)
+
+
+def deserialize_divergence_fn(config):
+  """Inverse of `serialize_divergence_fn` (callables and `None` pass through)."""
+  if config is None or callable(config):
+    return config
+  if isinstance(config, str):
+    registered = tf.keras.utils.get_registered_object(config)
+    if registered is None:
+      raise ValueError(f"Unknown `divergence_fn` {config!r}: register it with "
+                       "`tf.keras.utils.register_keras_serializable` or pass it in "
+                       "`custom_objects`.")
+    return registered
+  if isinstance(config, dict) and set(config) == {"module", "function"}:
+    try:
+      obj = importlib.import_module(config["module"])
+      for part in config["function"].split("."):
+        obj = getattr(obj, part)
+    except (ImportError, AttributeError):
+      raise ValueError(f"Cannot find `divergence_fn` {config['function']!r} in module "
+                       f"{config['module']!r}.") from None
+    return obj
+  return tf.keras.saving.deserialize_keras_object(config)
+
+
+_MAX_SEED = 2**31 - 1
+
+
+def fresh_seed():
+  """A `[2]` int64 seed for the stateless samplers, new at every call.
+
+  Drawn by an unseeded (stateful) `tf.random.uniform`: a new value at every eager
+  call and at every execution of a traced graph, reproducible across runs under
+  `tf.keras.utils.set_random_seed` (the same mechanism as Keras' `Dropout`). No
+  variable is created, so a layer's weights and checkpoints do not change.
+  """
+  return tf.random.uniform([2], minval=0, maxval=_MAX_SEED, dtype=tf.int64)
+
+
 class MeanFieldGaussianLayer(tf.keras.layers.Layer):
   """Base class: mean-field Gaussian posterior, Gaussian prior, closed-form KL.
 
@@ -147,10 +248,46 @@ class MeanFieldGaussianLayer(tf.keras.layers.Layer):
     tempered, cavity-multiplied priors of VIRTUAL, which are products of factors.
 
   `kl_divergence()` is `sum_w KL(q(w) || p(w))` in closed form
-  (`tfbfl.gaussian.kl_divergence`); it is registered once with
-  `add_loss(lambda: self.kl_divergence())` so that `layer.losses` recomputes it in
+  (`tfbfl.gaussian.kl_divergence`), never weighted. `divergence_loss()` is the term
+  the layer contributes to the training objective; it is registered once with
+  `add_loss(lambda: self.divergence_loss())` so that `layer.losses` recomputes it in
   whatever graph asks for it. A tensor loss would be captured by the first trace
-  and break the next one (TFF traces in TF1-style graphs).
+  and break the next one (TFF traces in TF1-style graphs). It is
+
+  * `kl_weight * kl_divergence()` with `kl_weight` given;
+  * `sum_w divergence_fn(q(w), p(w), None)` with `divergence_fn` given, where
+    `q(w)`, `p(w)` are `tfd.Independent(tfd.Normal(...))` over the whole tensor `w`
+    (the TFP layers' `kernel_divergence_fn(q, p, _)` convention, applied to every
+    parameter tensor; the third argument is `None` because local
+    reparameterization never materialises a weight sample, as in
+    `tfp.layers.DenseLocalReparameterization`);
+  * `kl_divergence()` (weight 1) when neither is given, the behaviour of earlier
+    versions, which tfbfl's federated algorithms keep: they never read
+    `layer.losses` but call `kl_divergence()` themselves with their own weights.
+
+  **Which weight.** For `N` training examples `(x_n, y_n)` the evidence lower bound
+  is `ELBO(q) = sum_n E_q[log p(y_n | x_n, w)] - KL(q(w) || p(w))`, i.e. per example
+
+  ```none
+  ELBO(q) / N = mean_n E_q[log p(y_n | x_n, w)] - KL(q || p) / N
+  ```
+
+  Keras minimises the batch mean of the loss plus `sum(model.losses)`. With the
+  cross-entropy (`-log p(y | x, w)`) as loss, sampled outputs in training mode (a
+  one-sample estimate of `E_q`) and `kl_weight = 1 / N` (as TFP's examples scale
+  `kernel_divergence_fn` by the number of examples), each step's loss is an
+  unbiased estimate of `-ELBO(q) / N`. With the default weight 1 the KL is counted
+  `N` times over and swamps the data term (a posterior pinned to the prior).
+
+  **Forward pass.** `call(inputs, seed=None, training=None)`:
+
+  * `seed`, a `[2]` integer tensor: one sample, from stateless random ops on
+    `seed` (equal seeds give equal outputs), whatever `training` says;
+  * no `seed` and `training` true (Keras `fit`, or `model(x, training=True)`): one
+    sample from a fresh seed (`fresh_seed()`), so every call and every step draws
+    new noise;
+  * otherwise (`training` false or unset: `predict`, `evaluate`, direct calls):
+    the deterministic posterior-mean pass.
 
   Subclasses implement `_parameter_shapes(input_shape)`, returning an ordered list
   of `(name, shape, fan_in, fan_out, random_loc)` (the order fixes the order of
@@ -167,6 +304,8 @@ class MeanFieldGaussianLayer(tf.keras.layers.Layer):
       min_scale=1e-6,
       variance_epsilon=1e-8,
       seed=None,
+      kl_weight=None,
+      divergence_fn=None,
       **kwargs,
   ):
     super().__init__(**kwargs)
@@ -178,6 +317,7 @@ class MeanFieldGaussianLayer(tf.keras.layers.Layer):
                        f"got {init_scale!r}.")
     self.variance_epsilon = _check_positive("variance_epsilon", variance_epsilon, allow_zero=True)
     self.seed = check_seed(seed)
+    self.kl_weight, self.divergence_fn = check_divergence_args(kl_weight, divergence_fn)
     self.activation = tf.keras.activations.get(activation)
     self._param_names = ()
 
@@ -234,7 +374,7 @@ class MeanFieldGaussianLayer(tf.keras.layers.Layer):
       setattr(self, f"{name}_prior_eta2", eta2)
       names.append(name)
     self._param_names = tuple(names)
-    self.add_loss(lambda: self.kl_divergence())
+    self.add_loss(lambda: self.divergence_loss())
     super().build(input_shape)
 
   # -- forward ---------------------------------------------------------------------
@@ -260,7 +400,21 @@ class MeanFieldGaussianLayer(tf.keras.layers.Layer):
     noise = tf.random.stateless_normal(tf.shape(mean), seed=seed, dtype=mean.dtype)
     return mean + tf.sqrt(variance + self.variance_epsilon) * noise
 
-  def call(self, inputs, seed=None):
+  def call(self, inputs, seed=None, training=None):
+    if seed is not None:
+      return self._forward(inputs, seed)
+    if training is None:
+      return self._forward(inputs, None)
+    if isinstance(training, (bool, np.bool_, int, np.integer)):
+      return self._forward(inputs, fresh_seed() if training else None)
+    static = tf.get_static_value(training)
+    if static is not None:
+      return self._forward(inputs, fresh_seed() if bool(static) else None)
+    return tf.cond(tf.cast(training, tf.bool), lambda: self._forward(inputs, fresh_seed()),
+                   lambda: self._forward(inputs, None))
+
+  def _forward(self, inputs, seed):
+    """The sampled (`seed` a `[2]` tensor) or posterior-mean (`None`) forward pass."""
     locs = {n: getattr(self, f"{n}_loc") for n in self._param_names}
     variances = None
     if seed is not None:
@@ -354,8 +508,38 @@ class MeanFieldGaussianLayer(tf.keras.layers.Layer):
     return tf.group(*ops)
 
   def kl_divergence(self):
-    """`KL(q || p)` summed over all parameters (a scalar), in closed form."""
+    """`KL(q || p)` summed over all parameters (a scalar), in closed form, unweighted."""
     return gaussian.kl_divergence(self.posterior(), self.prior())
+
+  def distributions(self):
+    """`{name: (q, p)}`: posterior and prior of each parameter tensor as TFP
+    distributions, `tfd.Independent(tfd.Normal(loc, scale))` over the whole tensor
+    (the prior's `loc = eta1 / eta2`, `scale = eta2^(-1/2)`)."""
+    self._check_built("distributions")
+    locs, scales = self.posterior_loc_scale()
+    prior = self.prior()
+    pairs = {}
+    for n, loc, scale, eta1, eta2 in zip(self._param_names, locs, scales, prior.eta1, prior.eta2):
+      ndims = loc.shape.rank
+      q = tfd.Independent(tfd.Normal(loc, scale), reinterpreted_batch_ndims=ndims)
+      p = tfd.Independent(tfd.Normal(eta1 / eta2, tf.math.rsqrt(eta2)),
+                          reinterpreted_batch_ndims=ndims)
+      pairs[n] = (q, p)
+    return pairs
+
+  def divergence_loss(self):
+    """The scalar this layer adds to `layer.losses` (see the class docstring):
+    `kl_weight * kl_divergence()`, `sum_w divergence_fn(q(w), p(w), None)`, or
+    `kl_divergence()` when neither argument was given."""
+    if self.divergence_fn is not None:
+      terms = [
+          tf.reduce_sum(self.divergence_fn(q, p, None)) for q, p in self.distributions().values()
+      ]
+      return tf.add_n(terms)
+    kl = self.kl_divergence()
+    if self.kl_weight is None:
+      return kl
+    return kl * tf.constant(self.kl_weight, kl.dtype)
 
   def _as_structure(self, g, name):
     eta1, eta2 = check_natural_gaussian(g, name)
@@ -375,5 +559,14 @@ class MeanFieldGaussianLayer(tf.keras.layers.Layer):
         min_scale=self.min_scale,
         variance_epsilon=self.variance_epsilon,
         seed=self.seed,
+        kl_weight=self.kl_weight,
+        divergence_fn=serialize_divergence_fn(self.divergence_fn),
     )
     return config
+
+  @classmethod
+  def from_config(cls, config):
+    config = dict(config)
+    if "divergence_fn" in config:
+      config["divergence_fn"] = deserialize_divergence_fn(config["divergence_fn"])
+    return cls(**config)

@@ -30,6 +30,7 @@ def conv_output_size(size, kernel, stride, padding):
   return -(-(size - kernel + 1) // stride)
 
 
+@tf.keras.utils.register_keras_serializable(package="tfbfl")
 class BayesianConv2D(MeanFieldGaussianLayer):
   """2-D convolution with a mean-field Gaussian posterior and local reparameterization.
 
@@ -58,8 +59,16 @@ class BayesianConv2D(MeanFieldGaussianLayer):
   `e` is drawn with `tf.random.stateless_normal(seed)`, so equal seeds give equal
   outputs and no graph-level seed is needed (TFF forbids them). `variance_epsilon`
   keeps `sqrt` differentiable where `v` is exactly zero (zero input patches after
-  a ReLU and a bias scale that underflows). `call(x)` is the posterior-mean pass
-  `activation(m)`.
+  a ReLU and a bias scale that underflows). `call(x, training=True)` without a seed
+  (Keras' `fit`) samples from a fresh seed at every call; `call(x)` (no seed,
+  `training` false or unset) is the posterior-mean pass `activation(m)`.
+
+  The layer adds `divergence_loss()` to `layer.losses`: `kl_weight * KL(q || p)`,
+  or the sum of TFP-style `divergence_fn(q_w, p_w, None)` over kernel and bias, or
+  the unweighted KL when neither is given (the historical default, which
+  `tfbfl.networks.conv` does not depend on: it calls `kl_divergence()`). For a
+  Keras model trained with a batch-mean loss on `N` examples use `kl_weight=1/N`,
+  so that the objective is `-ELBO / N` (see `BayesianDense`).
 
   The initial `kernel_loc` is Glorot-normal with the receptive-field fans of Keras
   (`fan_in = k_h k_w c_in`, `fan_out = k_h k_w filters`), seeded by `seed`;
@@ -81,6 +90,11 @@ class BayesianConv2D(MeanFieldGaussianLayer):
     min_scale: floor added to `softplus(u)`; `0 <= min_scale < init_scale`.
     variance_epsilon: added to the output variance inside `sqrt`.
     seed: Python int or `None`; seeds the stateless initial `kernel_loc`.
+    kl_weight: `None` (weight 1) or a float `>= 0` multiplying the KL added to
+      `layer.losses`; typically `1 / num_train_examples`.
+    divergence_fn: `None` or a TFP-style callable `(q, p, _) -> scalar` replacing
+      `kl_weight * KL` (applied per parameter tensor, summed); at most one of
+      `kl_weight` and `divergence_fn`.
     **kwargs: `tf.keras.layers.Layer` arguments (`name`, `dtype`, ...).
 
   #### Examples
@@ -119,6 +133,8 @@ class BayesianConv2D(MeanFieldGaussianLayer):
       min_scale=1e-6,
       variance_epsilon=1e-8,
       seed=None,
+      kl_weight=None,
+      divergence_fn=None,
       **kwargs,
   ):
     super().__init__(
@@ -128,6 +144,8 @@ class BayesianConv2D(MeanFieldGaussianLayer):
         min_scale=min_scale,
         variance_epsilon=variance_epsilon,
         seed=seed,
+        kl_weight=kl_weight,
+        divergence_fn=divergence_fn,
         **kwargs,
     )
     filters = check_positive_int("filters", filters)

@@ -7,6 +7,7 @@ from tfbfl.layers.base import MeanFieldGaussianLayer
 __all__ = ["BayesianDense"]
 
 
+@tf.keras.utils.register_keras_serializable(package="tfbfl")
 class BayesianDense(MeanFieldGaussianLayer):
   """Dense layer with a mean-field Gaussian posterior and local reparameterization.
 
@@ -33,12 +34,27 @@ class BayesianDense(MeanFieldGaussianLayer):
   with `e` drawn by `tf.random.stateless_normal(seed)` (no graph-level seeds: TFF
   forbids them, and equal seeds give equal outputs). `variance_epsilon`
   (default `1e-8`) keeps `sqrt` differentiable where `v` is exactly zero, e.g. for
-  zero inputs after a ReLU when the bias scale underflows. `call(x)` (no seed) is
-  the deterministic forward pass with the posterior mean, `activation(m)`, used
-  for evaluation.
+  zero inputs after a ReLU when the bias scale underflows. `call(x, training=True)`
+  without a seed (what Keras' `fit` does) samples the same way from a fresh seed
+  at every call. `call(x)` (no seed; `training` false or unset, as in `predict` and
+  `evaluate`) is the deterministic forward pass with the posterior mean,
+  `activation(m)`, used for evaluation.
 
-  `kl_divergence()` is the closed form `KL(q(W, b) || p(W, b))`; it is also
-  registered as a callable loss, so `layer.losses == [layer.kl_divergence()]`.
+  `kl_divergence()` is the closed form `KL(q(W, b) || p(W, b))`. The layer
+  registers `divergence_loss()` as a callable loss: `kl_weight * KL` with
+  `kl_weight`, TFP-style `divergence_fn(q_W, p_W, None) + divergence_fn(q_b, p_b,
+  None)` with `divergence_fn`, and the unweighted `KL` when neither is given (so
+  `layer.losses == [layer.kl_divergence()]` by default, as before). In a Keras
+  model trained on `N` examples with a per-example (batch-mean) loss, set
+  `kl_weight=1/N`: the loss `fit` minimises is then a one-sample estimate of
+
+  ```none
+  -ELBO / N = -(1/N) sum_n E_q[log p(y_n | x_n, W, b)] + KL(q || p) / N
+  ```
+
+  (see `MeanFieldGaussianLayer`). tfbfl's federated algorithms call
+  `kl_divergence()` themselves with their own weights and pass explicit seeds, so
+  neither `kl_weight` nor `training` affects them.
 
   The one class plays both roles of VIRTUAL [(Corinzia et al., 2019)][2], eq. (3):
 
@@ -59,7 +75,17 @@ class BayesianDense(MeanFieldGaussianLayer):
     min_scale: floor added to `softplus(u)`; `0 <= min_scale < init_scale`.
     variance_epsilon: added to the output variance inside `sqrt`.
     seed: Python int or `None`; seeds the (stateless) Glorot-normal initial
-      `kernel_loc`. `bias_loc` starts at zero.
+      `kernel_loc`. `bias_loc` starts at zero. (Sampling noise is seeded by the
+      `seed` argument of `call`, or drawn fresh in training mode.)
+    kl_weight: `None` or a float `>= 0`, the multiplier of the KL added to
+      `layer.losses`; typically `1 / num_train_examples`. `None` (default) means
+      weight 1, the full KL, unless `divergence_fn` is given.
+    divergence_fn: `None` or a callable `(q, p, _) -> scalar` (TFP's
+      `kernel_divergence_fn` convention), applied to kernel and bias and summed,
+      replacing `kl_weight * KL`, e.g.
+      `lambda q, p, _: tfd.kl_divergence(q, p) / n`. At most one of `kl_weight`
+      and `divergence_fn` may be given. Use a module-level (ideally
+      Keras-registered) function for models that are saved and reloaded.
     **kwargs: `tf.keras.layers.Layer` arguments (`name`, `dtype`, ...).
 
   #### Examples
@@ -76,6 +102,24 @@ class BayesianDense(MeanFieldGaussianLayer):
   kl = layer.kl_divergence()                    # == tf.add_n(layer.losses)
   q = layer.posterior()                         # NaturalGaussian over [kernel, bias]
   layer.set_prior(q)                            # now KL(q || q) == 0
+  ```
+
+  In a Keras model (`x_train`: `[N, 64]`, `y_train`: `[N]` class ids):
+
+  ```python
+  n = len(x_train)
+  model = tf.keras.Sequential([
+      tf.keras.Input([64]),
+      BayesianDense(32, activation="relu", kl_weight=1 / n),
+      BayesianDense(10, kl_weight=1 / n),
+  ])
+  model.compile("adam", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                metrics=["accuracy"])
+  model.fit(x_train, y_train, epochs=20, batch_size=32)  # samples; adds KL / N
+  probs = tf.nn.softmax(model.predict(x_test))           # posterior-mean network
+  mc = tf.reduce_mean([tf.nn.softmax(model(x_test, training=True))
+                       for _ in range(20)], 0)           # Monte Carlo predictive
+  model.save("bnn.keras")                                # no custom_objects needed
   ```
 
   #### References
@@ -96,6 +140,8 @@ class BayesianDense(MeanFieldGaussianLayer):
       min_scale=1e-6,
       variance_epsilon=1e-8,
       seed=None,
+      kl_weight=None,
+      divergence_fn=None,
       **kwargs,
   ):
     super().__init__(
@@ -105,6 +151,8 @@ class BayesianDense(MeanFieldGaussianLayer):
         min_scale=min_scale,
         variance_epsilon=variance_epsilon,
         seed=seed,
+        kl_weight=kl_weight,
+        divergence_fn=divergence_fn,
         **kwargs,
     )
     if isinstance(units, bool) or not isinstance(units, int) or units <= 0:

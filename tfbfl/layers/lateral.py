@@ -2,12 +2,18 @@
 
 import tensorflow as tf
 
-from tfbfl.layers.base import check_finite_float, derive_seed
+from tfbfl.layers.base import (
+    check_finite_float,
+    derive_seed,
+    deserialize_divergence_fn,
+    serialize_divergence_fn,
+)
 from tfbfl.layers.dense import BayesianDense
 
 __all__ = ["LateralConnection"]
 
 
+@tf.keras.utils.register_keras_serializable(package="tfbfl")
 class LateralConnection(tf.keras.layers.Layer):
   """Gated Bayesian adapter carrying a server activation into a client layer.
 
@@ -31,8 +37,11 @@ class LateralConnection(tf.keras.layers.Layer):
   `call(h_s, seed)` with a `[2]` integer seed samples `V` and `U` by local
   reparameterization with two seeds split from `seed`
   (`tf.random.experimental.stateless_split`); without a seed it is the deterministic
-  posterior-mean pass. `kl_divergence()` is `KL(V) + KL(U)`; `layer.losses` holds the
-  same two terms (registered by `V` and `U` as callable losses).
+  posterior-mean pass, unless Keras' `training` is true (e.g. inside `fit`): then
+  `V` and `U` each sample from a fresh seed. `kl_divergence()` is `KL(V) + KL(U)`;
+  `layer.losses` holds the two terms `V` and `U` register as callable losses,
+  `kl_weight * KL` each (or their `divergence_fn` terms; by default the unweighted
+  KLs, which tfbfl's VIRTUAL networks do not read: they call `kl_divergence()`).
 
   Args:
     units: positive int, width of the client layer the output is added to.
@@ -43,6 +52,7 @@ class LateralConnection(tf.keras.layers.Layer):
       for `V` and `U`.
     gate_init: float, initial value of every gate entry.
     seed: Python int or `None`; `V` and `U` get seeds derived from it.
+    kl_weight, divergence_fn: passed to `V` and `U` (see `BayesianDense`).
     **kwargs: `tf.keras.layers.Layer` arguments.
 
   #### Examples
@@ -77,6 +87,8 @@ class LateralConnection(tf.keras.layers.Layer):
       variance_epsilon=1e-8,
       gate_init=1.0,
       seed=None,
+      kl_weight=None,
+      divergence_fn=None,
       **kwargs,
   ):
     super().__init__(**kwargs)
@@ -97,9 +109,12 @@ class LateralConnection(tf.keras.layers.Layer):
         init_scale=init_scale,
         min_scale=min_scale,
         variance_epsilon=variance_epsilon,
+        kl_weight=kl_weight,
+        divergence_fn=divergence_fn,
         dtype=self.dtype_policy,
     )
-    # BayesianDense validates prior_scale/init_scale/min_scale/variance_epsilon/seed.
+    # BayesianDense validates prior_scale/init_scale/min_scale/variance_epsilon/seed/
+    # kl_weight/divergence_fn.
     self.adapter_in = BayesianDense(
         adapter_units,
         activation=activation,
@@ -162,5 +177,14 @@ class LateralConnection(tf.keras.layers.Layer):
         variance_epsilon=self.adapter_in.variance_epsilon,
         gate_init=self.gate_init,
         seed=self.seed,
+        kl_weight=self.adapter_in.kl_weight,
+        divergence_fn=serialize_divergence_fn(self.adapter_in.divergence_fn),
     )
     return config
+
+  @classmethod
+  def from_config(cls, config):
+    config = dict(config)
+    if "divergence_fn" in config:
+      config["divergence_fn"] = deserialize_divergence_fn(config["divergence_fn"])
+    return cls(**config)

@@ -12,6 +12,7 @@ from tfbfl.layers.base import (
 __all__ = ["BayesianLSTM", "GaussianEmbedding"]
 
 
+@tf.keras.utils.register_keras_serializable(package="tfbfl")
 class BayesianLSTM(MeanFieldGaussianLayer):
   """LSTM with a mean-field Gaussian posterior, one weight draw per sequence batch.
 
@@ -50,7 +51,9 @@ class BayesianLSTM(MeanFieldGaussianLayer):
   `tf.random.stateless_normal` on seeds split from `seed`
   (`tf.random.experimental.stateless_split(seed, 3)`, one per parameter), so equal
   seeds give equal outputs; `sample_parameters(seed)` returns the very draw a
-  `call` with that seed uses. `call(x)` without a seed runs the posterior mean. Local
+  `call` with that seed uses. `call(x, training=True)` without a seed (Keras'
+  `fit`) makes one such draw from a fresh seed at every call. `call(x)` without a
+  seed (`training` false or unset) runs the posterior mean. Local
   reparameterization is not possible here: the hidden state is not linear in the
   weights. The recurrence is a `tf.scan` over time (a `while` loop in graphs, TFF
   included) after one matmul of all inputs with `K`.
@@ -64,6 +67,11 @@ class BayesianLSTM(MeanFieldGaussianLayer):
     seed: Python int or `None`; seeds the stateless Glorot-normal initial
       `kernel_loc` (`fan_in = n_in`, `fan_out = 4 units`) and `recurrent_kernel_loc`
       (`fan_in = units`, `fan_out = 4 units`); `bias_loc` starts at zero.
+    kl_weight, divergence_fn: the term added to `layer.losses`, as in
+      `BayesianDense`: `kl_weight * KL` (`kl_weight=None`, the default, is weight
+      1), or TFP-style `divergence_fn(q, p, None)` summed over `kernel`,
+      `recurrent_kernel` and `bias`. Use `kl_weight = 1 / N` (`N` training
+      sequences) with a batch-mean loss for the per-example ELBO.
     **kwargs: `tf.keras.layers.Layer` arguments (`name`, `dtype`, ...).
 
   Inputs are `[batch, T, n_in]` floats. There is no masking: pad at the end and mask
@@ -103,6 +111,8 @@ class BayesianLSTM(MeanFieldGaussianLayer):
       init_scale=1e-3,
       min_scale=1e-6,
       seed=None,
+      kl_weight=None,
+      divergence_fn=None,
       **kwargs,
   ):
     super().__init__(
@@ -111,6 +121,8 @@ class BayesianLSTM(MeanFieldGaussianLayer):
         init_scale=init_scale,
         min_scale=min_scale,
         seed=seed,
+        kl_weight=kl_weight,
+        divergence_fn=divergence_fn,
         **kwargs,
     )
     self.units = check_positive_int("units", units)
@@ -201,6 +213,7 @@ class BayesianLSTM(MeanFieldGaussianLayer):
     return config
 
 
+@tf.keras.utils.register_keras_serializable(package="tfbfl")
 class GaussianEmbedding(MeanFieldGaussianLayer):
   """Embedding table with a mean-field Gaussian posterior over its entries.
 
@@ -224,8 +237,9 @@ class GaussianEmbedding(MeanFieldGaussianLayer):
   have under one draw of the whole table; what differs is that two occurrences of a
   token are independent rather than equal. That is the local reparameterization of
   a dense layer on one-hot inputs [(Kingma et al., 2015)][2]: lower-variance
-  gradients, and no `[input_dim, output_dim]` draw per step. `call(ids)` returns
-  `mu[ids]`.
+  gradients, and no `[input_dim, output_dim]` draw per step. `call(ids,
+  training=True)` without a seed (Keras' `fit`) samples from a fresh seed at every
+  call; `call(ids)` (no seed, `training` false or unset) returns `mu[ids]`.
 
   Inputs are token ids of any shape; floating ids (e.g. from a float32 dataset)
   are cast to int32. Out-of-range ids are an error on CPU (`tf.gather`) and give
@@ -238,6 +252,8 @@ class GaussianEmbedding(MeanFieldGaussianLayer):
     seed: Python int or `None`; seeds the stateless Glorot-normal initial means
       (`fan_in = input_dim`, `fan_out = output_dim`, i.e. a dense layer on one-hot
       inputs).
+    kl_weight, divergence_fn: the term added to `layer.losses`, as in
+      `BayesianDense` (`kl_weight=None`, the default, is the unweighted KL).
     **kwargs: `tf.keras.layers.Layer` arguments.
 
   #### Examples
@@ -273,6 +289,8 @@ class GaussianEmbedding(MeanFieldGaussianLayer):
       min_scale=1e-6,
       variance_epsilon=1e-8,
       seed=None,
+      kl_weight=None,
+      divergence_fn=None,
       **kwargs,
   ):
     super().__init__(
@@ -282,6 +300,8 @@ class GaussianEmbedding(MeanFieldGaussianLayer):
         min_scale=min_scale,
         variance_epsilon=variance_epsilon,
         seed=seed,
+        kl_weight=kl_weight,
+        divergence_fn=divergence_fn,
         **kwargs,
     )
     self.input_dim = check_positive_int("input_dim", input_dim)

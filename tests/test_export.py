@@ -1,0 +1,440 @@
+"""Exports a user can deploy (`tfbfl.export`, `launchers.export`).
+
+A run's `export/server` and `export/clients/<id>` SavedModels, loaded with plain
+`tf.saved_model.load`, reproduce the run's final S and MT accuracies of
+`summary.json` exactly (the same count of correct predictions), for VIRTUAL,
+FedAvg, FOLA and Local; `python -m launchers.export` rewrites the same models from
+the run's checkpoint; VIRTUAL's Monte Carlo server predictive is deterministic in its
+seed and replays an evaluation; the README's serving snippet runs as written.
+"""
+
+import dataclasses
+import inspect
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tfbfl import experiment
+from tfbfl import export
+from tfbfl import runtime
+from tfbfl import training
+
+pytestmark = pytest.mark.usefixtures("tff_runtime")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# The README's "Serving an exported model" snippet, executed as written by
+# `test_load_and_readme_snippet_serve_the_export` (from a directory where runs/virtual
+# is a run of the bundled digits).
+README_SNIPPET = """\
+import numpy as np
+import tensorflow as tf
+
+run = "runs/virtual"  # a run's --output_dir; export/export.json lists its models
+x = np.zeros([4, 64], np.float32)  # a batch of raw features, [None, *input_shape] (digits: 64)
+server = tf.saved_model.load(f"{run}/export/server")  # plain TensorFlow: no tfbfl needed
+probabilities = server.signatures["serving_default"](tf.constant(x))["probabilities"]
+client = tf.saved_model.load(f"{run}/export/clients/client_00")  # client_00's own (MT) model
+own = client.signatures["serving_default"](tf.constant(x))["probabilities"]
+print(probabilities.numpy().argmax(-1), own.numpy().argmax(-1))  # predicted classes
+"""
+
+SMALL = dict(rounds=3, epochs_per_round=2, num_clients=5, clients_per_round=3)
+EXPORT_TIMES = {}
+
+
+def _driver_exports() -> bool:
+  """Whether the round driver writes `<output_dir>/export` itself."""
+  return any("export_run" in inspect.getsource(m) for m in (experiment, training))
+
+
+def _launch(module, *args, timeout=300):
+  """`python -m module *args` as from a user's shell: without the TF2_BEHAVIOR=1
+  that importing TensorFlow put into this process's environment (with it, the
+  child starts TensorFlow differently; see `tfbfl.export.eager_scope`)."""
+  env = {k: v for k, v in os.environ.items() if k != "TF2_BEHAVIOR"}
+  return subprocess.run([sys.executable, "-m", module, *args],
+                        cwd=ROOT,
+                        capture_output=True,
+                        text=True,
+                        timeout=timeout,
+                        env=dict(env, TF_CPP_MIN_LOG_LEVEL="2"),
+                        stdin=subprocess.DEVNULL)
+
+
+def _train(params, out, launcher=False):
+  """Runs `params` into `out` and returns the summary, with the export in
+  `out/export`: the driver's, or (until the driver writes one) `export_run` of
+  the final state of a run driven here exactly as `training.run_training` does.
+  `launcher`: as a user runs it, `python -m launchers.train` (TensorFlow then
+  starts inside `absl.app.run`, see `tfbfl.export.eager_scope`)."""
+  params = dict(params, output_dir=str(out))
+  if launcher and _driver_exports():
+    start = time.time()
+    args = [f"--{k}={v}" for k, v in params.items()]
+    done = _launch("launchers.train", *args)
+    assert done.returncode == 0, done.stderr[-3000:]
+    EXPORT_TIMES[params["algorithm"]] = ("launchers.train incl. start-up", time.time() - start)
+    with open(os.path.join(out, "summary.json")) as f:
+      return json.load(f)
+  if _driver_exports():
+    start = time.time()
+    summary = training.run_training(params)
+    EXPORT_TIMES[params["algorithm"]] = ("run incl. export", time.time() - start)
+    return summary
+  p = training.resolve_params(params)
+  fd = training.load_data(p)
+  runtime.set_local_runtime()
+  algorithm = training.build_algorithm(fd, p)
+  flags = {k: (list(v) if isinstance(v, tuple) else v) for k, v in p.items()}
+  runner = experiment.ExperimentRunner(algorithm, fd, training.run_config(p), flags=flags)
+  summary = runner.run()
+  state = runner.state
+  start = time.time()
+  export.export_run(algorithm,
+                    state["server_state"],
+                    export.iter_client_states(algorithm, fd.client_ids, state["clients"]),
+                    os.path.join(out, "export"),
+                    samples=int(p.get("export_samples") or 0),
+                    seed=p["seed"],
+                    info=dict(round=state["round"]))
+  EXPORT_TIMES[params["algorithm"]] = ("export", time.time() - start)
+  return summary
+
+
+def _data(out):
+  """The run's summary and its data (loaded from the data flags it records)."""
+  from tfbfl import data as data_lib  # pylint: disable=g-import-not-at-top
+  from tfbfl import options  # pylint: disable=g-import-not-at-top
+
+  with open(os.path.join(out, "summary.json")) as f:
+    summary = json.load(f)
+  flags = summary["flags"]
+  given = {k: flags[k] for k in options.option_fields(data_lib.DataSpec) if k in flags}
+  return summary, training.load_data(training.resolve_params(dict(given, seed=flags["seed"])))
+
+
+def _serve(path):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  model = tf.saved_model.load(path)
+  fn = model.signatures["serving_default"]
+  dtype = fn.structured_input_signature[1]["x"].dtype.as_numpy_dtype
+
+  def run(x):
+    out = fn(x=tf.constant(np.asarray(x, dtype)))
+    return out["probabilities"].numpy(), out["predictions"].numpy()
+
+  run.model = model
+  return run
+
+
+def _check_argmax(p, predictions):
+  """`argmax(probabilities)` is the evaluation's prediction but where the top two
+  probabilities tie in float32 (the decision scores differ in float rounding only)."""
+  assert p.dtype == np.float32 and predictions.dtype == np.int32
+  off = np.nonzero(np.argmax(p, -1) != predictions)[0]
+  for i in off:
+    top = np.sort(p[i])[-2:]
+    assert top[1] - top[0] <= 4 * np.spacing(top[1]), (i, p[i], predictions[i])
+
+
+def _recompute(out, fd, pooled_server=False):
+  """(S accuracy, MT accuracy, S loss, MT loss, outputs) from the exported models
+  on every client's test data, weighted by test-set size as the driver does."""
+  directory = os.path.join(out, "export")
+  manifest = export.read_manifest(directory)
+  assert [c["client_id"] for c in manifest["clients"]] == list(fd.client_ids)
+  assert [c["client_index"] for c in manifest["clients"]] == list(range(len(fd.client_ids)))
+  server = _serve(os.path.join(directory, manifest["server"]["path"]))
+  if pooled_server:  # Local's ensemble is evaluated on the pooled test inputs
+    p_all, c_all = server(fd.pooled("test")[0])
+  s_correct = mt_correct = n = 0
+  s_loss = mt_loss = 0.0
+  outputs, start = {}, 0
+  for entry in manifest["clients"]:
+    x, y = fd.test[entry["client_id"]]
+    if pooled_server:
+      p_s, c_s = p_all[start:start + len(y)], c_all[start:start + len(y)]
+      start += len(y)
+    else:
+      p_s, c_s = server(x)
+    p_m, c_m = _serve(os.path.join(directory, entry["path"]))(x)
+    assert p_s.shape == p_m.shape == (len(y), fd.num_classes)
+    for p, c in ((p_s, c_s), (p_m, c_m)):
+      np.testing.assert_allclose(p.sum(-1), 1.0, atol=1e-5)
+      _check_argmax(p, c)
+    s_correct += int(np.sum(c_s == y))
+    mt_correct += int(np.sum(c_m == y))
+    nll = lambda p: float(-np.sum(np.log(np.maximum(p[np.arange(len(y)), y], 1e-30))))
+    s_loss += nll(p_s)
+    mt_loss += nll(p_m)
+    n += len(y)
+    outputs[entry["client_id"]] = (p_s, c_s, p_m, c_m)
+  return (float(s_correct) / float(n), float(mt_correct) / float(n), s_loss / n, mt_loss / n,
+          outputs)
+
+
+def _check_reproduces(out, pooled_server=False):
+  summary, fd = _data(out)
+  s, mt, s_loss, mt_loss, outputs = _recompute(out, fd, pooled_server)
+  assert s == summary["final_server_accuracy"], (s, summary["final_server_accuracy"])
+  assert mt == summary["final_mt_accuracy"], (mt, summary["final_mt_accuracy"])
+  # The exported predictive is the evaluated one (losses up to float32 rounding).
+  np.testing.assert_allclose(s_loss, summary["final_server_loss"], rtol=1e-4)
+  np.testing.assert_allclose(mt_loss, summary["final_mt_loss"], rtol=1e-4)
+  return summary, fd, outputs
+
+
+# --------------------------------------------------------------------- runs
+@pytest.fixture(scope="module")
+def virtual_run(tmp_path_factory):
+  out = tmp_path_factory.mktemp("virtual")
+  _train(dict(SMALL, algorithm="virtual", checkpoint_every=1), out)
+  return str(out)
+
+
+@pytest.fixture(scope="module")
+def virtual_outputs(virtual_run):
+  return _check_reproduces(virtual_run)
+
+
+# ----------------------------------------------------------------- the tests
+def test_virtual_export_reproduces_summary(virtual_run, virtual_outputs):
+  summary, fd, _ = virtual_outputs
+  manifest = export.read_manifest(os.path.join(virtual_run, "export"))
+  assert manifest["algorithm"] == "virtual" and manifest["server"]["metric"] == "S"
+  assert manifest["signature"]["inputs"]["x"] == dict(dtype="float32",
+                                                      shape=[None, *fd.input_shape])
+  assert manifest["server"]["samples"] == 0 and "mc_seed" not in manifest["server"]
+  assert {c["metric"] for c in manifest["clients"]} == {"MT"}
+  trained = [c["trained"] for c in manifest["clients"]]
+  assert any(trained), trained  # 3 rounds of 3 of 5 clients
+  # No temporaries left; every model a complete SavedModel.
+  for root, dirs, files in os.walk(os.path.join(virtual_run, "export")):
+    assert not [n for n in dirs + files if n.startswith(export.TMP_PREFIX)], root
+  for entry in [manifest["server"], *manifest["clients"]]:
+    path = os.path.join(virtual_run, "export", entry["path"])
+    assert os.path.exists(os.path.join(path, "saved_model.pb"))
+  print(f"\nexport timings: {EXPORT_TIMES}")
+
+
+@pytest.mark.parametrize("algorithm, pooled_server, launcher", [("fedavg", False, True),
+                                                                ("fola", False, False),
+                                                                ("local", True, False)])
+def test_export_reproduces_summary(algorithm, pooled_server, launcher, tmp_path):
+  _train(dict(SMALL, algorithm=algorithm), tmp_path, launcher=launcher)
+  _check_reproduces(str(tmp_path), pooled_server)
+  manifest = export.read_manifest(os.path.join(tmp_path, "export"))
+  assert manifest["algorithm"] == algorithm
+  if algorithm == "local":
+    assert manifest["server"]["members"] == SMALL["num_clients"]
+  print(f"\nexport timings: {EXPORT_TIMES}")
+
+
+def test_launcher_rewrites_the_export_from_the_checkpoint(virtual_run, virtual_outputs):
+  summary, fd, before = virtual_outputs
+  first = os.path.join(virtual_run, "export_first")
+  if not os.path.exists(first):
+    os.rename(os.path.join(virtual_run, "export"), first)
+  start = time.time()
+  out = _launch("launchers.export", f"--output_dir={virtual_run}")
+  elapsed = time.time() - start
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "virtual: server model and 5 client models (round 3)" in out.stdout, out.stdout
+  second = os.path.join(virtual_run, "export")
+
+  def files(d):
+    return sorted(os.path.relpath(os.path.join(r, f), d) for r, _, fs in os.walk(d) for f in fs)
+
+  assert files(first) == files(second)
+  m1, m2 = export.read_manifest(first), export.read_manifest(second)
+  assert m2["run"]["round"] == summary["rounds"] == 3
+  assert {k: v for k, v in m1.items() if k != "run"} == {k: v for k, v in m2.items() if k != "run"}
+  # The same models: identical outputs on every client's test data, bit for bit,
+  # hence the summary's accuracies.
+  s, mt, _, _, after = _recompute(virtual_run, fd)
+  assert (s, mt) == (summary["final_server_accuracy"], summary["final_mt_accuracy"])
+  for cid in fd.client_ids:
+    for a, b in zip(before[cid], after[cid]):
+      np.testing.assert_array_equal(a, b)
+  print(f"\nlauncher (subprocess incl. start-up): {elapsed:.1f} s")
+
+
+def test_launcher_refuses_a_directory_without_checkpoint(tmp_path):
+  out = _launch("launchers.export", f"--output_dir={tmp_path}", timeout=120)
+  assert out.returncode == 1
+  lines = out.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("FATAL export: no checkpoint at"), out.stderr
+
+
+def test_monte_carlo_server_predictive(virtual_run, tmp_path):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tfbfl.algorithms import virtual  # pylint: disable=g-import-not-at-top
+
+  run = export.restore_run(virtual_run)
+  algorithm, state = run.algorithm, run.server_state
+  samples, seed = 4, 7
+  manifest = export.export_run(algorithm,
+                               state,
+                               export.iter_client_states(algorithm, run.data.client_ids,
+                                                         run.clients),
+                               str(tmp_path),
+                               samples=samples,
+                               seed=seed)
+  assert manifest["export_samples"] == samples
+  assert manifest["server"]["samples"] == samples and manifest["server"]["mc_seed"] == [seed, 0]
+  assert all(c["samples"] == 0 for c in manifest["clients"])  # MT: posterior means
+  loaded = tf.saved_model.load(os.path.join(tmp_path, "server"))
+  serve = loaded.signatures["serving_default"]
+  mean_server = _serve(os.path.join(virtual_run, "export", "server"))
+  x, y = run.data.test[run.data.client_ids[0]]
+  first = serve(x=tf.constant(x))["probabilities"].numpy()
+  np.testing.assert_array_equal(first, serve(x=tf.constant(x))["probabilities"].numpy())
+  np.testing.assert_allclose(first.sum(-1), 1.0, atol=1e-5)
+  assert np.all(first >= 0)
+  assert not np.array_equal(first, mean_server(x)[0])  # sampled, not the means
+  # Deterministic given the seed: an independent build with the same seed serves
+  # the same probabilities bit for bit; another seed other ones.
+  same = algorithm.server_predictor(state, samples=samples, seed=seed)
+  np.testing.assert_array_equal(same(x).numpy(), first)
+  other = algorithm.server_predictor(state, samples=samples, seed=seed + 1)
+  assert not np.array_equal(other(x).numpy(), first)
+  # `predict_seeded` with an evaluation's seed replays S of an evaluation with
+  # eval_samples = 4 (`virtual.evaluate_server_client`, plain TF here).
+  seeded = loaded.signatures["predict_seeded"]
+  cfg = dataclasses.replace(algorithm.config, eval_samples=samples)
+  for i, cid in enumerate(run.data.client_ids):
+    x, y = run.data.test[cid]
+    eval_seed = np.array([0, 12345 + i], np.int64)
+    got = seeded(x=tf.constant(x), seed=tf.constant(eval_seed))
+    sums = virtual.evaluate_server_client(cfg, state.posterior, np.int32(i), eval_seed, x, y)
+    assert float(np.sum(got["predictions"].numpy() == y)) == float(sums["server_correct"])
+    p = got["probabilities"].numpy()
+    np.testing.assert_allclose(-np.sum(np.log(p[np.arange(len(y)), y] + 1e-12)),
+                               float(sums["server_loss"]),
+                               rtol=1e-5)
+
+
+def test_monte_carlo_exports_replay_the_evaluation(tmp_path):
+  """With eval_samples > 0 S and MT are Monte Carlo predictives seeded per client
+  and evaluation; `predict_seeded` with those seeds gives the summary's accuracies."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tfbfl.algorithms.base import client_seed  # pylint: disable=g-import-not-at-top
+
+  _train(
+      dict(algorithm="virtual",
+           rounds=2,
+           epochs_per_round=1,
+           num_clients=4,
+           clients_per_round=2,
+           eval_samples=3), tmp_path)
+  summary, fd = _data(str(tmp_path))
+  directory = os.path.join(tmp_path, "export")
+  manifest = export.read_manifest(directory)
+  assert manifest["server"]["samples"] == 3 and manifest["server"]["mc_seed"] == [0, 0]
+  assert [c["mc_seed"] for c in manifest["clients"]] == [[0, i + 1] for i in range(4)]
+  load = lambda path: tf.saved_model.load(os.path.join(directory, path)).signatures
+  server = load("server")
+  s_correct = mt_correct = n = 0
+  for entry in manifest["clients"]:
+    x, y = fd.test[entry["client_id"]]
+    seed = tf.constant(client_seed(0, -1 - summary["rounds"], entry["client_index"]))
+    client = load(entry["path"])
+    s_correct += int(np.sum(server["predict_seeded"](x=x, seed=seed)["predictions"].numpy() == y))
+    mt_correct += int(np.sum(client["predict_seeded"](x=x, seed=seed)["predictions"].numpy() == y))
+    n += len(y)
+    p = client["serving_default"](x=x)["probabilities"].numpy()  # fixed seed [0, i + 1]
+    np.testing.assert_array_equal(p, client["serving_default"](x=x)["probabilities"].numpy())
+    np.testing.assert_allclose(p.sum(-1), 1.0, atol=1e-5)
+  assert float(s_correct) / n == summary["final_server_accuracy"]
+  assert float(mt_correct) / n == summary["final_mt_accuracy"]
+
+
+def test_load_and_readme_snippet_serve_the_export(virtual_run, virtual_outputs, tmp_path):
+  _, fd, outputs = virtual_outputs
+  directory = os.path.join(virtual_run, "export")
+  first = os.path.join(virtual_run, "export_first")
+  if not os.path.exists(os.path.join(directory, "export.json")) and os.path.exists(first):
+    shutil.rmtree(directory, ignore_errors=True)  # the launcher test failed half-way
+    os.rename(first, directory)
+  manifest = export.read_manifest(directory)
+  cid = manifest["clients"][1]["client_id"]
+  model = export.load(os.path.join(directory, manifest["clients"][1]["path"]))
+  x, _ = fd.test[cid]
+  np.testing.assert_array_equal(model(x), outputs[cid][2])
+  np.testing.assert_array_equal(model.predictions(x), outputs[cid][3])
+  # The README snippet, as written, from a directory where runs/virtual is the run,
+  # in a fresh Python where tfbfl cannot be imported: plain TensorFlow serves it.
+  os.makedirs(tmp_path / "runs")
+  os.symlink(virtual_run, tmp_path / "runs" / "virtual")
+  (tmp_path / "snippet.py").write_text(README_SNIPPET)
+  check = ("import sys\n"
+           "sys.modules['tfbfl'] = None  # any import of tfbfl fails\n"
+           "exec(compile(open('snippet.py').read(), 'snippet.py', 'exec'))\n"
+           "for p in (probabilities.numpy(), own.numpy()):\n"
+           "  assert p.shape == (4, 10) and abs(p.sum(-1) - 1).max() < 1e-5, p\n"
+           "print('served', 'tfbfl' in sys.modules and sys.modules['tfbfl'] is not None)\n")
+  env = {k: v for k, v in os.environ.items() if k not in ("TF2_BEHAVIOR", "PYTHONPATH")}
+  done = subprocess.run([sys.executable, "-c", check],
+                        cwd=tmp_path,
+                        capture_output=True,
+                        text=True,
+                        timeout=300,
+                        env=dict(env, TF_CPP_MIN_LOG_LEVEL="2"),
+                        stdin=subprocess.DEVNULL)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert done.stdout.strip().splitlines()[-1] == "served False", done.stdout
+
+
+# ----------------------------------------------------------- files, no training
+def test_client_dir_names_are_safe_and_unique():
+  names = export.client_dir_names(["client_00", "a/b", "..", "x y", "A", "a", "client_00", ""])
+  assert names[0] == "client_00" and names[4] == "A"
+  assert len({n.lower() for n in names}) == len(names)
+  for n in names:
+    assert n and not n.startswith(".") and "/" not in n and " " not in n
+
+
+def test_interrupted_save_leaves_no_half_written_model(tmp_path, monkeypatch):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  w = tf.Variable([[1.0, -1.0]])
+  predictor = export.make_predictor(
+      lambda x: (tf.nn.softmax(x * w), tf.argmax(x * w, -1, output_type=tf.int32)),
+      input_shape=(1,),
+      input_dtype="float32",
+      num_classes=2,
+      variables=[w])
+  path = str(tmp_path / "server")
+  export.save_predictor(predictor, path)
+  x = np.array([[2.0], [-1.0]], np.float32)
+  before = export.load(path)(x)
+  np.testing.assert_allclose(before, tf.nn.softmax(x * w.numpy()).numpy(), rtol=1e-6)
+  w.assign([[3.0, 0.0]])
+
+  def broken_save(obj, directory, signatures=None, options=None):
+    with open(os.path.join(directory, "saved_model.pb"), "wb") as f:
+      f.write(b"half")
+    raise KeyboardInterrupt("killed while writing")
+
+  monkeypatch.setattr(tf.saved_model, "save", broken_save)
+  with pytest.raises(KeyboardInterrupt):
+    export.save_predictor(predictor, path)
+  monkeypatch.undo()
+  assert sorted(os.listdir(tmp_path)) == ["server"]  # no temporary left, old model intact
+  np.testing.assert_array_equal(export.load(path)(x), before)
+  export.save_predictor(predictor, path)  # replaces the model
+  np.testing.assert_allclose(export.load(path)(x), tf.nn.softmax(x * w.numpy()).numpy(), rtol=1e-6)
+  assert sorted(os.listdir(tmp_path)) == ["server"]
+
+
+def test_algorithm_without_hooks_is_refused(tmp_path):
+  with pytest.raises(NotImplementedError, match="cannot be exported"):
+    export.export_run(object(), None, [], str(tmp_path))

@@ -1,0 +1,536 @@
+"""What a run leaves in --output_dir, read back: a metrics.csv row and a progress
+line per round (evaluated or not), TensorBoard with one event per (tag, round)
+across an interrupted and resumed run, HParams, curves.png's panels, summary.json's
+provenance, flags.txt replayed through absl, the final checkpoint and the export
+call; and, as a user runs it, the launcher's quiet start and its one-line Ctrl-C."""
+
+import csv
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+from absl import flags as absl_flags
+import numpy as np
+import pytest
+
+import tfbfl
+from tfbfl import experiment
+from tfbfl import flags as tfbfl_flags
+from tfbfl import run_dir
+from tfbfl import state_io
+from tfbfl import training
+from tfbfl.data import from_client_arrays
+from tfbfl.experiments import _runs
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class _Counter:
+  """A numpy-only algorithm (no TFF): the server adds the selected clients'
+  feature means, each client counts its rounds; `stop_at`: Ctrl-C in that round."""
+
+  name = "counter"
+
+  def __init__(self, stop_at=None):
+    self.stop_at = stop_at
+
+  def initial_server_state(self):
+    return dict(w=np.zeros(2, np.float32), r=np.int64(0))
+
+  def initial_client_state(self, i):
+    return dict(n=np.int32(0), client_index=np.int32(i))
+
+  def next(self, server, states, seeds, data):
+    r = int(server["r"]) + 1
+    if r == self.stop_at:
+      raise KeyboardInterrupt
+    new = [dict(n=s["n"] + 1, client_index=s["client_index"]) for s in states]
+    step = np.float32(sum(float(x.mean()) for x, _ in data) + float(seeds[0][1] % 7))
+    return dict(w=server["w"] + step, r=np.int64(r)), new, dict(train_loss=float(step),
+                                                                clients_seen=len(states))
+
+  def round_bytes(self, num_selected, metrics):
+    del metrics
+    return 100 * num_selected, 40 * num_selected
+
+  def evaluate(self, server, states, seeds, test):
+    return [
+        dict(server_loss=1.0 + float(server["w"][0]) % 3,
+             server_correct=1.0,
+             mt_loss=1.0 + float(s["n"]),
+             mt_correct=float(len(y) // 2),
+             num_examples=float(len(y)),
+             client_index=s["client_index"]) for s, (_, y) in zip(states, test)
+    ]
+
+
+def _data():
+  rng = np.random.default_rng(0)
+  xs = [rng.normal(size=(12, 3)).astype(np.float32) for _ in range(4)]
+  ys = [np.arange(12) % 2 for _ in range(4)]
+  return from_client_arrays(xs, ys, seed=0)
+
+
+FLAGS = dict(algorithm="counter", seed=1)
+
+
+def _runner(out, algorithm=None, data=None, flags=None, **kw):
+  cfg = dict(rounds=4,
+             clients_per_round=2,
+             seed=1,
+             verbose=False,
+             output_dir=str(out),
+             export=False)
+  cfg.update(kw)
+  return experiment.ExperimentRunner(algorithm or _Counter(),
+                                     data or _data(),
+                                     experiment.RunConfig(**cfg),
+                                     flags=dict(flags or FLAGS))
+
+
+def _run(out, **kw):
+  return _runner(out, **kw).run()
+
+
+def _csv(out):
+  with open(os.path.join(out, "metrics.csv")) as f:
+    return list(csv.DictReader(f))
+
+
+def _events(out):
+  """[(tag, step, value or None)] of every summary value in `<out>/tb`."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tensorflow.core.util import event_pb2  # pylint: disable=g-import-not-at-top
+
+  found = []
+  tb = os.path.join(out, "tb")
+  for name in sorted(os.listdir(tb)):
+    for record in tf.data.TFRecordDataset(os.path.join(tb, name)):
+      event = event_pb2.Event.FromString(record.numpy())
+      for v in event.summary.value:
+        value = None
+        if not v.tag.startswith("_hparams_/"):
+          value = float(tf.make_ndarray(v.tensor)) if v.HasField("tensor") else v.simple_value
+        found.append((v.tag, event.step, value))
+  return found
+
+
+def _assert_once(events):
+  keys = [(tag, step) for tag, step, _ in events]
+  twice = sorted({k for k in keys if keys.count(k) > 1})
+  assert not twice, f"(tag, step) written more than once: {twice}"
+
+
+# ------------------------------------------------------------- every round
+def test_every_round_has_a_row_and_a_progress_line(tmp_path, capsys):
+  summary = _run(tmp_path, rounds=5, eval_every=2, verbose=True)
+  out = capsys.readouterr().out
+  rows = _csv(tmp_path)
+  assert [r["round"] for r in rows] == ["1", "2", "3", "4", "5"]
+  assert list(rows[0])[:8] == list(experiment.BASE_COLUMNS)
+  for r in rows:
+    assert r["train_loss"] != "" and r["bytes_up_total"] != ""  # training metrics: every round
+    assert (r["server_accuracy"] != "") == (r["round"] in ("2", "4", "5")), r  # evaluated rounds
+    assert (r["mt_loss"] != "") == (r["server_accuracy"] != "")
+  numeric = _runs.read_metrics(str(tmp_path), numeric=True)  # empty cells left out
+  assert [("server_accuracy" in r) for r in numeric] == [False, True, False, True, True]
+  assert summary["best_mt_accuracy"] == pytest.approx(max(
+      r["mt_accuracy"] for r in numeric if "mt_accuracy" in r),
+                                                      rel=1e-5)
+  with open(tmp_path / "client_metrics.csv") as f:
+    assert [r["round"] for r in csv.DictReader(f)] == ["2", "4", "5"]
+  lines = out.splitlines()
+  assert "building computations" in lines[0] and "rounds 1-5" in lines[0]
+  progress = [l for l in lines if re.match(r"\[counter\] round \d/5 ", l)]
+  assert len(progress) == 5
+  assert "(not evaluated)" in progress[0] and "train loss" in progress[0]
+  assert "S acc" in progress[1] and "MT acc" in progress[1]
+
+
+# --------------------------------------------------------------- TensorBoard
+def test_tensorboard_one_event_per_round_and_tag_across_a_resume(tmp_path):
+  want = tmp_path / "want"
+  _run(want, rounds=6, eval_every=2)
+  cut = tmp_path / "cut"
+  with pytest.raises(experiment.RunInterrupted) as e:
+    _run(cut, algorithm=_Counter(stop_at=5), rounds=6, eval_every=2, checkpoint_every=3)
+  # Rounds 1-4 were written to TensorBoard, the checkpoint has round 3.
+  assert e.value.round_num == 5 and e.value.checkpoint_round == 3
+  assert isinstance(e.value, KeyboardInterrupt)
+  assert re.fullmatch(
+      r"interrupted in round 5 of 6; the checkpoint has round 3; continue with: python -m "
+      r"launchers.train --flagfile=\S+/flags.txt --resume", str(e.value)), str(e.value)
+  assert max(step for _, step, _ in _events(cut)) == 4
+  _run(cut, rounds=6, eval_every=2, resume=True)
+  events = _events(cut)
+  _assert_once(events)
+  assert sorted((t, s) for t, s, _ in events) == sorted((t, s) for t, s, _ in _events(want))
+  values = lambda ev: {(t, s): v for t, s, v in ev if not t.startswith(("_hparams_", "time/"))}
+  assert values(events) == values(_events(want))  # the same numbers, once each
+  tags = {t for t, _, _ in events}
+  assert tags == {
+      "accuracy/server", "accuracy/mt", "loss/server", "loss/mt", "train/loss",
+      "train/clients_seen", "communication/bytes_up", "communication/bytes_down",
+      "communication/bytes_up_total", "communication/bytes_down_total", "time/wall_s",
+      "_hparams_/experiment", "_hparams_/session_start_info"
+  }
+  steps = lambda tag: sorted(s for t, s, _ in events if t == tag)
+  assert steps("train/loss") == [1, 2, 3, 4, 5, 6]
+  assert steps("accuracy/server") == [2, 4, 6]
+  # Continued past its end (more rounds): still one event per (tag, round).
+  _run(cut, rounds=7, eval_every=2, resume=True)
+  events = _events(cut)
+  _assert_once(events)
+  assert steps("train/loss") == [1, 2, 3, 4, 5, 6, 7] and steps("accuracy/server") == [2, 4, 6, 7]
+
+
+def test_interrupt_without_a_checkpoint_says_nothing_was_saved(tmp_path):
+  with pytest.raises(experiment.RunInterrupted) as e:
+    _run(tmp_path, algorithm=_Counter(stop_at=2))
+  assert e.value.checkpoint_round is None and e.value.round_num == 2
+  assert str(e.value).startswith("interrupted in round 2 of 4; nothing was saved")
+  assert str(e.value).endswith(f"--flagfile={tmp_path}/flags.txt --overwrite")
+  runner = experiment.ExperimentRunner(
+      _Counter(stop_at=1), _data(),
+      experiment.RunConfig(rounds=2, clients_per_round=2, verbose=False))
+  with pytest.raises(KeyboardInterrupt,
+                     match=r"^interrupted in round 1 of 2; nothing was saved "
+                     r"\(no --output_dir\)\.$"):
+    runner.run()
+
+
+def test_hparams_hold_the_flags_and_final_metrics(tmp_path):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tensorboard.plugins.hparams import plugin_data_pb2  # pylint: disable=g-import-not-at-top
+  from tensorflow.core.util import event_pb2  # pylint: disable=g-import-not-at-top
+
+  flags = dict(FLAGS, hidden_units=[16, 8], client_lr=0.05, data_dir=None, resume=False)
+  _run(tmp_path, flags=flags)
+  found = {}
+  for name in os.listdir(tmp_path / "tb"):
+    for record in tf.data.TFRecordDataset(str(tmp_path / "tb" / name)):
+      for v in event_pb2.Event.FromString(record.numpy()).summary.value:
+        if v.tag.startswith("_hparams_/"):
+          found[v.tag] = plugin_data_pb2.HParamsPluginData.FromString(
+              v.metadata.plugin_data.content)
+  start = found["_hparams_/session_start_info"].session_start_info.hparams
+  assert start["algorithm"].string_value == "counter" and start["seed"].number_value == 1
+  assert start["hidden_units"].string_value == "16,8" and start["client_lr"].number_value == 0.05
+  assert "data_dir" not in start
+  metrics = [m.name.tag for m in found["_hparams_/experiment"].experiment.metric_infos]
+  assert metrics[:4] == ["accuracy/server", "accuracy/mt", "loss/server", "loss/mt"]
+
+
+# ------------------------------------------------- final checkpoint, export
+@pytest.mark.parametrize("every", [0, 3])
+def test_final_state_always_saved(tmp_path, every):
+  summary = _run(tmp_path, rounds=4, checkpoint_every=every)
+  assert state_io.read_meta(str(tmp_path / experiment.CHECKPOINT))["round"] == 4
+  again = _run(tmp_path, rounds=4, checkpoint_every=every, resume=True)  # nothing left to run
+  drop = ("wall_time_s",)
+  assert {
+      k: v for k, v in again.items() if k not in drop
+  } == {
+      k: v for k, v in summary.items() if k not in drop
+  }
+  assert len(_csv(tmp_path)) == 4
+
+
+def test_resumed_at_a_round_without_evaluation_evaluates_it(tmp_path):
+  with pytest.raises(experiment.RunInterrupted):
+    _run(tmp_path, algorithm=_Counter(stop_at=4), rounds=6, eval_every=5, checkpoint_every=3)
+  summary = _run(tmp_path, rounds=3, eval_every=5, resume=True)  # round 3 was not evaluated
+  rows = _csv(tmp_path)
+  assert [r["round"] for r in rows] == ["1", "2", "3"] and rows[2]["server_accuracy"] != ""
+  assert summary["final_server_accuracy"] == pytest.approx(float(rows[2]["server_accuracy"]),
+                                                           rel=1e-5)
+  _assert_once(_events(tmp_path))
+
+
+def test_export_gets_every_client_last(tmp_path, monkeypatch):
+  import types  # pylint: disable=g-import-not-at-top
+
+  calls = []
+
+  def export_run(algorithm, server_state, client_items, directory, *, samples, seed):
+    calls.append(
+        dict(algorithm=algorithm,
+             server_state=server_state,
+             items=[(cid, i, dict(s)) for cid, i, s in client_items],
+             directory=directory,
+             samples=samples,
+             seed=seed,
+             checkpoint=state_io.read_meta(str(tmp_path / experiment.CHECKPOINT))["round"],
+             summary=os.path.exists(tmp_path / "summary.json")))
+
+  fake = types.ModuleType("tfbfl.export")
+  fake.export_run = export_run
+  monkeypatch.setitem(sys.modules, "tfbfl.export", fake)
+  monkeypatch.setattr(tfbfl, "export", fake, raising=False)
+  data = _data()
+  algorithm = _Counter()
+  runner = _runner(tmp_path,
+                   algorithm=algorithm,
+                   data=data,
+                   rounds=1,
+                   export=True,
+                   export_samples=3)
+  runner.run()
+  assert len(calls) == 1
+  call = calls[0]
+  assert call["algorithm"] is algorithm and call["server_state"] is runner.state["server_state"]
+  assert call["directory"] == os.path.join(str(tmp_path), "export")
+  assert call["samples"] == 3 and call["seed"] == 1
+  assert call["checkpoint"] == 1 and call["summary"]  # last: after the checkpoint and summary
+  assert [(cid, i) for cid, i, _ in call["items"]
+         ] == [(str(c), i) for i, c in enumerate(data.client_ids)]
+  selected = experiment.sample_clients(1, 1, 4, 2)
+  for _, i, s in call["items"]:
+    assert int(s["n"]) == (1 if i in selected else 0) and int(s["client_index"]) == i
+  assert os.path.exists(tmp_path / "summary.json")
+  calls.clear()
+  _run(tmp_path / "off", rounds=1)  # export=False
+  assert not calls
+
+
+# ------------------------------------------------------------- summary.json
+def test_summary_json_names_version_commit_and_data(tmp_path):
+  data = _data()
+  _run(tmp_path, data=data, rounds=2)
+  text = (tmp_path / "summary.json").read_text()
+
+  def refuse(constant):
+    raise AssertionError(f"not strict JSON: {constant}")
+
+  summary = json.loads(text, parse_constant=refuse)
+  assert summary["tfbfl_version"] == tfbfl.__version__
+  assert summary["data_fingerprint"] == run_dir.data_fingerprint(data)
+  try:
+    head = subprocess.run(["git", "rev-parse", "HEAD"],
+                          cwd=ROOT,
+                          capture_output=True,
+                          text=True,
+                          timeout=10,
+                          check=True).stdout.strip()
+  except (OSError, subprocess.SubprocessError):
+    head = None
+  assert summary["git_commit"] == head
+
+
+def test_source_commit_is_none_outside_a_checkout(tmp_path, monkeypatch):
+  fake_package = tmp_path / "site" / "tfbfl"
+  fake_package.mkdir(parents=True)
+  monkeypatch.setattr(tfbfl, "__file__", str(fake_package / "__init__.py"))
+  assert run_dir.source_commit.__wrapped__() is None  # not a git work tree
+  monkeypatch.setattr(tfbfl, "__file__", os.path.join(ROOT, "tfbfl", "__init__.py"))
+  monkeypatch.setenv("PATH", str(tmp_path))  # no git at all
+  assert run_dir.source_commit.__wrapped__() is None
+
+
+# ---------------------------------------------------------------- flags.txt
+def test_flags_file_replays_the_run(tmp_path):
+  out = tmp_path / "run"
+  flags = training.resolve_params(
+      dict(algorithm="fedavg",
+           rounds=4,
+           hidden_units=(16, 8),
+           client_lr=0.1,
+           kl_weight=1e-3,
+           output_dir=str(out),
+           checkpoint_every=2,
+           resume=False))
+  flags = {k: (list(v) if isinstance(v, tuple) else v) for k, v in flags.items()}
+  runner = _runner(out, flags=flags)
+  runner.run()
+  path = out / "flags.txt"
+  lines = path.read_text().splitlines()
+  assert lines[0].startswith("#") and all(l.startswith(("#", "--")) for l in lines)
+  body = [l for l in lines if l.startswith("--")]
+  assert body[0] == "--algorithm=fedavg" and "--hidden_units=16,8" in body
+  assert not [l for l in body if l.startswith(("--resume", "--overwrite", "--verbose"))]
+  assert not [l for l in body if l.endswith("=None")]
+  stored = json.loads((out / "summary.json").read_text())["flags"]
+
+  def parse(*extra):
+    fv = absl_flags.FlagValues()
+    tfbfl_flags.define(flag_values=fv)
+    fv(["train", f"--flagfile={path}", *extra])
+    replay = training.resolve_params(tfbfl_flags.params(flag_values=fv))
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in replay.items()}
+
+  replay = parse()
+  without = lambda d: {k: v for k, v in d.items() if k != "verbose"}
+  assert without(replay) == without(runner.flags)  # the driver's flags, every one
+  assert without(experiment.strict_json(replay)) == without(stored)  # as summary.json has them
+  assert parse("--resume")["resume"] is True  # flags after --flagfile win
+
+
+def test_flag_text_round_trips_through_absl():
+  assert run_dir.flag_text(True) == "true" and run_dir.flag_text(np.float32(0.5)) == "0.5"
+  assert run_dir.flag_text([1, 2]) == "1,2" and run_dir.flag_text(None) is None
+  assert run_dir.flag_text(float("inf")) == "inf" and run_dir.flag_text(1e-7) == "1e-07"
+  text = run_dir.flagfile_text(dict(seed=3,
+                                    algorithm="virtual",
+                                    data_dir=None,
+                                    resume=True,
+                                    output_dir="a\nb",
+                                    other=1),
+                               names=("algorithm", "seed", "data_dir", "resume", "output_dir"))
+  assert text.splitlines() == [
+      "--algorithm=virtual", "# --output_dir left out: its value has a line break", "--seed=3"
+  ]
+
+
+# ------------------------------------------------------------------ curves
+def test_curves_panels_and_integer_round_ticks(tmp_path):
+  from matplotlib.ticker import MaxNLocator  # pylint: disable=g-import-not-at-top
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  _run(tmp_path, rounds=3, eval_every=2)
+  assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  rows = _runs.read_metrics(str(tmp_path), numeric=True)
+  for drop_bytes, panels in ((False, 4), (True, 3)):
+    shown = [{
+        k: v for k, v in r.items() if not (drop_bytes and k.startswith("bytes"))
+    } for r in rows]
+    fig = experiment.curves_figure(shown, "counter")
+    try:
+      axes = fig.get_axes()
+      assert len(axes) == panels
+      for ax in axes:
+        locator = ax.xaxis.get_major_locator()
+        assert isinstance(locator, MaxNLocator) and locator._integer  # pylint: disable=protected-access
+        assert ax.get_xlabel() == "round"
+      assert [len(l.get_xdata()) for l in axes[0].get_lines()] == [2, 2]  # evaluated: 2, 3
+      assert [len(l.get_xdata()) for l in axes[2].get_lines()] == [3]  # train loss: every round
+    finally:
+      plt.close(fig)
+
+
+# ------------------------------------------------ the launcher, as a user runs it
+_CPP_LOG = re.compile(r"\b[IWEF] ?(tensorflow|external|third_party)/|^[IWEF]\d{4} ")
+
+
+class _Launcher:
+  """`python -m launchers.train ARGS` in its own session (process group), its
+  stdout and stderr read line by line in threads (a hung run cannot block the test)."""
+
+  def __init__(self, *args, env):
+    import queue  # pylint: disable=g-import-not-at-top
+    import threading  # pylint: disable=g-import-not-at-top
+
+    self.proc = subprocess.Popen([sys.executable, "-m", "launchers.train", *args],
+                                 cwd=ROOT,
+                                 env=env,
+                                 stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE,
+                                 text=True,
+                                 start_new_session=True)
+    self.lines = queue.Queue()
+    self.out, self.err = [], []
+
+    def pump(stream, store, forward):
+      for line in stream:
+        store.append(line)
+        if forward:
+          self.lines.put(line)
+      if forward:
+        self.lines.put(None)  # end of output
+
+    self.threads = [
+        threading.Thread(target=pump, args=(self.proc.stdout, self.out, True), daemon=True),
+        threading.Thread(target=pump, args=(self.proc.stderr, self.err, False), daemon=True)
+    ]
+    for t in self.threads:
+      t.start()
+
+  def wait_for_line(self, pattern, timeout):
+    import queue  # pylint: disable=g-import-not-at-top
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+      try:
+        line = self.lines.get(timeout=1)
+      except queue.Empty:
+        continue
+      if line is None:
+        return None
+      if re.search(pattern, line):
+        return line
+    return None
+
+  def finish(self, timeout):
+    """Waits for the exit (killing the group after `timeout`), then for every process of
+    its group (the TFF worker included) to be gone; returns (status, stdout, stderr)."""
+    try:
+      self.proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+      pass
+    finally:
+      self.kill()
+    for t in self.threads:
+      t.join(timeout=30)
+    return self.proc.returncode, "".join(self.out), "".join(self.err)
+
+  def group_alive(self):
+    try:
+      os.killpg(self.proc.pid, 0)
+      return True
+    except ProcessLookupError:
+      return False
+
+  def kill(self):
+    if self.proc.poll() is None:
+      os.killpg(self.proc.pid, signal.SIGKILL)
+      self.proc.wait()
+    deadline = time.time() + 10
+    while self.group_alive() and time.time() < deadline:
+      time.sleep(0.1)
+    if self.group_alive():
+      os.killpg(self.proc.pid, signal.SIGKILL)
+      raise AssertionError("the launcher left processes of its group behind")
+
+
+def test_launcher_ctrl_c_is_one_line_and_the_flags_file_continues_it(tmp_path):
+  out = tmp_path / "run"
+  env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+  run = _Launcher("--algorithm=fedavg",
+                  "--rounds=40",
+                  "--checkpoint_every=1",
+                  "--epochs_per_round=1",
+                  "--num_clients=4",
+                  "--clients_per_round=2",
+                  "--hidden_units=16",
+                  f"--output_dir={out}",
+                  "--noexport",
+                  env=env)
+  try:
+    first = run.wait_for_line(r"^\[fedavg\] round 1/40 ", timeout=240)
+    assert first, ("".join(run.out) + "".join(run.err))[-3000:]
+    os.killpg(run.proc.pid, signal.SIGINT)  # Ctrl-C in a terminal: the whole process group
+  finally:
+    status, stdout, err = run.finish(timeout=60)
+  assert status == 130, (stdout[-2000:], err[-3000:])
+  assert "loading data" in stdout and "building computations" in stdout
+  assert "Traceback" not in err and "Traceback" not in stdout, err[-3000:]
+  assert not [l for l in (stdout + err).splitlines() if _CPP_LOG.search(l)], (stdout + err)[-3000:]
+  # One line; nothing after it (TFF's threads retrying the stopped worker stay quiet).
+  lines = [l for l in err.splitlines() if l.strip() and "absl" not in l]
+  assert len(lines) == 1 and lines[0].startswith("train: "), err[-3000:]
+  saved = state_io.read_meta(str(out / experiment.CHECKPOINT))["round"]
+  assert saved >= 1
+  assert re.fullmatch(
+      rf"train: interrupted in round \d+ of 40; the checkpoint has round {saved}; continue "
+      rf"with: python -m launchers.train --flagfile={re.escape(str(out))}/flags.txt --resume",
+      lines[0]), lines[0]
+  # The printed command continues the run (one round more).
+  again = _Launcher(f"--flagfile={out}/flags.txt", "--resume", f"--rounds={saved + 1}", env=env)
+  status, stdout, err = again.finish(timeout=300)
+  assert status == 0, err[-3000:]
+  assert f"resumed from {out}" in stdout
+  assert [r["round"] for r in _csv(out)] == [str(r) for r in range(1, saved + 2)]
+  assert not _CPP_LOG.search(stdout + err), err[-3000:]

@@ -1,0 +1,627 @@
+"""tfbfl's algorithms as `tff.learning` processes over `tff.simulation` client data.
+
+`build_virtual_process`, `build_fola_process` and `build_fedavg_process` return a
+`tff.learning.templates.LearningProcess` (so a `tff.templates.IterativeProcess`):
+
+    state = process.initialize()                               # ProcessState @SERVER
+    state, metrics = process.next(state, client_inputs)        # LearningProcessOutput
+    weights = process.get_model_weights(state)                 # tff.learning.models.ModelWeights
+    state = process.set_model_weights(state, weights)
+
+They are built from the algorithm classes' own TFF computations, not from a
+copy of their maths: `next` calls the algorithm's round computation
+(`VirtualAlgorithm.next_per_client`, `FolaAlgorithm.next`, `FedAvgAlgorithm.next`,
+signature `(server_state@SERVER, client_states@CLIENTS, seeds@CLIENTS,
+data@CLIENTS)`) inside one federated computation that adds only what the driver
+(`tfbfl.experiment`) does outside TFF: the clients' seeds, their states, and
+turning a client's `tf.data.Dataset` into the `(x, y)` tensors the algorithms
+train on.
+
+#### Client data
+
+`process.next`'s second argument is placed at CLIENTS; each client's member is
+a `ClientInput(client_index, data)`:
+
+* `data`: a `tf.data.Dataset` of *batches* `(x, y)`, `x` `[b, *input_shape]`
+  (float32), `y` `[b]` (int32): what `to_client_data(federated_data)` (a
+  `tff.simulation.datasets.ClientData`) yields, or any dataset with that element
+  type (`ds.map(lambda d: (d["pixels"], d["label"])).batch(20)` for TFF's own
+  datasets). The client concatenates its batches in order and trains on the
+  result with the algorithm's own minibatch schedule (`batch_size`, `epochs`,
+  stateless per-client shuffles): the dataset's batching does not change what
+  is learnt, only how the data travel.
+* `client_index`: the client's position in `federated_data.client_ids` (int32).
+  The algorithms need it: every client's minibatch order and sampling noise is
+  drawn from the driver's stateless seed `[seed, round * 1_000_003 + index]`
+  (`tfbfl.algorithms.base.client_seed`), and VIRTUAL's client state (below) is
+  keyed by it. `client_inputs(client_data, ids)` builds the list.
+
+So a round of a process equals a round of `tfbfl.experiment.ExperimentRunner` on
+the same clients (`tests/test_learning.py` checks it; measured on digits: the
+same server posterior / weights to the last bit). Any `tff.simulation` loop
+works, e.g. `tff.simulation.run_training_process(process, lambda r:
+client_inputs(client_data, ids_of_round(r)), total_rounds)`. VIRTUAL runs one
+TFF client computation per client (`next_per_client`): `clients_per_group` is
+not used.
+
+#### Client state: what each process keeps, and what a user loses
+
+* VIRTUAL: a client's state is its site factor `s_i` (the cavity of its next
+  round is `s / s_i`) and its private network; both change what the client
+  learns, so VIRTUAL cannot honestly be run with stateless clients. The process
+  keeps every client's state *at SERVER*, stacked over the K clients, in
+  `ProcessState.clients`: a selected client receives its own row with
+  `tff.federated_select` (not the others'), trains, and its new state returns
+  through a `tff.federated_aggregate` that writes its row. The server posterior
+  is then exactly the driver's. What a user loses against a deployment: the
+  private networks and site factors are no longer private (whoever holds the
+  process state sees them), the state grows with K (every client's factor and
+  private network; fine for tens or hundreds of clients, not for millions), and
+  the TFF signature shows the state traffic as server <-> client communication
+  (a device would keep its row; `VirtualAlgorithm.round_bytes` counts what
+  VIRTUAL really sends). The stored rows are the driver's client-state store:
+  `evaluate` uses them for the MT metric.
+* FOLA and FedAvg: a client's state is only its last trained model (the MT
+  metric's deployed model) and, for FOLA, its Fisher; neither is read by the
+  next round's training. So these processes are *stateless clients*: every
+  selected client gets `algorithm.initial_client_state(index)`, its output
+  states are dropped, and the server state is exactly the driver's. What a user
+  loses: the per-client deployed models, so `evaluate` reports S (the server
+  model) only, no MT.
+
+Execution: a sync context, e.g. `tfbfl.runtime.set_local_runtime()`. A VIRTUAL
+process with `aggregator="secure_sum"` runs under `tfbfl.aggregators.
+secure_sum_context(...)` like the algorithm itself (checked by hand: the
+posterior then differs from the plain sum's by the quantisation, 3e-5); the multi-worker
+(`RemoteRuntime`) context is not supported (federated_select /
+federated_aggregate state rows are not split into mergeable subrounds here).
+
+#### Example
+
+```python
+from tfbfl import data, experiment, learning, runtime
+runtime.set_local_runtime()
+fd = data.load_federated("digits", num_clients=4, seed=0)
+client_data = learning.to_client_data(fd)
+process = learning.build_virtual_process(fd, hidden_units=(32,), epochs=2, clients_per_round=2)
+state = process.initialize()
+for r in range(1, 4):
+  ids = experiment.sample_clients(0, r, 4, 2)
+  state, metrics = process.next(state, learning.client_inputs(client_data, ids))
+  print(r, learning.evaluate(process, state, fd)["server_accuracy"])
+```
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tfbfl.algorithms import base  # (importing the package registers every algorithm)
+from tfbfl.algorithms import registry
+from tfbfl.data import FederatedData
+
+ClientInput = collections.namedtuple("ClientInput", ["client_index", "data"])
+ClientInput.__doc__ = """One client's member of `process.next`'s CLIENTS argument:
+`client_index` (int32, position in `FederatedData.client_ids`) and `data` (a
+`tf.data.Dataset` of `(x, y)` batches)."""
+
+ProcessState = collections.namedtuple("ProcessState", ["algorithm", "clients", "round_num"])
+ProcessState.__doc__ = """The state of a tfbfl learning process (placed at SERVER).
+
+`algorithm`: the algorithm's own server state (e.g. VIRTUAL's `ServerState(
+posterior, aggregator_state, round_num)`, FOLA's `FolaServerState`, FedAvg's
+`ServerState`), exactly what `tfbfl.experiment` keeps. `clients`: VIRTUAL: every
+client's `ClientState`, each leaf stacked over the K clients (row i = client i;
+never-selected clients hold their initial state); stateless processes: `()`.
+`round_num`: rounds done (int32); round `round_num + 1` is next."""
+
+DEFAULT_BATCH_SIZE = 32
+
+_SEED_STRIDE = 1_000_003  # `tfbfl.algorithms.base.client_seed`
+
+
+# --------------------------------------------------------------- structures
+def _leaves(value) -> list:
+  """Tensor leaves of a nested Python / TFF structure, in TFF's order."""
+  try:
+    struct = tff.structure.from_container(value, recursive=True)
+  except TypeError:  # a tensor / array
+    return [value]
+  return tff.structure.flatten(struct)
+
+
+def _leaf_types(type_spec) -> List[tff.TensorType]:
+  out = []
+  tff.types.structure_from_tensor_type_tree(out.append, type_spec)
+  return out
+
+
+def _pack(type_spec, leaves):
+  """`leaves` packed as `type_spec`, with the type's Python containers."""
+  leaves = list(leaves)
+  it = iter(leaves)
+  return tff.types.structure_from_tensor_type_tree(lambda _: next(it), type_spec)
+
+
+def _stacked_type(type_spec, k: int):
+  """`type_spec` with a leading axis of size `k` on every leaf."""
+  return tff.to_type(
+      tff.types.structure_from_tensor_type_tree(
+          lambda t: tff.TensorType(t.dtype, (k,) + tuple(t.shape)), type_spec))
+
+
+def _constant(type_spec, value):
+  """A no-argument `tff.tensorflow.computation` returning `value` (a Python
+  structure of arrays shaped like `type_spec`) as `type_spec`."""
+  types = _leaf_types(type_spec)
+  leaves = [np.asarray(v) for v in _leaves(value)]
+  if len(leaves) != len(types):
+    raise ValueError(f"value has {len(leaves)} leaves, type {type_spec} has {len(types)}.")
+  leaves = [np.asarray(v, dtype=t.dtype) for v, t in zip(leaves, types)]
+
+  @tff.tensorflow.computation
+  def constant():
+    return _pack(type_spec, [tf.constant(v) for v in leaves])
+
+  return constant
+
+
+# -------------------------------------------------------------- client data
+def to_client_data(federated_data: FederatedData,
+                   split: str = "train",
+                   batch_size: int = DEFAULT_BATCH_SIZE) -> tff.simulation.datasets.ClientData:
+  """A `tff.simulation.datasets.ClientData` of `federated_data`'s `split`.
+
+  Client ids are `federated_data.client_ids` (same order); a client's dataset
+  yields its examples in array order in batches `(x [b, *input_shape], y [b])`
+  of at most `batch_size` (`FederatedData.to_client_data` batched), the element
+  type the processes of this module take.
+  """
+  if isinstance(batch_size, bool) or not isinstance(batch_size,
+                                                    (int, np.integer)) or batch_size < 1:
+    raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}.")
+  batch_size = int(batch_size)
+  return federated_data.to_client_data(split).preprocess(lambda ds: ds.batch(batch_size))
+
+
+def client_inputs(client_data: tff.simulation.datasets.ClientData,
+                  clients: Sequence[Any]) -> List[ClientInput]:
+  """`process.next`'s CLIENTS argument for `clients` of `client_data`.
+
+  Args:
+    client_data: e.g. `to_client_data(federated_data)`; a client's index is its
+      position in `client_data.client_ids` (which must be the
+      `FederatedData.client_ids` order the process was built with).
+    clients: client ids (str) or indices (int), e.g.
+      `tfbfl.experiment.sample_clients(seed, round, K, C)`. Each at most once.
+  """
+  ids = list(client_data.client_ids)
+  position = {c: i for i, c in enumerate(ids)}
+  out = []
+  for c in clients:
+    if isinstance(c, (int, np.integer)) and not isinstance(c, bool):
+      if not 0 <= int(c) < len(ids):
+        raise ValueError(f"client index {c} is outside [0, {len(ids)}).")
+      index = int(c)
+    elif c in position:
+      index = position[c]
+    else:
+      raise ValueError(f"unknown client {c!r}; expected an id of client_data or an index.")
+    out.append(ClientInput(np.int32(index), client_data.create_tf_dataset_for_client(ids[index])))
+  chosen = [int(x.client_index) for x in out]
+  if len(set(chosen)) != len(chosen):
+    raise ValueError(f"a client may appear once per round, got indices {chosen}.")
+  return out
+
+
+# ----------------------------------------------------------------- process
+class TfbflLearningProcess(tff.learning.templates.LearningProcess):
+  """A `tff.learning.templates.LearningProcess` over a tfbfl algorithm.
+
+  Besides TFF's members: `algorithm` (the algorithm object, whose evaluation
+  `evaluate` uses), `seed` (of the clients' stateless seeds), `num_clients`
+  (K), `stateful_clients` (whether `ProcessState.clients` holds the client
+  states), `client_state_type` (one client's state type).
+  """
+
+  algorithm: Any
+  seed: int
+  num_clients: Optional[int]
+  stateful_clients: bool
+  client_state_type: Any
+
+
+def _build_process(algorithm, round_comp, *, seed: int, num_clients: Optional[int], stateful: bool,
+                   get_weights: Callable, set_weights: Callable) -> TfbflLearningProcess:
+  """The learning process around `round_comp` (module docstring).
+
+  `get_weights(algorithm_state) -> ModelWeights` and `set_weights(algorithm_state,
+  ModelWeights) -> algorithm_state` are plain TF on the algorithm's server state
+  (Python containers of its type)."""
+  params = round_comp.type_signature.parameter
+  server_type, client_state_type = params[0].member, params[1].member
+  data_type = params[3].member
+  if not (isinstance(data_type, tff.StructType) and len(data_type) == 2):
+    raise TypeError(f"the algorithm's client data must be (x, y), got {data_type}.")
+  x_type, y_type = data_type[0], data_type[1]
+  sequence_type = tff.SequenceType(data_type)
+  input_type = tff.to_type(ClientInput(tff.TensorType(np.int32), sequence_type))
+  index_type = tff.TensorType(np.int32)
+  seed = int(seed)
+
+  if stateful:
+    k = int(num_clients)
+    store_type = _stacked_type(client_state_type, k)
+    initial_states = [algorithm.initial_client_state(i) for i in range(k)]
+    store_value = [
+        np.stack([np.asarray(_leaves(s)[j])
+                  for s in initial_states])
+        for j in range(len(_leaf_types(client_state_type)))
+    ]
+    clients_type, clients_value = store_type, store_value
+  else:
+    k = num_clients
+    clients_type, clients_value = tff.StructType([]), ()
+  state_type = tff.to_type(ProcessState(server_type, clients_type, index_type))
+  initial_state = _constant(
+      state_type, ProcessState(algorithm.initial_server_state(), clients_value, np.int32(0)))
+
+  @tff.federated_computation
+  def initialize_fn():
+    return tff.federated_eval(initial_state, tff.SERVER)
+
+  # ------------------------------------------------------------ client side
+  x_shape = tuple(x_type.shape)[1:]
+
+  @tff.tensorflow.computation(sequence_type)
+  def concatenate(dataset):
+    """The client's batches, concatenated in order: `(x [n, ...], y [n])`."""
+    start = (tf.zeros((0,) + x_shape, x_type.dtype), tf.zeros((0,), y_type.dtype))
+    return dataset.reduce(
+        start, lambda acc, batch:
+        (tf.concat([acc[0], batch[0]], 0), tf.concat([acc[1], batch[1]], 0)))
+
+  @tff.tensorflow.computation(index_type, index_type)
+  def make_seed(index, rounds_done):
+    """`base.client_seed(seed, rounds_done + 1, index)`."""
+    r = tf.cast(rounds_done, tf.int64) + 1
+    return tf.stack([tf.constant(seed, tf.int64), r * _SEED_STRIDE + tf.cast(index, tf.int64)])
+
+  @tff.tensorflow.computation(index_type)
+  def increment(rounds_done):
+    return rounds_done + 1
+
+  if stateful:
+    row_types = _leaf_types(client_state_type)
+    row_type = tff.to_type(tuple(row_types))
+    count_type = tff.TensorType(np.int32, (k,))
+    acc_type = tff.to_type((store_type, count_type))
+
+    @tff.tensorflow.computation(index_type)
+    def as_key(index):
+      return tf.reshape(index, [1])
+
+    @tff.tensorflow.computation(store_type, index_type)
+    def select_row(store, key):
+      check = tf.debugging.assert_less(key, k, message="client_index must be < num_clients")
+      with tf.control_dependencies([check, tf.debugging.assert_non_negative(key)]):
+        return tuple(tf.gather(leaf, key) for leaf in _leaves(store))
+
+    @tff.tensorflow.computation(tff.SequenceType(row_type))
+    def first_row(rows):
+      start = tuple(tf.zeros(t.shape, t.dtype) for t in row_types)
+      row = rows.reduce(start, lambda _, r: tuple(_leaves(r)))
+      return _pack(client_state_type, _leaves(row))
+
+    zeros = _constant(
+        acc_type,
+        ([np.zeros((k,) + tuple(t.shape), t.dtype) for t in row_types], np.zeros((k,), np.int32)))
+
+    @tff.tensorflow.computation(acc_type, tff.to_type((index_type, client_state_type)))
+    def accumulate(acc, item):
+      store, count = acc
+      index, state = item
+      where = tf.reshape(index, [1, 1])
+      rows = [
+          tf.tensor_scatter_nd_update(s, where, tf.expand_dims(tf.cast(r, s.dtype), 0))
+          for s, r in zip(_leaves(store), _leaves(state))
+      ]
+      return _pack(store_type, rows), tf.tensor_scatter_nd_add(count, where, [1])
+
+    def _take(mask, new, old):
+      mask = tf.reshape(mask, [k] + [1] * (new.shape.rank - 1))
+      return tf.where(mask, new, old)
+
+    @tff.tensorflow.computation(acc_type, acc_type)
+    def merge(a, b):
+      rows = [_take(b[1] > 0, rb, ra) for ra, rb in zip(_leaves(a[0]), _leaves(b[0]))]
+      return _pack(store_type, rows), a[1] + b[1]
+
+    @tff.tensorflow.computation(acc_type)
+    def report(acc):
+      return acc
+
+    @tff.tensorflow.computation(store_type, acc_type)
+    def write_rows(store, acc):
+      new, count = acc
+      check = tf.debugging.assert_less_equal(
+          tf.reduce_max(count), 1, message="a client appeared more than once in one round")
+      with tf.control_dependencies([check]):
+        rows = [_take(count > 0, n, o) for n, o in zip(_leaves(new), _leaves(store))]
+        return _pack(store_type, [tf.identity(r) for r in rows])
+
+    def client_states_of(state, indices):
+      keys = tff.federated_map(as_key, indices)
+      rows = tff.federated_select(keys, tff.federated_value(np.int32(k - 1), tff.SERVER),
+                                  state.clients, select_row)
+      return tff.federated_map(first_row, rows)
+
+    def new_store(state, indices, new_states):
+      acc = tff.federated_aggregate(tff.federated_zip((indices, new_states)), zeros(), accumulate,
+                                    merge, report)
+      return tff.federated_map(write_rows, (state.clients, acc))
+  else:
+    if not _same_states(algorithm.initial_client_state(0), algorithm.initial_client_state(1)):
+      raise ValueError("stateless clients need one initial client state for all clients.")
+    initial_client = _constant(client_state_type, algorithm.initial_client_state(0))
+
+    @tff.tensorflow.computation(index_type)
+    def initial_client_state(index):
+      del index
+      return initial_client()
+
+    def client_states_of(state, indices):
+      del state
+      return tff.federated_map(initial_client_state, indices)
+
+    def new_store(state, indices, new_states):
+      del indices, new_states
+      return state.clients
+
+  @tff.federated_computation(tff.FederatedType(state_type, tff.SERVER),
+                             tff.FederatedType(input_type, tff.CLIENTS))
+  def next_fn(state, client_input):
+    indices = client_input.client_index
+    data = tff.federated_map(concatenate, client_input.data)
+    seeds = tff.federated_map(make_seed, (indices, tff.federated_broadcast(state.round_num)))
+    client_states = client_states_of(state, indices)
+    out = round_comp(state.algorithm, client_states, seeds, data)
+    new_state = ProcessState(out[0], new_store(state, indices, out[1]),
+                             tff.federated_map(increment, state.round_num))
+    return tff.learning.templates.LearningProcessOutput(state=tff.federated_zip(new_state),
+                                                        metrics=out[2])
+
+  @tff.tensorflow.computation(state_type)
+  def get_model_weights(state):
+    state = _pack(state_type, _leaves(state))
+    return get_weights(state.algorithm)
+
+  weights_type = get_model_weights.type_signature.result
+
+  @tff.tensorflow.computation(state_type, weights_type)
+  def set_model_weights(state, weights):
+    state = _pack(state_type, _leaves(state))
+    weights = _pack(weights_type, _leaves(weights))
+    algorithm_state = set_weights(state.algorithm, weights)
+    return _pack(state_type, _leaves(state._replace(algorithm=algorithm_state)))
+
+  process = TfbflLearningProcess(initialize_fn, next_fn, get_model_weights, set_model_weights)
+  process.algorithm = algorithm
+  process.seed = seed
+  process.num_clients = k
+  process.stateful_clients = stateful
+  process.client_state_type = client_state_type
+  return process
+
+
+def _same_states(a, b) -> bool:
+  la, lb = _leaves(a), _leaves(b)
+  return len(la) == len(lb) and all(
+      np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(la, lb))
+
+
+# ----------------------------------------------------------------- builders
+def _algorithm(name: str, source, settings: Dict[str, Any], check: Callable[[Any], bool]):
+  """The algorithm `name` from an algorithm object, its config, or a
+  `FederatedData` plus config fields (`settings`; the data's shapes, K and
+  `seed` are filled in as the launchers do, `registry.model_fields`)."""
+  spec = registry.get(name)
+  if isinstance(source, FederatedData):
+    fields = {f.name for f in dataclasses.fields(spec.config_cls)}
+    unknown = sorted(set(settings) - fields)
+    if unknown:
+      raise TypeError(f"{spec.config_cls.__name__} has no field(s) {unknown}.")
+    run = {key: settings[key] for key in ("seed", "clients_per_round") if key in settings}
+    kwargs = {k: v for k, v in registry.model_fields(source, run).items() if k in fields}
+    kwargs.update(spec.fixed)
+    kwargs.update(settings)
+    return spec.build(source, spec.config_cls(**kwargs), None)
+  if settings:
+    raise TypeError(f"settings {sorted(settings)} are only taken with a FederatedData source.")
+  if isinstance(source, spec.config_cls):
+    return spec.build(None, source, None)
+  if check(source):
+    return source
+  raise TypeError(f"expected a FederatedData, a {spec.config_cls.__name__} or the algorithm "
+                  f"object, got {type(source).__name__}.")
+
+
+def _model_weights(trainable, non_trainable=()):
+  return tff.learning.models.ModelWeights(list(trainable), list(non_trainable))
+
+
+def build_virtual_process(source, **settings) -> TfbflLearningProcess:
+  """VIRTUAL as a `tff.learning.templates.LearningProcess` (stateful clients).
+
+  Args:
+    source: a `tfbfl.algorithms.virtual.VirtualAlgorithm`, a `VirtualConfig`,
+      or a `FederatedData` with `VirtualConfig` fields as `settings` (e.g.
+      `hidden_units=(32,)`, `epochs=2`, `clients_per_round=2`: the default
+      step is 1 / clients_per_round, as in the launchers; `seed` defaults to 0).
+    **settings: `VirtualConfig` fields (with a `FederatedData` only).
+
+  Returns:
+    A `TfbflLearningProcess`. State: `ProcessState(algorithm=VIRTUAL's
+    ServerState(posterior, aggregator_state, round_num), clients=every client's
+    ClientState stacked over K (site factor, posterior, private network,
+    trained, client_index), round_num)`. `next(state, [ClientInput])` runs
+    `VirtualAlgorithm.next_per_client` on the selected clients' stored states
+    with the driver's seeds; metrics are that computation's. Model weights: the
+    server posterior's means (`eta1 / eta2`) as `ModelWeights(trainable, [])`;
+    `set_model_weights` sets the means, keeping the precisions (the posterior is
+    then no longer the product of the stored factors: `factor_gap`).
+  """
+  from tfbfl.algorithms import virtual  # pylint: disable=g-import-not-at-top
+
+  algorithm = _algorithm("virtual", source, settings,
+                         lambda a: isinstance(a, virtual.VirtualAlgorithm))
+
+  def get_weights(server):
+    return _model_weights([
+        tf.math.divide_no_nan(e1, e2)
+        for e1, e2 in zip(server.posterior.eta1, server.posterior.eta2)
+    ])
+
+  def set_weights(server, weights):
+    eta2 = list(server.posterior.eta2)
+    eta1 = [w * p for w, p in zip(weights.trainable, eta2)]
+    return server._replace(posterior=server.posterior._replace(eta1=eta1))
+
+  return _build_process(algorithm,
+                        algorithm.next_per_client,
+                        seed=algorithm.config.seed,
+                        num_clients=algorithm.config.num_clients,
+                        stateful=True,
+                        get_weights=get_weights,
+                        set_weights=set_weights)
+
+
+def build_fola_process(source, **settings) -> TfbflLearningProcess:
+  """FOLA (or its offline / identity-Fisher variants) as a learning process
+  with stateless clients.
+
+  Args:
+    source: a `tfbfl.algorithms.fola.FolaAlgorithm`, a `LaplaceConfig`, or a
+      `FederatedData` with `LaplaceConfig` fields as `settings` (e.g.
+      `hidden_units=(32,)`, `epochs=2`, `fisher="offline"`; `seed` defaults 0).
+    **settings: `LaplaceConfig` fields (with a `FederatedData` only).
+
+  Returns:
+    A `TfbflLearningProcess`. State: `ProcessState(algorithm=FolaServerState(
+    model=ServerModel(weights, precision, prior_mean, round_num),
+    aggregator_state), clients=(), round_num)`. `next` runs `FolaAlgorithm.next`;
+    client training does not read the client state, so the server state is the
+    driver's exactly; the clients' trained weights and Fishers (MT) are not
+    kept. Model weights: `mu_S` (`ServerModel.weights`); `set_model_weights`
+    replaces it, keeping the precision and the penalty centre `prior_mean`.
+  """
+  from tfbfl.algorithms import fola  # pylint: disable=g-import-not-at-top
+
+  algorithm = _algorithm("fola", source, settings, lambda a: isinstance(a, fola.FolaAlgorithm))
+
+  def get_weights(server):
+    return _model_weights(server.model.weights)
+
+  def set_weights(server, weights):
+    return server._replace(model=server.model._replace(weights=list(weights.trainable)))
+
+  return _build_process(algorithm,
+                        algorithm.next,
+                        seed=algorithm.config.seed,
+                        num_clients=None,
+                        stateful=False,
+                        get_weights=get_weights,
+                        set_weights=set_weights)
+
+
+def build_fedavg_process(source, **settings) -> TfbflLearningProcess:
+  """tfbfl's FedAvg / FedProx (`tfbfl.algorithms.fedavg`, our client loop with
+  the driver's seeds) as a learning process with stateless clients.
+
+  Args:
+    source: a `FedAvgAlgorithm`, a `ModelConfig` / `FedProxConfig`, or a
+      `FederatedData` with `ModelConfig` fields as `settings`.
+    **settings: `ModelConfig` fields (with a `FederatedData` only).
+
+  Returns:
+    A `TfbflLearningProcess`; state `ProcessState(algorithm=fedavg.ServerState(
+    model_weights, finalizer_state, aggregator_state, round_num), clients=(),
+    round_num)`; model weights: `ServerState.model_weights`.
+  """
+  from tfbfl.algorithms import fedavg  # pylint: disable=g-import-not-at-top
+
+  algorithm = _algorithm("fedavg", source, settings,
+                         lambda a: isinstance(a, fedavg.FedAvgAlgorithm))
+
+  def get_weights(server):
+    return _model_weights(server.model_weights.trainable, server.model_weights.non_trainable)
+
+  def set_weights(server, weights):
+    return server._replace(model_weights=_model_weights(weights.trainable, weights.non_trainable))
+
+  return _build_process(algorithm,
+                        algorithm.next,
+                        seed=algorithm.config.seed,
+                        num_clients=None,
+                        stateful=False,
+                        get_weights=get_weights,
+                        set_weights=set_weights)
+
+
+# --------------------------------------------------------------- evaluation
+def client_states(process: TfbflLearningProcess, state) -> list:
+  """Every client's stored state (a stateful process's `ProcessState.clients`
+  unstacked: row i is client i's `ClientState`, numpy leaves)."""
+  if not process.stateful_clients:
+    raise ValueError("this process keeps no client states (stateless clients).")
+  leaves = [np.asarray(t) for t in _leaves(state.clients)]
+  return [
+      _pack(process.client_state_type, [t[i] for t in leaves]) for i in range(process.num_clients)
+  ]
+
+
+def evaluate(process: TfbflLearningProcess,
+             state,
+             federated_data: FederatedData,
+             split: str = "test") -> Dict[str, float]:
+  """S (and, for a stateful process, MT) on `federated_data`'s `split`, with the
+  algorithm's own evaluation computations and the driver's evaluation seeds.
+
+  Returns `{server_accuracy, server_loss, num_examples}` (S: the server model on
+  every client's data, example-weighted) plus `{mt_accuracy, mt_loss}` when
+  the process keeps client states (MT: each client's own stored model on its
+  own data; a client never selected is evaluated with its initial state).
+  """
+  if split not in ("train", "test"):
+    raise ValueError(f"split must be 'train' or 'test', got {split!r}.")
+  algorithm = process.algorithm
+  ids = list(federated_data.client_ids)
+  k = len(ids)
+  if process.num_clients is not None and k != process.num_clients:
+    raise ValueError(f"the process was built for {process.num_clients} clients, the data has {k}.")
+  data = [(federated_data.train if split == "train" else federated_data.test)[c] for c in ids]
+  rounds_done = int(np.asarray(state.round_num))
+  seeds = [base.client_seed(process.seed, -1 - rounds_done, i) for i in range(k)]
+  server_state = state.algorithm
+  if hasattr(algorithm, "evaluate_server"):
+    per_client = algorithm.evaluate_server(server_state, list(range(k)), seeds, data)
+  else:
+    states = [algorithm.initial_client_state(i) for i in range(k)]
+    per_client = algorithm.evaluate(server_state, states, seeds, data)
+  total = lambda rows, key: float(sum(float(r[key]) for r in rows))
+  n = total(per_client, "num_examples")
+  if n <= 0:
+    raise ValueError(f"no {split} examples to evaluate on.")
+  out = dict(server_accuracy=total(per_client, "server_correct") / n,
+             server_loss=total(per_client, "server_loss") / n,
+             num_examples=n)
+  if process.stateful_clients and hasattr(algorithm, "evaluate_clients"):
+    own = algorithm.evaluate_clients(client_states(process, state), list(range(k)), seeds, data)
+    out.update(mt_accuracy=total(own, "mt_correct") / n, mt_loss=total(own, "mt_loss") / n)
+  return out

@@ -100,9 +100,9 @@ def read_metrics(run_dir: str,
 
 
 def evaluated(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-  """The rows of evaluated rounds (with `--eval_every > 1` the others carry only the
-  training metrics, their S/MT cells empty)."""
-  return [r for r in rows if r.get("server_accuracy") not in (None, "")]
+  """The rows of evaluated rounds: with `--eval_every > 1` the others carry only the
+  training metrics, their S/MT cells empty (rows without the column are kept)."""
+  return [r for r in rows if r.get("server_accuracy", None) != ""]
 
 
 # -------------------------------------------------------------------- figures

@@ -335,7 +335,8 @@ def learning_curves(base_params: Dict[str, Any],
                alpha=float(alpha),
                partition="label_dirichlet",
                output_dir=run_dir,
-               overwrite=True)
+               overwrite=True,
+               export=False)  # a sweep: `launchers.export` writes a run's models later
       p["clients_per_round"] = p.get("num_clients", training.DEFAULTS["num_clients"])
       try:
         if method in EXTRA_METHODS:
@@ -392,7 +393,7 @@ def plot_learning_curves(path: str, rows: Sequence[Dict[str, Any]]) -> None:
     for r in rows:
       if r["alpha"] != alpha:
         continue
-      m = _runs.evaluated(_runs.read_metrics(r["run_dir"], numeric=True))
+      m = [x for x in _runs.read_metrics(r["run_dir"], numeric=True) if "server_accuracy" in x]
       ax.plot([x["round"] for x in m], [x["server_accuracy"] for x in m],
               marker=".",
               label=r["method"])

@@ -414,8 +414,10 @@ def run_cell(params: Dict[str, Any]) -> Dict[str, Any]:
   """Runs one cell with `training.run_training`; returns {summary, curves}.
 
   A cell runs only when it has no result yet, so whatever a cut-off earlier
-  attempt left in its directory is replaced (`overwrite=True`)."""
-  summary = training.run_training(dict(params, overwrite=True))
+  attempt left in its directory is replaced (`overwrite=True`). Cells skip the
+  SavedModel export (a sweep needs its metrics; `python -m launchers.export
+  --output_dir=<cell dir>` writes a cell's models from its final checkpoint)."""
+  summary = training.run_training(dict(params, overwrite=True, export=False))
   return dict(summary=summary, curves=read_curves(params["output_dir"]))
 
 

@@ -228,7 +228,8 @@ def _run_params(spec: RunSpec, output_dir: str, round_progress: bool = False):
                 output_dir=os.path.join(output_dir, spec.name),
                 verbose=round_progress,
                 resume=False,
-                overwrite=True)
+                overwrite=True,
+                export=False)  # a sweep: `launchers.export` writes a run's models later
   params["checkpoint_every"] = int(params.get("rounds") or training.DEFAULTS["rounds"])
   return params, training.resolve_params(params)
 

@@ -50,7 +50,7 @@ def main(argv):
         f"{s['algorithm']:<10} {s['best_server_accuracy']:>8.4f} {s['best_mt_accuracy']:>8.4f} "
         f"{s['final_server_accuracy']:>8.4f} {s['final_mt_accuracy']:>8.4f} {s['wall_time_s']:>7.1f}"
     )
-  print(f"(outputs: {_OUT.value}/<algorithm>/metrics.csv, summary.json, curves.png)")
+  print(f"(outputs: {_OUT.value}/<algorithm>/metrics.csv, summary.json, curves.png, export/)")
 
 
 if __name__ == "__main__":

@@ -112,6 +112,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, Optional, Sequence, 
 import numpy as np
 
 from tfbfl import _lazy
+from tfbfl import state_io
 
 tf = _lazy.load("tensorflow")
 
@@ -288,20 +289,7 @@ def _fsync_tree(path: str) -> None:
         os.fsync(fd)
       finally:
         os.close(fd)
-    _fsync_dir(root)
-
-
-def _fsync_dir(path: str) -> None:
-  try:
-    fd = os.open(path, os.O_RDONLY)
-  except OSError:
-    return
-  try:
-    os.fsync(fd)
-  except OSError:
-    pass
-  finally:
-    os.close(fd)
+    state_io.fsync_dir(root)
 
 
 def save_predictor(predictor, path: str) -> str:
@@ -322,7 +310,7 @@ def save_predictor(predictor, path: str) -> str:
       old = tempfile.mkdtemp(prefix=TMP_PREFIX, dir=parent)
       os.replace(path, os.path.join(old, "previous"))
     os.replace(tmp, path)
-    _fsync_dir(parent)
+    state_io.fsync_dir(parent)
   except BaseException:
     shutil.rmtree(tmp, ignore_errors=True)
     previous = None if old is None else os.path.join(old, "previous")
@@ -374,7 +362,7 @@ def _write_json(path: str, obj) -> None:
       os.fsync(f.fileno())
     os.chmod(tmp, 0o666 & ~_umask())
     os.replace(tmp, path)
-    _fsync_dir(directory)
+    state_io.fsync_dir(directory)
   except BaseException:
     if os.path.exists(tmp):
       os.unlink(tmp)
@@ -644,7 +632,6 @@ def restore_run(output_dir: str, *, data=None, verbose: bool = False) -> Restore
   from tfbfl import options  # pylint: disable=g-import-not-at-top
   from tfbfl import run_dir  # pylint: disable=g-import-not-at-top
   from tfbfl import runtime  # pylint: disable=g-import-not-at-top
-  from tfbfl import state_io  # pylint: disable=g-import-not-at-top
   from tfbfl import training  # pylint: disable=g-import-not-at-top
 
   output_dir = os.path.abspath(output_dir)

@@ -174,7 +174,7 @@ QUICK_GRID = GridSpec(client_lrs=(0.05,),
                       mus=(0.01,),
                       server_lrs=(1.0,),
                       virtual_server_lrs=(virtual.default_step(
-                          training.resolve_params({})["clients_per_round"]),),
+                          experiment.default_clients_per_round(training.DEFAULTS["num_clients"])),),
                       seeds=(0, 1, 2))
 QUICK_PARAMS = dict(rounds=10)
 

@@ -298,7 +298,8 @@ def run_record(spec: RunSpec,
   flags = summary.get("flags", {})
   rounds = int(summary.get("rounds") or flags.get("rounds") or 0)
   per_round = int(
-      flags.get("clients_per_round") or training.resolve_params({})["clients_per_round"])
+      flags.get("clients_per_round") or
+      experiment.default_clients_per_round(training.DEFAULTS["num_clients"]))
   uploads = rounds * per_round
   per_client = lambda total: (float(total) / uploads) if total is not None and uploads else None
   delta_bytes = per_client(summary.get("bytes_up_total"))

@@ -94,6 +94,42 @@ def test_worker_dies_when_parent_is_killed(tmp_path):
       proc.wait()
 
 
+def test_terminal_ctrl_c_reaches_the_parent_which_ends_the_worker(tmp_path):
+  # A terminal sends SIGINT to its whole foreground process group. A worker in
+  # that group died with the parent's Ctrl-C while TFF still talked to it (gRPC
+  # retry logs before the one-line interruption message); in a group of its own
+  # it keeps serving until the interrupted parent's hooks end it.
+  script = tmp_path / "run.py"
+  script.write_text(_SCRIPT)
+  t0 = time.time()
+  proc = subprocess.Popen([sys.executable, str(script), str(tmp_path), "sleep"],
+                          stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE,
+                          text=True,
+                          start_new_session=True)  # the script's group, as a terminal's
+  try:
+    worker_pid = None
+    deadline = time.time() + 120
+    while time.time() < deadline:
+      line = proc.stdout.readline()
+      if line.startswith("WORKER_PID"):
+        worker_pid = int(line.split()[1])
+      if line.startswith("RESULT"):
+        break
+    assert worker_pid is not None
+    workers = set(_worker_pids_since(t0)) | {worker_pid}
+    assert all(os.getpgid(pid) != proc.pid for pid in workers), "worker in the terminal's group"
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert "KeyboardInterrupt" in err, err[-2000:]
+    for pid in workers:
+      assert _wait_gone(pid, 10), "worker outlived its interrupted parent"
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+      proc.wait()
+
+
 def test_dead_worker_gives_clear_error(tmp_path):
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
 

@@ -25,7 +25,8 @@ Guarantees:
 * the worker's output goes to `<log_dir>/tff_worker_<pid>_<n>.log`, never to our stdout;
 * the worker is started with `PR_SET_PDEATHSIG = SIGKILL` (Linux), so it dies with
   its parent even on `kill -9`; it is also terminated by `LocalRuntime.close()`, by
-  an `atexit` hook and by a `weakref.finalize` of the runtime;
+  an `atexit` hook and by a `weakref.finalize` of the runtime; it runs in a process
+  group of its own, so a terminal's Ctrl-C interrupts the parent, which then ends it;
 * start-up waits at most `startup_timeout_s`; if the worker exits or never becomes
   ready, a `RuntimeError` names the binary, its address and quotes the log tail;
 * every call re-checks that the worker is alive before building an executor, so a
@@ -120,7 +121,12 @@ def _libc():
 
 
 def _die_with_parent() -> None:
-  """`preexec_fn`: ask the kernel to SIGKILL the child when its parent dies."""
+  """`preexec_fn`: ask the kernel to SIGKILL the child when its parent dies, and
+  leave the parent's process group, so a Ctrl-C at the terminal reaches only the
+  parent: the worker keeps serving while the interrupted run reports and saves,
+  then the parent's own hooks end it (a worker killed by the same Ctrl-C made
+  TFF's executor thread log gRPC retries before the interruption was handled)."""
+  os.setpgid(0, 0)
   libc = _LIBC[0] if _LIBC else None
   if libc is not None:  # Elsewhere the atexit/finalize hooks still apply.
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)

@@ -1,9 +1,10 @@
 """Shared fixtures and the session-wide guard against leftover processes.
 
 Every test that invokes TFF computations uses the `tff_runtime` fixture: one owned
-`worker_binary` for the whole session, stopped at the end. After the session, the
-guard fails the run if any child process (or any process started under this
-session, found by an inherited environment marker) is still alive, and kills it so CI never hangs on an open pipe.
+`worker_binary` for the whole session (per pytest-xdist worker), stopped at the
+end. After the session, the guard fails the run if any child process (or any
+process started under this session, found by an inherited environment marker) is
+still alive, and kills it so CI never hangs on an open pipe.
 """
 
 import os
@@ -50,7 +51,9 @@ def _leftover_processes():
   return alive
 
 
-def pytest_sessionfinish(session, exitstatus):
+def _end_leftovers():
+  """Stops the session's TFF worker, waits up to 5 s for the session's processes
+  to end, kills those still alive and returns their command lines."""
   from tfbfl import runtime  # pylint: disable=g-import-not-at-top
 
   runtime.shutdown()
@@ -59,13 +62,32 @@ def pytest_sessionfinish(session, exitstatus):
   while leftovers and time.time() < deadline:
     time.sleep(0.2)
     leftovers = _leftover_processes()
-  if leftovers:
-    lines = []
-    for p in leftovers:
-      try:
-        lines.append(f"  pid {p.pid}: {' '.join(p.cmdline())}")
-        p.kill()
-      except psutil.NoSuchProcess:
-        pass
+  lines = []
+  for p in leftovers:
+    try:
+      lines.append(f"  pid {p.pid}: {' '.join(p.cmdline())}")
+      p.kill()
+    except psutil.NoSuchProcess:
+      pass
+  return lines
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_process_outlives_the_session():
+  """Fails the session's last test (teardown) if a process it started is left.
+
+  A fixture rather than only `pytest_sessionfinish`: under pytest-xdist each
+  worker runs its own session, and a failure set in a worker's session-finish hook
+  never reaches the exit status, while a teardown error is reported as a test's."""
+  yield
+  lines = _end_leftovers()
+  if lines:
+    pytest.fail("tests left processes running (killed now):\n" + "\n".join(lines))
+
+
+def pytest_sessionfinish(session, exitstatus):
+  del exitstatus
+  lines = _end_leftovers()
+  if lines:
     print("\nERROR: tests left processes running (killed now):\n" + "\n".join(lines))
     session.exitstatus = 1

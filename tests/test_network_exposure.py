@@ -368,6 +368,7 @@ def test_hung_worker_fails_within_one_call_timeout(tff_runtime, tmp_path):
         mean(0.0, 1.0, [1.0, 2.0, 6.0])
       elapsed = time.monotonic() - t0
       assert info.value.status_code == grpc.StatusCode.DEADLINE_EXCEEDED
-      assert elapsed < 1.5 * timeout_s, f"hung worker reported after {elapsed:.1f} s"
+      # One call timeout, not one per RPC (three here): under 2x, on a loaded machine too.
+      assert elapsed < 2 * timeout_s, f"hung worker reported after {elapsed:.1f} s"
   finally:
     assert _stop(proc) == 0

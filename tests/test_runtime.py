@@ -40,6 +40,20 @@ def _wait_gone(pid, timeout_s=10.0):
   return False
 
 
+def _worker_pid_once_computed(proc, timeout_s=120.0):
+  """The worker pid that `_SCRIPT` prints, read once its computation printed RESULT."""
+  worker_pid = None
+  deadline = time.time() + timeout_s
+  while time.time() < deadline:
+    line = proc.stdout.readline()
+    if line.startswith("WORKER_PID"):
+      worker_pid = int(line.split()[1])
+    if line.startswith("RESULT") or not line:
+      break
+  assert worker_pid is not None
+  return worker_pid
+
+
 def test_pipeline_ends_promptly_with_no_orphan(tmp_path):
   script = tmp_path / "run.py"
   script.write_text(_SCRIPT)
@@ -67,15 +81,7 @@ def test_worker_dies_when_parent_is_killed(tmp_path):
   proc = subprocess.Popen(
       [sys.executable, str(script), str(tmp_path), "sleep"], stdout=subprocess.PIPE, text=True)
   try:
-    worker_pid = None
-    deadline = time.time() + 120
-    while time.time() < deadline:
-      line = proc.stdout.readline()
-      if line.startswith("WORKER_PID"):
-        worker_pid = int(line.split()[1])
-      if line.startswith("RESULT"):
-        break
-    assert worker_pid is not None
+    worker_pid = _worker_pid_once_computed(proc)
     os.kill(proc.pid, signal.SIGKILL)  # no atexit runs: only PDEATHSIG can help
     proc.wait(timeout=10)
     assert _wait_gone(worker_pid, 10), "worker survived SIGKILL of its parent"
@@ -98,15 +104,7 @@ def test_terminal_ctrl_c_reaches_the_parent_which_ends_the_worker(tmp_path):
                           text=True,
                           start_new_session=True)  # the script's group, as a terminal's
   try:
-    worker_pid = None
-    deadline = time.time() + 120
-    while time.time() < deadline:
-      line = proc.stdout.readline()
-      if line.startswith("WORKER_PID"):
-        worker_pid = int(line.split()[1])
-      if line.startswith("RESULT"):
-        break
-    assert worker_pid is not None
+    worker_pid = _worker_pid_once_computed(proc)
     # The script's descendants only: tests run in parallel start workers too.
     workers = {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}
     assert worker_pid in workers

@@ -319,6 +319,36 @@ def test_summary_json_names_version_commit_and_data(tmp_path):
   except (OSError, subprocess.SubprocessError):
     head = None
   assert summary["git_commit"] == head
+  assert summary["git_modified"] in ((None,) if head is None else (True, False))
+
+
+def test_source_modified_follows_tracked_files(tmp_path, monkeypatch):
+  checkout = tmp_path / "checkout"
+  (checkout / "tfbfl").mkdir(parents=True)
+  module = checkout / "tfbfl" / "__init__.py"
+  module.write_text("x = 1\n")
+  monkeypatch.setattr(tfbfl, "__file__", str(module))
+  for env in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
+    monkeypatch.delenv(env, raising=False)
+
+  def git(*words):
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.org", *words],
+                   cwd=checkout,
+                   check=True,
+                   capture_output=True,
+                   timeout=30)
+
+  git("init", "-q")
+  assert run_dir.source_commit.__wrapped__() is None  # no commit yet
+  assert run_dir.source_modified.__wrapped__() is False  # nothing tracked differs
+  git("add", ".")
+  git("commit", "-q", "-m", "first")
+  assert re.fullmatch(r"[0-9a-f]{40}", run_dir.source_commit.__wrapped__())
+  assert run_dir.source_modified.__wrapped__() is False
+  (checkout / "notes.txt").write_text("untracked\n")
+  assert run_dir.source_modified.__wrapped__() is False  # untracked files are not the code
+  module.write_text("x = 2\n")
+  assert run_dir.source_modified.__wrapped__() is True
 
 
 def test_source_commit_is_none_outside_a_checkout(tmp_path, monkeypatch):

@@ -98,11 +98,12 @@ def test_terminal_ctrl_c_reaches_the_parent_which_ends_the_worker(tmp_path):
   # it keeps serving until the interrupted parent's hooks end it.
   script = tmp_path / "run.py"
   script.write_text(_SCRIPT)
-  proc = subprocess.Popen([sys.executable, str(script), str(tmp_path), "sleep"],
-                          stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE,
-                          text=True,
-                          start_new_session=True)  # the script's group, as a terminal's
+  proc = subprocess.Popen(
+      [sys.executable, str(script), str(tmp_path), "sleep"],
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+      start_new_session=True)  # the script's group, as a terminal's
   try:
     worker_pid = _worker_pid_once_computed(proc)
     # The script's descendants only: tests run in parallel start workers too.

@@ -44,7 +44,8 @@ Outputs in `output_dir` (see `ExperimentRunner.run`):
   empty in the others.
 * `client_metrics.csv`: per-client MT accuracy per evaluated round.
 * `summary.json` (strict JSON): best/final S and MT, the flags, `tfbfl_version`,
-  `git_commit` (of the tfbfl checkout, or null), `data_fingerprint`.
+  `git_commit` (of the tfbfl checkout, or null), `git_modified` (tracked files
+  differ from that commit, or null), `data_fingerprint`.
 * `flags.txt`: the run's flags as an absl flag file, so that
   `python -m launchers.train --flagfile=<output_dir>/flags.txt [--resume]`
   replays (or continues) it.
@@ -1045,6 +1046,7 @@ class ExperimentRunner:
         bytes_down_total=state.get("bytes_down_total"),
         tfbfl_version=tfbfl.__version__,
         git_commit=run_dir_lib.source_commit(),
+        git_modified=run_dir_lib.source_modified(),
         data_fingerprint=self._data_fingerprint())
 
   def _write_outputs(self, state, new_values):

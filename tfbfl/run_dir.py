@@ -22,7 +22,8 @@ before it reads or writes anything there:
   refuses data that changed under the same path (and in `summary.json`).
 * `flagfile_text(flags, names)` writes a run's flags in absl `--flagfile`
   format (`flags.txt`), `source_commit()` names the git commit of the tfbfl
-  source tree (`summary.json`).
+  source tree and `source_modified()` whether tracked files differ from it
+  (`summary.json`).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import re
 import shutil
 import subprocess
 import weakref
-from typing import Any, Dict, Iterable, List, Mapping, Optional
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -296,30 +297,51 @@ def flagfile_text(flags: Mapping[str, Any], names: Iterable[str]) -> str:
 
 
 # -------------------------------------------------------------- source commit
-@functools.lru_cache(maxsize=1)
-def source_commit(timeout_s: float = 2.0) -> Optional[str]:
-  """`git rev-parse HEAD` of the checkout tfbfl is imported from, or None when
-  the package does not lie at the top of a git work tree (an installed wheel),
-  git is missing or slow (`timeout_s`), or anything else goes wrong. Cached."""
+def _git_in_checkout(args: Sequence[str], timeout_s: float) -> Optional[str]:
+  """stdout of `git <args>` run at the top of the git work tree that tfbfl is
+  imported from, or None when the package does not lie at the top of one (an
+  installed wheel), git is missing or slow (`timeout_s`), or anything fails."""
   import tfbfl  # pylint: disable=g-import-not-at-top
 
   package_dir = os.path.dirname(os.path.abspath(tfbfl.__file__))
   env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-  env["GIT_OPTIONAL_LOCKS"] = "0"
-  try:
-    out = subprocess.run(["git", "rev-parse", "--show-toplevel", "HEAD"],
-                         cwd=package_dir,
+  env["GIT_OPTIONAL_LOCKS"] = "0"  # reading must not take the index lock
+
+  def git(*words, cwd):
+    out = subprocess.run(["git", *words],
+                         cwd=cwd,
                          env=env,
                          stdin=subprocess.DEVNULL,
                          capture_output=True,
                          text=True,
                          timeout=timeout_s,
                          check=False)
+    return out.stdout if out.returncode == 0 else None
+
+  try:
+    top = git("rev-parse", "--show-toplevel", cwd=package_dir)
+    if top is None or os.path.realpath(top.strip()) != os.path.realpath(
+        os.path.dirname(package_dir)):
+      return None  # no checkout, or tfbfl inside some other repository (a venv in a project)
+    return git(*args, cwd=top.strip())
   except (OSError, subprocess.SubprocessError, ValueError):
     return None
-  lines = out.stdout.split() if out.returncode == 0 else []
-  if len(lines) != 2 or not re.fullmatch(r"[0-9a-f]{40}([0-9a-f]{24})?", lines[1]):
-    return None
-  if os.path.realpath(lines[0]) != os.path.realpath(os.path.dirname(package_dir)):
-    return None  # tfbfl inside some other repository (e.g. a venv in a project)
-  return lines[1]
+
+
+@functools.lru_cache(maxsize=1)
+def source_commit(timeout_s: float = 2.0) -> Optional[str]:
+  """`git rev-parse HEAD` of the checkout tfbfl is imported from, or None (see
+  `_git_in_checkout`). Cached."""
+  out = _git_in_checkout(["rev-parse", "HEAD"], timeout_s)
+  head = out.strip() if out else ""
+  return head if re.fullmatch(r"[0-9a-f]{40}([0-9a-f]{24})?", head) else None
+
+
+@functools.lru_cache(maxsize=1)
+def source_modified(timeout_s: float = 2.0) -> Optional[bool]:
+  """Whether a tracked file of that checkout differs from `source_commit()`
+  (`git status --porcelain --untracked-files=no` prints anything), so that a
+  summary does not name a commit its code is not; None where git cannot tell
+  (see `_git_in_checkout`). Cached."""
+  out = _git_in_checkout(["status", "--porcelain", "--untracked-files=no"], timeout_s)
+  return None if out is None else bool(out.strip())

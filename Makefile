@@ -20,7 +20,7 @@ check-install: install
 	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m tfbfl.runtime
 
 # Two pytest-xdist workers, one test module each at a time (module fixtures run once):
-# 13.5 -> 8.5 min on a quiet 2-core machine. `make test TEST_WORKERS=0` runs serially.
+# 13.5 -> 9.5 min on a quiet 2-core machine. `make test TEST_WORKERS=0` runs serially.
 TEST_WORKERS ?= 2
 test: install
 	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest -q tests -n $(TEST_WORKERS) --dist loadfile

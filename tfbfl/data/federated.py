@@ -246,3 +246,24 @@ def _check_same_ids(a, b, a_arg, b_arg):
     only = sorted(set(a) ^ set(b))
     raise ValueError(f"`{a_arg}` and `{b_arg}` must have the same client ids; these appear "
                      f"in only one of them: {only[:5]}.")
+
+
+def validation_split(fd: FederatedData, fraction: float, seed: int = 0) -> FederatedData:
+  """`fd` with each client's test part replaced by a held-out part of its training data.
+
+  For hyperparameter tuning that never reads the test data: each client's training
+  examples are split by `tfbfl.data.split.split_clients` (a `fraction` of them,
+  rounded half up, drawn with `seed`) into what it trains on and its test part.
+
+  Raises:
+    ValueError: `fraction` outside (0, 1), or a client left without a training
+      example (named).
+  """
+  xs = {c: fd.train[c][0] for c in fd.client_ids}
+  ys = {c: fd.train[c][1] for c in fd.client_ids}
+  try:
+    train, test = split_lib.split_clients(xs, ys, fraction, seed)
+  except ValueError as e:
+    raise ValueError(f"--validation_fraction: {e}") from None
+  return FederatedData(f"{fd.name}[validation {fraction:g}]", fd.num_classes, fd.input_shape,
+                       train, test, x_dtype=fd.x_dtype)

@@ -38,6 +38,7 @@ import dataclasses
 from tfbfl.data import cifar10
 from tfbfl.data import digits
 from tfbfl.data import federate
+from tfbfl.data import federated
 from tfbfl.data import femnist
 from tfbfl.data import har
 from tfbfl.data import mnist
@@ -232,4 +233,8 @@ def load_federated(dataset="digits", **settings):
     raise ValueError(f"Unknown `dataset` {spec.dataset!r}; expected one of {tuple(DATASETS)}.")
   kwargs = dataclasses.asdict(spec)
   del kwargs["dataset"]
-  return DATASETS[spec.dataset](**kwargs)
+  validation_fraction = kwargs.pop("validation_fraction")
+  fd = DATASETS[spec.dataset](**kwargs)
+  if validation_fraction > 0:
+    fd = federated.validation_split(fd, validation_fraction, spec.seed)
+  return fd

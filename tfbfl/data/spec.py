@@ -35,6 +35,11 @@ class DataSpec:
   test_fraction: float = options.real(0.25,
                                       "Per-client held-out fraction where a dataset has no split.",
                                       high=0.99)
+  validation_fraction: float = options.real(
+      0.0,
+      "Tuning: hold out this fraction of each client's training data as its test data "
+      "(the real test data are not used); 0 = off.",
+      high=0.9)
   seed: int = 0  # the run's --seed: the same seed gives identical data
 
   def __post_init__(self):

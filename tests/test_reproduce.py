@@ -1,0 +1,196 @@
+"""The reproduction runner: catalogue, tuning choice, records, resume after a kill, report."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+from tfbfl import data as data_lib
+from tfbfl.experiments import reproduce
+
+from launcher_helpers import ROOT
+
+
+def _record(cell, curves, wall=10.0):
+  """A record as `run_cell` writes it, with the given per-round curves."""
+  result = dict(curves=dict(round=list(range(1, len(curves["mt_accuracy"]) + 1)), **curves),
+                summary={})
+  return reproduce.make_record(cell, cell.command("out", "/data"), result, wall, time.time())
+
+
+def _write(results_dir, rec):
+  path = os.path.join(results_dir, rec["cell"]["name"] + ".json")
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, "w") as f:
+    json.dump(rec, f)
+
+
+# ------------------------------------------------------------------ catalogue
+def test_catalogue_names_are_unique_and_cover_the_issue():
+  cells = reproduce.catalogue({})
+  names = [c.name for c in cells]
+  assert len(names) == len(set(names))
+  for row in ("mnist", "pmnist", "femnist_mlp"):
+    for alg in ("virtual", "fedavg", "fedprox", "fedpa"):
+      tuned = [c for c in cells if c.experiment == "table2" and c.row == row and c.algorithm == alg]
+      assert sorted(c.seed for c in tuned) == [0, 1, 2]
+      assert all(c.depends for c in tuned)  # nothing tuned yet
+      tuning = [c for c in cells if c.experiment == "tune" and c.row == row and c.algorithm == alg]
+      assert tuning and all(c.seed == 0 for c in tuning)
+      assert all(c.flag_dict["validation_fraction"] > 0 for c in tuning)
+      assert all("validation_fraction" not in c.flag_dict for c in tuned)
+  # The paper's protocol comes from the presets: K = 100, C = 10, E = 20, B = 20.
+  mnist = next(c for c in cells if c.name.startswith("virtual/tune/mnist/fedavg"))
+  f = mnist.flag_dict
+  assert (f["num_clients"], f["clients_per_round"], f["epochs_per_round"],
+          f["batch_size"]) == (100, 10, 20, 20)
+  assert f["partition"] == "homogeneous" and f["data_dir"] == "<data_root>/mnist"
+  pfnm = [c for c in cells if c.paper == "pfnm"]
+  assert {c.row for c in pfnm} == {"homogeneous", "class_dirichlet"}
+  fola = [c for c in cells if c.experiment == "first_round"]
+  assert sorted({c.flag_dict["alpha"] for c in fola}) == [0.01, 0.1, 1.0, 10.0, 100.0]
+  assert {c.flag_dict["hidden_units"] for c in fola} == {"500,300"}
+
+
+def test_tuned_cells_take_the_setting_with_the_best_validation_mt(tmp_path):
+  cells = reproduce.catalogue({})
+  tuning = [c for c in cells if c.experiment == "tune" and c.row == "mnist" and
+            c.algorithm == "fedprox"]
+  records = {}
+  rng = np.random.default_rng(0)
+  scores = rng.uniform(0.5, 0.9, size=len(tuning))
+  winner = int(np.argmax(scores))
+  for c, s in zip(tuning, scores):
+    # The best round counts (Table II's max over rounds), not the last one.
+    records[c.name] = _record(c, dict(mt_accuracy=[0.1, float(s), 0.2]))
+    # Missing one record: the tuned cells still wait.
+    if len(records) == len(tuning) - 1:
+      partial = reproduce.catalogue(records)
+      assert all(c2.depends for c2 in partial
+                 if c2.experiment == "table2" and c2.row == "mnist" and c2.algorithm == "fedprox")
+  tuned = [c for c in reproduce.catalogue(records)
+           if c.experiment == "table2" and c.row == "mnist" and c.algorithm == "fedprox"]
+  want = dict(reproduce._hparams(tuning[winner], "fedprox"))
+  for c in tuned:
+    assert not c.depends
+    assert {k: c.flag_dict[k] for k in want} == want
+    assert c.flag_dict["rounds"] == reproduce.TABLE2_ROUNDS["final"]
+
+
+def test_select_and_status():
+  cells = reproduce.catalogue({})
+  pfnm = reproduce.select(cells, ["pfnm/j_sweep/homogeneous"])
+  assert pfnm and all(c.name.startswith("pfnm/j_sweep/homogeneous/") for c in pfnm)
+  assert len(reproduce.select(cells, ["fola/*/alpha=0.01/*"])) == 6
+  with pytest.raises(ValueError, match="--cells"):
+    reproduce.select(cells, ["nothing/like/this"])
+  c = pfnm[0]
+  rec = _record(c, dict(mt_accuracy=[0.5]))
+  assert reproduce.status(c, {}) == "todo"
+  assert reproduce.status(c, {c.name: rec}) == "done"
+  stale = dict(rec, flags=dict(rec["flags"], J=999))
+  assert reproduce.status(c, {c.name: stale}) == "stale"
+
+
+# ---------------------------------------------------------- validation split
+def test_validation_split_holds_out_training_data_only():
+  fd = data_lib.load_federated("digits", num_clients=5, seed=3)
+  val = data_lib.load_federated("digits", num_clients=5, seed=3, validation_fraction=0.25)
+  assert val.client_ids == fd.client_ids
+  for cid in fd.client_ids:
+    x, _ = fd.train[cid]
+    xt, _ = val.train[cid]
+    xv, _ = val.test[cid]
+    assert len(xt) + len(xv) == len(x)
+    assert len(xv) == int(np.floor(0.25 * len(x) + 0.5))
+    rows = {r.tobytes() for r in x}
+    # Train and validation parts are the client's training examples, disjoint.
+    assert {r.tobytes() for r in xt} | {r.tobytes() for r in xv} <= rows
+    assert not {r.tobytes() for r in xt} & {r.tobytes() for r in xv}
+    test_rows = {r.tobytes() for r in fd.test[cid][0]}
+    assert not test_rows & {r.tobytes() for r in xv}
+  again = data_lib.load_federated("digits", num_clients=5, seed=3, validation_fraction=0.25)
+  for cid in fd.client_ids:
+    np.testing.assert_array_equal(again.test[cid][0], val.test[cid][0])
+
+
+def test_validation_fraction_flag_is_checked():
+  proc = subprocess.run(
+      [sys.executable, "-m", "launchers.train", "--validation_fraction=0.95", "--rounds=1"],
+      cwd=ROOT, capture_output=True, text=True, timeout=120,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+  assert proc.returncode != 0
+  assert "validation_fraction" in proc.stderr + proc.stdout
+
+
+# ------------------------------------------------------------------ report
+def test_report_judges_the_claims_from_records_alone(tmp_path):
+  results = str(tmp_path / "results")
+  cells = [c for c in reproduce.catalogue({}) if c.row == "mnist" and c.experiment == "table2"]
+  mt = dict(virtual=0.975, fedavg=0.970, fedprox=0.969, fedpa=0.960)
+  s = dict(virtual=0.965, fedavg=0.978, fedprox=0.977, fedpa=0.970)
+  for c in cells:
+    jitter = 0.001 * c.seed
+    _write(results, _record(c, dict(mt_accuracy=[0.5, mt[c.algorithm] + jitter],
+                                    server_accuracy=[0.5, s[c.algorithm] + jitter],
+                                    server_loss=[1.0, 0.1], mt_loss=[1.0, 0.2],
+                                    server_ece=[0.1, 0.01], mt_ece=[0.1, 0.02])))
+  readme = tmp_path / "README.md"
+  readme.write_text(f"# x\n\n{reproduce.README_BEGIN}\nOLD-BLOCK\n{reproduce.README_END}\n\ntail\n")
+  text = reproduce.write_report(results, readme=str(readme))
+  assert "| mnist | virtual | 97.8 | 96.6 ± 0.1 |" in text
+  assert "- mnist: VIRTUAL's MT above fedavg's: held (MT 97.6 vs 97.1" in text
+  assert "- mnist: S comparable to fedavg's (within 1 pp or above): not held (S 96.6 vs 97.9)" in text
+  assert "- pmnist, VIRTUAL vs fedavg: pending (0 and 0 of 3 seeds recorded)." in text
+  assert os.path.exists(os.path.join(results, "figures", "table2_curves.png"))
+  body = readme.read_text()
+  assert "OLD-BLOCK" not in body and body.endswith("tail\n") and "96.6 ± 0.1" in body
+  assert "](results/figures/table2_curves.png)" in body
+  readme.write_text("# no markers\n")
+  with pytest.raises(ValueError, match="reproduction block"):
+    reproduce.write_report(results, readme=str(readme))
+
+
+# ----------------------------------------------------- the runner, killed
+def _runner(tmp_path, *extra):
+  return [sys.executable, "-m", "launchers.reproduce", "--catalogue=smoke",
+          f"--results_dir={tmp_path / 'results'}", f"--work_dir={tmp_path / 'work'}", "--readme=",
+          *extra]
+
+
+def test_a_killed_cell_is_redone_and_the_others_are_not(tmp_path):
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+  first = tmp_path / "results" / "smoke/digits/digits/fedavg/default/seed0.json"
+  proc = subprocess.Popen(_runner(tmp_path), cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+  runner = psutil.Process(proc.pid)
+  deadline = time.time() + 240
+  while not first.exists() and time.time() < deadline and proc.poll() is None:
+    time.sleep(0.2)
+  assert first.exists(), "the first cell did not finish"
+  time.sleep(2.0)  # the second cell's launcher is running now
+  children = runner.children(recursive=True)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  psutil.wait_procs(children, timeout=30)
+  assert not [p for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+  done = sorted(p.name for p in (tmp_path / "results").rglob("*.json"))
+  assert "seed0.json" in done and "seed2.json" not in done
+  mtime = first.stat().st_mtime_ns
+  out = subprocess.run(_runner(tmp_path), cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=300)
+  assert out.returncode == 0, out.stdout + out.stderr
+  assert first.stat().st_mtime_ns == mtime  # the finished cell was not run again
+  assert "seed0" not in "".join(l for l in out.stdout.splitlines() if l.startswith("cell "))
+  for seed in (1, 2):
+    rec = json.loads((first.parent / f"seed{seed}.json").read_text())
+    assert rec["flags"]["seed"] == seed and len(rec["result"]["curves"]["round"]) == 2
+  listing = subprocess.run(_runner(tmp_path, "--list"), cwd=ROOT, env=env, capture_output=True,
+                           text=True, timeout=120)
+  assert [l.split()[0] for l in listing.stdout.splitlines()] == ["done"] * 3

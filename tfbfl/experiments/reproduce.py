@@ -1,0 +1,921 @@
+"""The papers' experiments as named cells, run a few at a time, recorded, reported.
+
+A *cell* is one run of one launcher with fixed flags: (paper, experiment, row,
+algorithm, setting, seed), named `paper/experiment/row/algorithm/setting/seedN`,
+e.g. `virtual/table2/mnist/fedavg/tuned/seed1` or `pfnm/j_sweep/homogeneous/all/J=10/seed0`.
+The catalogue (`catalogue`) holds every cell of the campaign:
+
+* VIRTUAL Table II on MNIST, PMNIST and FEMNIST-MLP (`tfbfl.presets`: K = 100
+  clients, C = 10, E = 20, B = 20, MLP 2 x 100) for VIRTUAL, FedAvg, FedProx and
+  FedPA. First *tuning* cells at seed 0 on a validation split of the clients'
+  training data (`--validation_fraction`; the test data are not read), then the
+  *tuned* cells, seeds 0-2, at the setting with the best validation MT accuracy
+  (max over rounds, as Table II reports). A tuned cell waits until every tuning
+  cell of its (row, algorithm) has a record.
+* PFNM accuracy vs the number of batches J on MNIST (paper Figs. 2-3): both
+  partitions, the paper's J values and hyperparameters (`launchers.pfnm_batches`).
+* FOLA's first-round global accuracy over alpha on MNIST-MLP 784-500-300-10
+  (its Fig. 2a) and its learning curves at N = 20, alpha = 0.01, E = 5, lr = 0.01
+  (Fig. 3a).
+
+Each cell runs its launcher as a child process (`python -m launchers.<name>`) in
+a scratch directory; when it exits 0, the runner reads the launcher's own output
+files and writes the cell's *record*, a small JSON file, atomically to
+`<results_dir>/<cell name>.json`: the cell, its flags and command, the commit,
+wall time, machine, and the result (per-round S/MT accuracy, NLL, ECE and bytes
+for training cells; per-method accuracies for PFNM and FOLA cells). A cell is
+done when its record exists with the same flags; a cell killed mid-run has no
+record and runs again next time, and the others are not touched. The report
+(`write_report`) is rebuilt from the records alone.
+
+This module imports neither TensorFlow nor absl.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import fnmatch
+import json
+import math
+import os
+import platform
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from tfbfl import experiment
+from tfbfl import presets
+from tfbfl import run_dir
+from tfbfl.experiments import _runs
+
+RECORD_VERSION = 1
+DATA_ROOT_TOKEN = "<data_root>"  # data paths are stored relative to --data_root
+
+# ------------------------------------------------------------------ the papers
+# VIRTUAL Table II (max accuracy over rounds at convergence, %): row -> metric -> algorithm.
+VIRTUAL_TABLE2 = {
+    "femnist_mlp": {
+        "MT": dict(fedavg=94.3, fedprox=94.5, virtual=95.7),
+        "S": dict(fedavg=90.2, fedprox=89.9, virtual=90.9)
+    },
+    "femnist_conv": {
+        "MT": dict(fedavg=97.3, fedprox=97.0, virtual=98.2),
+        "S": dict(fedavg=95.5, fedprox=95.5, virtual=97.3)
+    },
+    "mnist": {
+        "MT": dict(fedavg=96.9, fedprox=96.9, virtual=97.4),
+        "S": dict(fedavg=97.6, fedprox=97.6, virtual=97.8)
+    },
+    "pmnist": {
+        "MT": dict(fedavg=85.9, fedprox=85.6, virtual=84.2),
+        "S": dict(fedavg=48.3, fedprox=47.5, virtual=42.5)
+    },
+}
+TABLE2_ROWS = ("mnist", "pmnist", "femnist_mlp")
+TABLE2_ALGORITHMS = ("virtual", "fedavg", "fedprox", "fedpa")
+TABLE2_SEEDS = (0, 1, 2)
+# Tuning grid, shrunk to what 2 cores allow (VIRTUAL App. D tunes lr, beta and the
+# server step over wider grids): one axis per algorithm beside the client lr.
+TABLE2_TUNING = {
+    "virtual": dict(client_lr=(0.02, 0.05, 0.1), kl_weight=(1e-5, 1e-4, 1e-3)),
+    "fedavg": dict(client_lr=(0.02, 0.05, 0.1)),
+    "fedprox": dict(client_lr=(0.02, 0.05, 0.1), mu=(0.001, 0.01, 0.1)),
+    "fedpa": dict(client_lr=(0.02, 0.05, 0.1)),
+}
+TABLE2_ROUNDS = {"tune": 30, "final": 100}
+VALIDATION_FRACTION = 0.2
+
+PFNM_J = (2, 5, 10, 15, 20, 25, 30)
+PFNM_PARTITIONS = ("homogeneous", "class_dirichlet")
+PFNM_TRIALS = (0, 1, 2)
+PFNM_METHODS = ("pfnm", "pfnm_small_gamma", "fedavg_shared", "local", "uniform_ensemble",
+                "weighted_ensemble")
+
+FOLA_ALPHAS = (0.01, 0.1, 1.0, 10.0, 100.0)
+FOLA_METHODS = ("fola", "fedavg", "fedcurv")
+FOLA_REPEATS = (0, 1, 2)
+FOLA_BASE = dict(dataset="mnist", architecture="mlp", hidden_units="500,300", num_clients=20,
+                 epochs_per_round=5, client_lr=0.01, batch_size=32)
+FOLA_CURVE_ROUNDS = 30
+
+
+# -------------------------------------------------------------------- cells
+@dataclasses.dataclass(frozen=True)
+class Cell:
+  """One run of one launcher.
+
+  `flags` are the launcher's flags (without `--output_dir`); a value that starts
+  with `DATA_ROOT_TOKEN` is a path under the runner's `--data_root`. `needs` names
+  the folders under `--data_root` the cell reads. `depends` is set on a tuned cell
+  whose tuning is not finished (it cannot run yet; the text says why).
+  """
+  paper: str
+  experiment: str
+  row: str
+  algorithm: str
+  setting: str
+  seed: int
+  launcher: str
+  flags: Tuple[Tuple[str, Any], ...]
+  estimate_s: float
+  needs: Tuple[str, ...] = ()
+  depends: str = ""
+
+  @property
+  def name(self) -> str:
+    return "/".join((self.paper, self.experiment, self.row, self.algorithm, self.setting,
+                     f"seed{self.seed}"))
+
+  @property
+  def flag_dict(self) -> Dict[str, Any]:
+    return dict(self.flags)
+
+  def record_path(self, results_dir: str) -> str:
+    return os.path.join(results_dir, self.name + ".json")
+
+  def command(self, output_dir: str, data_root: str) -> List[str]:
+    """`python -m launchers.<launcher> --flag=value ...` with the paths filled in."""
+    args = [sys.executable, "-m", f"launchers.{self.launcher}"]
+    for k, v in self.flags:
+      args.append(f"--{k}={_flag_text(_with_root(v, data_root))}")
+    args.append(f"--output_dir={output_dir}")
+    return args
+
+
+def _flag_text(value: Any) -> str:
+  if isinstance(value, bool):
+    return "true" if value else "false"
+  if isinstance(value, (list, tuple)):
+    return ",".join(_flag_text(v) for v in value)
+  if isinstance(value, float):
+    return repr(value)
+  return str(value)
+
+
+def _with_root(value: Any, data_root: str) -> Any:
+  if isinstance(value, str) and value.startswith(DATA_ROOT_TOKEN):
+    return os.path.join(data_root, value[len(DATA_ROOT_TOKEN):].lstrip("/"))
+  return value
+
+
+def _data(name: str) -> str:
+  return f"{DATA_ROOT_TOKEN}/{name}"
+
+
+def _fmt(v: Any) -> str:
+  return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def setting_name(hparams: Mapping[str, Any]) -> str:
+  """`client_lr=0.05,kl_weight=0.0001` (sorted keys)."""
+  return ",".join(f"{k}={_fmt(v)}" for k, v in sorted(hparams.items())) or "default"
+
+
+# Rough seconds per round on a quiet 2-core machine at the MNIST protocol (C = 10,
+# E = 20, B = 20, 600 examples a client, evaluation every round), measured; FEMNIST's
+# sample has ~100 examples a client (x 1/6). Start-up: loading, tracing, first round.
+TRAIN_SECONDS_PER_ROUND = {"virtual": 17.0, "fedavg": 2.5, "fedprox": 3.0, "fedpa": 3.5}
+TRAIN_STARTUP_S = 30.0
+ROW_SCALE = {"mnist": 1.0, "pmnist": 1.0, "femnist_mlp": 0.2}
+
+
+def _table2_flags(row: str, algorithm: str, hparams: Mapping[str, Any], rounds: int,
+                  seed: int, tune: bool) -> Tuple[Tuple[str, Any], ...]:
+  data = "femnist" if row.startswith("femnist") else "mnist"
+  flags = presets.preset(row)
+  flags.update(data_dir=_data(data), algorithm=algorithm, rounds=rounds, seed=seed, eval_every=1,
+               export=False)
+  if tune:
+    flags["validation_fraction"] = VALIDATION_FRACTION
+  flags.update(hparams)
+  return tuple(sorted(flags.items()))
+
+
+def _grid(axes: Mapping[str, Sequence[Any]]) -> List[Dict[str, Any]]:
+  names = sorted(axes)
+  combos = [{}]
+  for n in names:
+    combos = [dict(c, **{n: v}) for c in combos for v in axes[n]]
+  return combos
+
+
+def table2_cells(records: Mapping[str, Mapping[str, Any]]) -> List[Cell]:
+  """VIRTUAL Table II: tuning cells, then tuned cells at the chosen settings."""
+  cells = []
+  for row in TABLE2_ROWS:
+    data = "femnist" if row.startswith("femnist") else "mnist"
+    for algorithm in TABLE2_ALGORITHMS:
+      per_round = TRAIN_SECONDS_PER_ROUND[algorithm] * ROW_SCALE[row]
+      tuning = []
+      for hp in _grid(TABLE2_TUNING[algorithm]):
+        rounds = TABLE2_ROUNDS["tune"]
+        tuning.append(
+            Cell("virtual", "tune", row, algorithm, setting_name(hp), 0, "train",
+                 _table2_flags(row, algorithm, hp, rounds, 0, True),
+                 TRAIN_STARTUP_S + rounds * per_round * (1 - VALIDATION_FRACTION), (data,)))
+      cells += tuning
+      chosen, why = choose_setting([records.get(c.name) for c in tuning],
+                                   [dict(_hparams(c, algorithm)) for c in tuning])
+      for seed in TABLE2_SEEDS:
+        rounds = TABLE2_ROUNDS["final"]
+        hp = chosen if chosen is not None else {}
+        cells.append(
+            Cell("virtual", "table2", row, algorithm, "tuned", seed, "train",
+                 _table2_flags(row, algorithm, hp, rounds, seed, False),
+                 TRAIN_STARTUP_S + rounds * per_round, (data,),
+                 depends="" if chosen is not None else why))
+  return cells
+
+
+def _hparams(cell: Cell, algorithm: str) -> List[Tuple[str, Any]]:
+  return [(k, v) for k, v in cell.flags if k in TABLE2_TUNING[algorithm]]
+
+
+def choose_setting(records: Sequence[Optional[Mapping[str, Any]]],
+                   settings: Sequence[Dict[str, Any]]) -> Tuple[Optional[Dict[str, Any]], str]:
+  """The setting whose tuning run has the largest best-round validation MT accuracy
+  (ties: the first in grid order); `(None, reason)` while a tuning record is missing."""
+  missing = sum(r is None for r in records)
+  if missing:
+    return None, f"waits for {missing} of {len(records)} tuning cells"
+  scores = [_best(r, "mt_accuracy") for r in records]
+  best = int(np.nanargmax(np.where(np.isfinite(scores), scores, -np.inf)))
+  return dict(settings[best]), ""
+
+
+def pfnm_cells() -> List[Cell]:
+  """PFNM's accuracy vs J on MNIST (Figs. 2 and 3): one cell per (partition, J, trial)."""
+  cells = []
+  for partition in PFNM_PARTITIONS:
+    for J in PFNM_J:
+      for trial in PFNM_TRIALS:
+        flags = dict(dataset="mnist", data_dir=_data("mnist"), partition=partition, J=J,
+                     trials=1, seed=trial, methods=",".join(PFNM_METHODS))
+        cells.append(
+            Cell("pfnm", "j_sweep", partition, "all", f"J={J}", trial, "pfnm_batches",
+                 tuple(sorted(flags.items())), 60.0 + 10.0 * J, ("mnist",)))
+  return cells
+
+
+def fola_cells() -> List[Cell]:
+  """FOLA on MNIST-MLP: first-round GA over alpha (Fig. 2a), curves at alpha 0.01 (Fig. 3a)."""
+  cells = []
+  for alpha in FOLA_ALPHAS:
+    for rep in FOLA_REPEATS:
+      flags = dict(FOLA_BASE, data_dir=_data("mnist"), sweep="alpha", alphas=str(alpha),
+                   alpha=alpha, repeats=1, seed=rep, methods=",".join(FOLA_METHODS))
+      cells.append(
+          Cell("fola", "first_round", "mnist_mlp", "all", f"alpha={_fmt(alpha)}", rep,
+               "fola_first_round", tuple(sorted(flags.items())), 240.0, ("mnist",)))
+  for rep in FOLA_REPEATS:
+    flags = dict(FOLA_BASE, data_dir=_data("mnist"), alphas="0.01", rounds=FOLA_CURVE_ROUNDS,
+                 seed=rep, methods=",".join(FOLA_METHODS))
+    cells.append(
+        Cell("fola", "curves", "mnist_mlp", "all", "alpha=0.01", rep, "fola_curves",
+             tuple(sorted(flags.items())), 60.0 * FOLA_CURVE_ROUNDS, ("mnist",)))
+  return cells
+
+
+def smoke_cells() -> List[Cell]:
+  """Three cheap cells on the bundled digits (2 rounds, 1 epoch): the runner's own check."""
+  cells = []
+  for seed in (0, 1, 2):
+    flags = dict(dataset="digits", algorithm="fedavg", rounds=2, epochs_per_round=1, seed=seed,
+                 export=False)
+    cells.append(
+        Cell("smoke", "digits", "digits", "fedavg", "default", seed, "train",
+             tuple(sorted(flags.items())), 20.0))
+  return cells
+
+
+CATALOGUES = {"papers": lambda records: table2_cells(records) + pfnm_cells() + fola_cells(),
+              "smoke": lambda records: smoke_cells()}
+
+
+def catalogue(records: Mapping[str, Mapping[str, Any]], name: str = "papers") -> List[Cell]:
+  """Every cell of catalogue `name` (the tuned cells' settings come from `records`)."""
+  if name not in CATALOGUES:
+    raise ValueError(f"--catalogue must be one of {sorted(CATALOGUES)}, got {name!r}.")
+  return CATALOGUES[name](records)
+
+
+def select(cells: Sequence[Cell], patterns: Sequence[str]) -> List[Cell]:
+  """The cells whose name matches one of the shell-style `patterns` (a pattern without
+  a wildcard also matches everything below it: `virtual/table2` = `virtual/table2/*`)."""
+  pats = []
+  for p in patterns:
+    p = p.strip().strip("/")
+    if p:
+      pats += [p] if any(ch in p for ch in "*?[") else [p, p + "/*"]
+  if not pats:
+    return list(cells)
+  chosen = [c for c in cells if any(fnmatch.fnmatchcase(c.name, p) for p in pats)]
+  if not chosen:
+    raise ValueError(f"--cells {','.join(patterns)} matches no cell; `--list` shows the names.")
+  return chosen
+
+
+# ------------------------------------------------------------------- records
+def read_records(results_dir: str) -> Dict[str, Dict[str, Any]]:
+  """cell name -> record, for every readable record under `results_dir`."""
+  out = {}
+  if not os.path.isdir(results_dir):
+    return out
+  for root, _, files in os.walk(results_dir):
+    for f in files:
+      if f.endswith(".json"):
+        rec = _runs.read_json(os.path.join(root, f))
+        if isinstance(rec, dict) and rec.get("record_version") == RECORD_VERSION and "cell" in rec:
+          out[rec["cell"]["name"]] = rec
+  return out
+
+
+def status(cell: Cell, records: Mapping[str, Mapping[str, Any]]) -> str:
+  """'done', 'stale' (recorded with other flags), 'waiting' (tuning unfinished) or 'todo'."""
+  rec = records.get(cell.name)
+  if rec is not None:
+    if _runs.jsonable(cell.flag_dict) == rec.get("flags"):
+      return "done"
+    return "stale"
+  return "waiting" if cell.depends else "todo"
+
+
+def _read_csv(path: str) -> List[Dict[str, str]]:
+  with open(path, newline="") as f:
+    return list(csv.DictReader(f))
+
+
+def _number(text: str) -> Any:
+  try:
+    v = float(text)
+  except (TypeError, ValueError):
+    return text
+  return int(v) if v.is_integer() and "." not in str(text) and "e" not in str(text) else v
+
+
+CURVE_COLUMNS = ("round", "server_accuracy", "server_loss", "server_ece", "mt_accuracy", "mt_loss",
+                 "mt_ece", "train_loss", "clients_dropped", "bytes_up_total", "bytes_down_total",
+                 "wall_time_s")
+SUMMARY_KEYS = ("best_server_accuracy", "best_mt_accuracy", "final_server_accuracy",
+                "final_mt_accuracy", "final_server_nll", "final_mt_nll", "final_server_ece",
+                "final_mt_ece", "rounds", "wall_time_s", "bytes_up_total", "bytes_down_total",
+                "data_fingerprint")
+
+
+def collect_train(output_dir: str) -> Dict[str, Any]:
+  """A training cell's result: per-round curves (evaluated rounds) and summary keys."""
+  rows = _runs.read_metrics(output_dir)
+  curves = {c: [_number(r.get(c, "")) if r.get(c, "") != "" else None for r in rows]
+            for c in CURVE_COLUMNS}
+  summary = _runs.read_json(os.path.join(output_dir, _runs.SUMMARY)) or {}
+  return dict(curves=curves, summary={k: summary.get(k) for k in SUMMARY_KEYS})
+
+
+def collect_csv(name: str) -> Callable[[str], Dict[str, Any]]:
+  def collect(output_dir: str) -> Dict[str, Any]:
+    rows = _read_csv(os.path.join(output_dir, name))
+    return dict(rows=[{k: _number(v) for k, v in r.items()} for r in rows])
+
+  return collect
+
+
+def collect_fola_curves(output_dir: str) -> Dict[str, Any]:
+  """Per method, the learning curve of its run (`<output_dir>/<method>/alpha_*`)."""
+  out = {}
+  for method in sorted(os.listdir(output_dir)):
+    mdir = os.path.join(output_dir, method)
+    if not os.path.isdir(mdir):
+      continue
+    for sub in sorted(os.listdir(mdir)):
+      if os.path.exists(os.path.join(mdir, sub, _runs.METRICS)):
+        out[method] = collect_train(os.path.join(mdir, sub))
+  return dict(methods=out)
+
+
+COLLECTORS: Dict[str, Callable[[str], Dict[str, Any]]] = {
+    "train": collect_train,
+    "pfnm_batches": collect_csv("trials.csv"),
+    "fola_first_round": collect_csv("first_round.csv"),
+    "fola_curves": collect_fola_curves,
+}
+
+
+def machine() -> Dict[str, Any]:
+  """Where a record was measured (its wall times depend on it)."""
+  return dict(cores=os.cpu_count(), platform=platform.platform(), python=platform.python_version(),
+              load_1min=os.getloadavg()[0] if hasattr(os, "getloadavg") else None)
+
+
+def make_record(cell: Cell, command: Sequence[str], result: Dict[str, Any], wall_s: float,
+                started: float) -> Dict[str, Any]:
+  return _runs.jsonable(
+      dict(record_version=RECORD_VERSION,
+           cell=dict(name=cell.name, paper=cell.paper, experiment=cell.experiment, row=cell.row,
+                     algorithm=cell.algorithm, setting=cell.setting, seed=cell.seed,
+                     launcher=cell.launcher),
+           flags=cell.flag_dict,
+           command=" ".join(shlex.quote(a) for a in ["python"] + list(command[1:])),
+           git_commit=run_dir.source_commit(),
+           git_modified=run_dir.source_modified(),
+           started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+           wall_time_s=round(wall_s, 1),
+           machine=machine(),
+           result=result))
+
+
+# -------------------------------------------------------------------- running
+class CellFailed(RuntimeError):
+  """A cell's launcher exited non-zero (the message names the cell and its log)."""
+
+def _die_with_parent() -> None:
+  """`preexec_fn`: the cell's launcher gets SIGTERM if the runner dies (Linux)."""
+  try:
+    import ctypes  # pylint: disable=g-import-not-at-top
+    ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+  except OSError:
+    pass
+
+
+def run_cell(cell: Cell, *, results_dir: str, work_dir: str, data_root: str,
+             log: Callable[[str], None]) -> Dict[str, Any]:
+  """Runs one cell's launcher; writes and returns its record.
+
+  The launcher's output goes to the console and to `<work_dir>/<cell>/log.txt`.
+  RuntimeError (naming the log) if the launcher fails; the record is written only
+  after a successful run, atomically.
+  """
+  out_dir = os.path.join(work_dir, cell.name)
+  os.makedirs(out_dir, exist_ok=True)
+  run_out = os.path.join(out_dir, "run")
+  command = cell.command(run_out, data_root)
+  if cell.launcher == "train":
+    command.append("--overwrite")
+  log_path = os.path.join(out_dir, "log.txt")
+  started = time.time()
+  env = dict(os.environ, PYTHONUNBUFFERED="1")
+  env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  with open(log_path, "w") as log_file:
+    proc = subprocess.Popen(command, cwd=_repo_root(), env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+                            preexec_fn=_die_with_parent)
+    try:
+      for line in proc.stdout:
+        log_file.write(line)
+        if line.startswith("["):  # the launchers' progress lines
+          log(f"  {line.rstrip()}")
+      code = proc.wait()
+    except BaseException:
+      proc.terminate()
+      try:
+        proc.wait(timeout=30)
+      except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+      raise
+  if code != 0:
+    tail = _tail(log_path, 5)
+    raise CellFailed(f"cell {cell.name}: launcher exited {code}; log {log_path}:\n{tail}")
+  record = make_record(cell, command, COLLECTORS[cell.launcher](run_out), time.time() - started,
+                       started)
+  experiment.atomic_write_text(cell.record_path(results_dir),
+                               json.dumps(record, indent=1, sort_keys=True) + "\n")
+  return record
+
+
+def _tail(path: str, n: int) -> str:
+  with open(path) as f:
+    return "".join(f.readlines()[-n:])
+
+
+def _repo_root() -> str:
+  return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def measured_seconds(cell: Cell, records: Mapping[str, Mapping[str, Any]]) -> float:
+  """The cell's estimate, rescaled by what recorded cells of the same kind took."""
+  same = [
+      r for n, r in records.items()
+      if r["cell"]["launcher"] == cell.launcher and r["cell"]["row"] == cell.row and
+      r["cell"]["algorithm"] == cell.algorithm and r["cell"]["experiment"] == cell.experiment
+  ]
+  if not same:
+    return cell.estimate_s
+  per_round = []
+  for r in same:
+    rounds = r["flags"].get("rounds")
+    if rounds:
+      per_round.append(float(r["wall_time_s"]) / float(rounds))
+  rounds = cell.flag_dict.get("rounds")
+  if per_round and rounds:
+    return float(np.mean(per_round)) * float(rounds)
+  return float(np.mean([float(r["wall_time_s"]) for r in same]))
+
+
+def run(cells: Sequence[Cell], *, results_dir: str, work_dir: str, data_root: str,
+        max_cells: Optional[int] = None, max_hours: Optional[float] = None,
+        log: Callable[[str], None] = _runs.log_line) -> List[str]:
+  """Runs the selected cells that are not done (`status` 'todo' or 'stale'), one at a
+  time, cheapest first within the order given; returns the names run.
+
+  Prints the plan and its cost estimate first. Cells whose data folder is missing
+  under `data_root` are skipped with a line naming it; `waiting` cells are listed.
+  `max_cells` / `max_hours` stop the loop before a cell that would start past them.
+  """
+  records = read_records(results_dir)
+  todo, waiting, missing = [], [], []
+  for c in cells:
+    s = status(c, records)
+    if s == "waiting":
+      waiting.append(c)
+    elif s in ("todo", "stale"):
+      absent = [n for n in c.needs if not os.path.isdir(os.path.join(data_root, n))]
+      (missing if absent else todo).append((c, absent))
+  est = {c.name: measured_seconds(c, records) for c, _ in todo}
+  done = len(cells) - len(todo) - len(waiting) - len(missing)
+  log(f"reproduce: {len(cells)} cells selected: {done} done, {len(todo)} to run "
+      f"(~{_duration(sum(est.values()))}; estimate from recorded cells where there are any), "
+      f"{len(waiting)} waiting for tuning, {len(missing)} without data")
+  for c, absent in missing:
+    log(f"  skip {c.name}: no {', '.join(os.path.join(data_root, a) for a in absent)} "
+        "(--data_root)")
+  for c in waiting[:5]:
+    log(f"  waiting {c.name}: {c.depends}")
+  if len(waiting) > 5:
+    log(f"  ... and {len(waiting) - 5} more waiting")
+  ran, start = [], time.time()
+  for i, (c, _) in enumerate(todo, 1):
+    if max_cells is not None and len(ran) >= max_cells:
+      log(f"reproduce: stopped after --max_cells={max_cells}")
+      break
+    if max_hours is not None and (time.time() - start + est[c.name]) / 3600 > max_hours:
+      log(f"reproduce: next cell {c.name} (~{est[c.name] / 60:.0f} min) would pass "
+          f"--max_hours={max_hours:g}; stopping")
+      break
+    log(f"cell {i}/{len(todo)} {c.name} (~{_duration(est[c.name])}) ...")
+    rec = run_cell(c, results_dir=results_dir, work_dir=work_dir, data_root=data_root, log=log)
+    ran.append(c.name)
+    left = sum(est[n.name] for n, _ in todo[i:])
+    log(f"cell {i}/{len(todo)} {c.name}: {headline(rec)} ({rec['wall_time_s']:.0f} s; "
+        f"~{_duration(left)} left)")
+  return ran
+
+
+def _duration(seconds: float) -> str:
+  return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
+
+
+def headline(rec: Mapping[str, Any]) -> str:
+  """One line of a record's result."""
+  res = rec["result"]
+  if "summary" in res:
+    s = res["summary"]
+    return (f"best S {_pct(s.get('best_server_accuracy'))} MT {_pct(s.get('best_mt_accuracy'))}")
+  if "rows" in res:
+    acc = {}
+    for r in res["rows"]:
+      key = r.get("method")
+      val = r.get("accuracy", r.get("global_accuracy"))
+      acc.setdefault(key, []).append(float(val))
+    return " ".join(f"{k}={np.mean(v) * 100:.1f}" for k, v in acc.items())
+  if "methods" in res:
+    return " ".join(f"{m}: best {_pct(v['summary'].get('best_server_accuracy'))}"
+                    for m, v in res["methods"].items())
+  return ""
+
+
+def _pct(v: Any) -> str:
+  return "-" if v is None else f"{100 * float(v):.1f}"
+
+
+# --------------------------------------------------------------------- report
+def _best(rec: Optional[Mapping[str, Any]], key: str) -> float:
+  """Max over evaluated rounds of a training record's curve `key` (nan if none)."""
+  if rec is None:
+    return float("nan")
+  vals = [v for v in rec["result"]["curves"].get(key, []) if v is not None]
+  return float(max(vals)) if vals else float("nan")
+
+
+def _final(rec: Mapping[str, Any], key: str) -> float:
+  vals = [v for v in rec["result"]["curves"].get(key, []) if v is not None]
+  return float(vals[-1]) if vals else float("nan")
+
+
+def _mean_std(values: Sequence[float], scale: float = 1.0) -> Tuple[float, float, int]:
+  v = np.array([x for x in values if x is not None and math.isfinite(x)], dtype=float) * scale
+  if not len(v):
+    return float("nan"), float("nan"), 0
+  return float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else 0.0, len(v)
+
+
+def _pm(values: Sequence[float], scale: float = 100.0, digits: int = 1) -> str:
+  m, s, n = _mean_std(values, scale)
+  if n == 0:
+    return "—"
+  return f"{m:.{digits}f} ± {s:.{digits}f}"
+
+
+def table2_summary(records: Mapping[str, Mapping[str, Any]]) -> Dict[Tuple[str, str], Dict]:
+  """(row, algorithm) -> the tuned cells' metrics lists over seeds, and their setting."""
+  out = {}
+  for row in TABLE2_ROWS:
+    for alg in TABLE2_ALGORITHMS:
+      recs = [
+          r for r in records.values()
+          if r["cell"]["experiment"] == "table2" and r["cell"]["row"] == row and
+          r["cell"]["algorithm"] == alg
+      ]
+      recs.sort(key=lambda r: r["cell"]["seed"])
+      m = dict(records=recs, seeds=[r["cell"]["seed"] for r in recs])
+      for key in ("server_accuracy", "mt_accuracy"):
+        m[f"best_{key}"] = [_best(r, key) for r in recs]
+        m[f"final_{key}"] = [_final(r, key) for r in recs]
+      for key in ("server_loss", "mt_loss", "server_ece", "mt_ece"):
+        m[f"final_{key}"] = [_final(r, key) for r in recs]
+      m["rounds"] = sorted({r["flags"].get("rounds") for r in recs})
+      m["setting"] = ({k: v for k, v in recs[0]["flags"].items() if k in TABLE2_TUNING[alg]}
+                      if recs else {})
+      m["hours"] = sum(float(r["wall_time_s"]) for r in recs) / 3600
+      out[(row, alg)] = m
+  return out
+
+
+def table2_claims(summary: Mapping[Tuple[str, str], Mapping[str, Any]]) -> List[str]:
+  """VIRTUAL's claims per row: MT above FedAvg's and FedProx's (MNIST, FEMNIST), the
+  PMNIST exception (VIRTUAL below FedAvg on S and MT), S comparable (within 1 pp)."""
+  lines = []
+  for row in TABLE2_ROWS:
+    v = summary[(row, "virtual")]
+    for base in ("fedavg", "fedprox"):
+      b = summary[(row, base)]
+      vm, _, vn = _mean_std(v["best_mt_accuracy"], 100)
+      bm, _, bn = _mean_std(b["best_mt_accuracy"], 100)
+      vs, _, _ = _mean_std(v["best_server_accuracy"], 100)
+      bs, _, _ = _mean_std(b["best_server_accuracy"], 100)
+      if vn < 3 or bn < 3:
+        lines.append(f"- {row}, VIRTUAL vs {base}: pending ({vn} and {bn} of 3 seeds recorded).")
+        continue
+      if row == "pmnist":
+        held = vm < bm
+        lines.append(f"- {row}: the paper's exception (VIRTUAL's MT below {base}'s): "
+                     f"{'held' if held else 'not held'} (MT {vm:.1f} vs {bm:.1f}).")
+      else:
+        held = vm > bm
+        lines.append(f"- {row}: VIRTUAL's MT above {base}'s: {'held' if held else 'not held'} "
+                     f"(MT {vm:.1f} vs {bm:.1f}, best over rounds, mean of {vn} seeds).")
+      comparable = vs >= bs - 1.0
+      lines.append(f"- {row}: S comparable to {base}'s (within 1 pp or above): "
+                   f"{'held' if comparable else 'not held'} (S {vs:.1f} vs {bs:.1f}).")
+  return lines
+
+
+def table2_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
+  summary = table2_summary(records)
+  header = ("row", "algorithm", "S paper", "S ours (max)", "S final", "MT paper", "MT ours (max)",
+            "MT final", "NLL S / MT", "ECE S / MT", "seeds", "rounds", "setting")
+  rows = []
+  for (row, alg), m in summary.items():
+    paper = VIRTUAL_TABLE2.get(row, {})
+    rows.append((row, alg, paper.get("S", {}).get(alg, "—"), _pm(m["best_server_accuracy"]),
+                 _pm(m["final_server_accuracy"]), paper.get("MT", {}).get(alg, "—"),
+                 _pm(m["best_mt_accuracy"]), _pm(m["final_mt_accuracy"]),
+                 f"{_pm(m['final_server_loss'], 1, 3)} / {_pm(m['final_mt_loss'], 1, 3)}",
+                 f"{_pm(m['final_server_ece'], 1, 3)} / {_pm(m['final_mt_ece'], 1, 3)}",
+                 len(m["seeds"]), ",".join(str(r) for r in m["rounds"]) or "—",
+                 setting_name(m["setting"]) if m["seeds"] else "—"))
+  lines = ["### VIRTUAL Table II (accuracy %, mean ± std over seeds)", ""]
+  lines += _runs.md_table(header, rows)
+  lines += ["", "Claims:", ""] + table2_claims(summary)
+  lines += ["", "Tuning (seed 0, validation split of each client's training data, "
+            f"{TABLE2_ROUNDS['tune']} rounds; best-round validation MT accuracy %):", ""]
+  trows = []
+  for row in TABLE2_ROWS:
+    for alg in TABLE2_ALGORITHMS:
+      tun = sorted((r for r in records.values()
+                    if r["cell"]["experiment"] == "tune" and r["cell"]["row"] == row and
+                    r["cell"]["algorithm"] == alg), key=lambda r: r["cell"]["setting"])
+      if tun:
+        trows.append((row, alg, "; ".join(f"{r['cell']['setting']}: "
+                                          f"{100 * _best(r, 'mt_accuracy'):.1f}" for r in tun)))
+  lines += _runs.md_table(("row", "algorithm", "setting: validation MT"), trows)
+  return lines
+
+
+def pfnm_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
+  acc: Dict[Tuple[str, int, str], List[float]] = {}
+  for r in records.values():
+    if r["cell"]["paper"] != "pfnm":
+      continue
+    J = int(r["flags"]["J"])
+    for row in r["result"]["rows"]:
+      acc.setdefault((r["cell"]["row"], J, row["method"]), []).append(float(row["accuracy"]))
+  lines = ["### PFNM: test accuracy % vs number of batches J (MNIST, mean ± std over trials)", ""]
+  header = ("partition", "J") + PFNM_METHODS + ("trials",)
+  rows = []
+  for part in PFNM_PARTITIONS:
+    for J in PFNM_J:
+      vals = [acc.get((part, J, m), []) for m in PFNM_METHODS]
+      if any(vals):
+        rows.append((part, J) + tuple(_pm(v) for v in vals) + (max(len(v) for v in vals),))
+  lines += _runs.md_table(header, rows)
+  claims = []
+  for part in PFNM_PARTITIONS:
+    pts = [(J, np.mean(acc[(part, J, "pfnm")]), np.mean(acc[(part, J, "fedavg_shared")]),
+            np.mean(acc[(part, J, "local")])) for J in PFNM_J
+           if acc.get((part, J, "pfnm")) and acc.get((part, J, "fedavg_shared")) and
+           acc.get((part, J, "local"))]
+    if pts:
+      wins = sum(p > max(f, l) for _, p, f, l in pts)
+      claims.append(f"- {part}: PFNM above one-shot FedAvg and the local networks at "
+                    f"{wins} of {len(pts)} J values recorded "
+                    f"({'held' if wins == len(pts) else 'not held'}; the paper: at every J, "
+                    "Fig. 2).")
+  return lines + ["", "Claims:", ""] + (claims or ["- pending (no records)."])
+
+
+def fola_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
+  acc: Dict[Tuple[float, str], List[float]] = {}
+  for r in records.values():
+    if r["cell"]["experiment"] != "first_round":
+      continue
+    for row in r["result"]["rows"]:
+      acc.setdefault((float(row["alpha"]), row["method"]), []).append(float(row["global_accuracy"]))
+  lines = [
+      "### FOLA: first-round global accuracy % vs alpha (MNIST-MLP 784-500-300-10, "
+      f"N = {FOLA_BASE['num_clients']}, E = {FOLA_BASE['epochs_per_round']}, "
+      f"lr = {FOLA_BASE['client_lr']}, B = {FOLA_BASE['batch_size']})", ""
+  ]
+  rows = []
+  for a in FOLA_ALPHAS:
+    vals = [acc.get((a, m), []) for m in FOLA_METHODS]
+    if any(vals):
+      rows.append((_fmt(a),) + tuple(_pm(v) for v in vals) + (max(len(v) for v in vals),))
+  lines += _runs.md_table(("alpha",) + FOLA_METHODS + ("repeats",), rows)
+  claims = []
+  small = [a for a in FOLA_ALPHAS if a <= 0.1 and acc.get((a, "fola")) and acc.get((a, "fedavg"))]
+  for a in small:
+    f, g = np.mean(acc[(a, "fola")]), np.mean(acc[(a, "fedavg")])
+    claims.append(f"- alpha = {_fmt(a)}: FOLA's first-round GA above FedAvg's: "
+                  f"{'held' if f > g else 'not held'} ({100 * f:.1f} vs {100 * g:.1f}).")
+  curves = [r for r in records.values() if r["cell"]["experiment"] == "curves"]
+  if curves:
+    lines += ["", f"Learning curves (alpha = 0.01, N = 20, E = 5, lr = 0.01, "
+              f"{FOLA_CURVE_ROUNDS} rounds): best GA % over rounds", ""]
+    best: Dict[str, List[float]] = {}
+    for r in curves:
+      for m, res in r["result"]["methods"].items():
+        best.setdefault(m, []).append(_best({"result": res}, "server_accuracy"))
+    lines += _runs.md_table(("method", "best GA", "repeats"),
+                            [(m, _pm(v), len(v)) for m, v in sorted(best.items())])
+  return lines + ["", "Claims:", ""] + (claims or ["- pending (no records)."])
+
+
+def plot_table2_curves(path: str, records: Mapping[str, Mapping[str, Any]]) -> bool:
+  """S and MT test accuracy per round (mean over seeds), one column per row of Table II,
+  VIRTUAL and its baselines on the same axes. False if there is nothing to plot."""
+  summary = table2_summary(records)
+  rows = [row for row in TABLE2_ROWS if any(summary[(row, a)]["records"]
+                                            for a in TABLE2_ALGORITHMS)]
+  if not rows:
+    return False
+  plt = _runs.pyplot()
+  fig, axes = plt.subplots(2, len(rows), figsize=(4.5 * len(rows), 7), squeeze=False)
+  for j, row in enumerate(rows):
+    for alg in TABLE2_ALGORITHMS:
+      recs = summary[(row, alg)]["records"]
+      if not recs:
+        continue
+      for i, key in enumerate(("server_accuracy", "mt_accuracy")):
+        curves = [[np.nan if v is None else v for v in r["result"]["curves"][key]] for r in recs]
+        n = min(len(c) for c in curves)
+        mean = np.nanmean(np.array([c[:n] for c in curves], dtype=float), axis=0)
+        rounds = recs[0]["result"]["curves"]["round"][:n]
+        ok = np.isfinite(mean)
+        axes[i][j].plot(np.array(rounds)[ok], mean[ok], label=f"{alg} ({len(recs)} seeds)")
+    for i, label in enumerate(("S accuracy", "MT accuracy")):
+      axes[i][j].set_title(f"{row}: {label}")
+      axes[i][j].set_xlabel("round")
+      axes[i][j].grid(alpha=0.3)
+      axes[i][j].legend(fontsize=8)
+  _runs.save_figure(fig, path, tight=True)
+  return True
+
+
+def plot_pfnm(path: str, records: Mapping[str, Mapping[str, Any]]) -> bool:
+  acc: Dict[Tuple[str, int, str], List[float]] = {}
+  for r in records.values():
+    if r["cell"]["paper"] == "pfnm":
+      for row in r["result"]["rows"]:
+        acc.setdefault((r["cell"]["row"], int(r["flags"]["J"]), row["method"]),
+                       []).append(float(row["accuracy"]))
+  if not acc:
+    return False
+  plt = _runs.pyplot()
+  fig, axes = plt.subplots(1, len(PFNM_PARTITIONS), figsize=(11, 4), squeeze=False)
+  for j, part in enumerate(PFNM_PARTITIONS):
+    for m in PFNM_METHODS:
+      pts = [(J, np.mean(acc[(part, J, m)])) for J in PFNM_J if (part, J, m) in acc]
+      if pts:
+        axes[0][j].plot(*zip(*pts), marker="o", label=m)
+    axes[0][j].set_title(f"MNIST {part}")
+    axes[0][j].set_xlabel("number of batches J")
+    axes[0][j].set_ylabel("test accuracy")
+    axes[0][j].grid(alpha=0.3)
+    axes[0][j].legend(fontsize=8)
+  _runs.save_figure(fig, path, tight=True)
+  return True
+
+
+def plot_fola(path: str, records: Mapping[str, Mapping[str, Any]]) -> bool:
+  acc: Dict[Tuple[float, str], List[float]] = {}
+  for r in records.values():
+    if r["cell"]["experiment"] == "first_round":
+      for row in r["result"]["rows"]:
+        acc.setdefault((float(row["alpha"]), row["method"]),
+                       []).append(float(row["global_accuracy"]))
+  if not acc:
+    return False
+  plt = _runs.pyplot()
+  fig, ax = plt.subplots(figsize=(5.5, 4))
+  for m in FOLA_METHODS:
+    pts = [(a, np.mean(acc[(a, m)])) for a in FOLA_ALPHAS if (a, m) in acc]
+    if pts:
+      ax.plot(*zip(*pts), marker="o", label=m)
+  ax.set_xscale("log")
+  ax.set_xlabel("alpha (Dirichlet concentration)")
+  ax.set_ylabel("first-round global accuracy")
+  ax.set_title("FOLA Fig. 2a, MNIST-MLP")
+  ax.grid(alpha=0.3)
+  ax.legend()
+  _runs.save_figure(fig, path, tight=True)
+  return True
+
+
+FIGURES = (("table2_curves.png", plot_table2_curves), ("pfnm_j_sweep.png", plot_pfnm),
+           ("fola_first_round.png", plot_fola))
+README_BEGIN = "<!-- reproduction:begin (written by `python -m launchers.reproduce --report`) -->"
+README_END = "<!-- reproduction:end -->"
+
+
+def report_markdown(records: Mapping[str, Mapping[str, Any]], figures: Iterable[str],
+                    figure_prefix: str = "figures/") -> str:
+  """The report: the three papers' tables, claims, figures and provenance."""
+  commits = sorted({r.get("git_commit") or "unknown" for r in records.values()})
+  hours = sum(float(r["wall_time_s"]) for r in records.values()) / 3600
+  cores = sorted({r["machine"].get("cores") for r in records.values()})
+  lines = [
+      f"{len(records)} cell records under `results/` ({hours:.1f} CPU-wall hours on "
+      f"{'/'.join(str(c) for c in cores) or '?'}-core machines), from commits "
+      f"{', '.join(c[:7] for c in commits) or '—'}. Every number below is rebuilt from the "
+      "records alone by `python -m launchers.reproduce --report`; each record holds its "
+      "cell's command.", ""
+  ]
+  lines += table2_markdown(records) + [""]
+  lines += pfnm_markdown(records) + [""]
+  lines += fola_markdown(records) + [""]
+  for name in figures:
+    lines.append(f"![{name}]({figure_prefix}{name})")
+  return "\n".join(lines).rstrip() + "\n"
+
+
+def write_report(results_dir: str, readme: Optional[str] = None) -> str:
+  """Writes `<results_dir>/REPORT.md` and `<results_dir>/figures/*.png` from the records;
+  with `readme`, also replaces the block between `README_BEGIN` and `README_END` in
+  that file (ValueError if the markers are missing). Returns the report's text."""
+  records = read_records(results_dir)
+  figures = []
+  for name, plot in FIGURES:
+    if plot(os.path.join(results_dir, "figures", name), records):
+      figures.append(name)
+  text = report_markdown(records, figures)
+  experiment.atomic_write_text(os.path.join(results_dir, "REPORT.md"),
+                               "# Reproduction report\n\n" + text)
+  if readme is not None:
+    with open(readme) as f:
+      current = f.read()
+    if README_BEGIN not in current or README_END not in current:
+      raise ValueError(f"{readme}: no reproduction block ({README_BEGIN!r} ... {README_END!r}).")
+    head, rest = current.split(README_BEGIN, 1)
+    _, tail = rest.split(README_END, 1)
+    prefix = os.path.relpath(os.path.join(results_dir, "figures"),
+                             os.path.dirname(os.path.abspath(readme))) + "/"
+    block = report_markdown(records, figures, figure_prefix=prefix)
+    experiment.atomic_write_text(readme, head + README_BEGIN + "\n" + block + README_END + tail)
+  return text
+
+
+def listing(cells: Sequence[Cell], records: Mapping[str, Mapping[str, Any]]) -> List[str]:
+  """One line per cell: status, estimate (or recorded wall time) and name."""
+  out = []
+  for c in cells:
+    s = status(c, records)
+    secs = records[c.name]["wall_time_s"] if s == "done" else measured_seconds(c, records)
+    extra = f"  ({c.depends})" if s == "waiting" else ""
+    out.append(f"{s:8s} {float(secs) / 60:7.1f} min  {c.name}{extra}")
+  return out

@@ -521,7 +521,7 @@ def run(cells: Sequence[Cell], *, results_dir: str, work_dir: str, data_root: st
         max_cells: Optional[int] = None, max_hours: Optional[float] = None,
         log: Callable[[str], None] = _runs.log_line) -> List[str]:
   """Runs the selected cells that are not done (`status` 'todo' or 'stale'), one at a
-  time, cheapest first within the order given; returns the names run.
+  time, cheapest first (catalogue order among equal estimates); returns the names run.
 
   Prints the plan and its cost estimate first. Cells whose data folder is missing
   under `data_root` are skipped with a line naming it; `waiting` cells are listed.
@@ -537,6 +537,7 @@ def run(cells: Sequence[Cell], *, results_dir: str, work_dir: str, data_root: st
       absent = [n for n in c.needs if not os.path.isdir(os.path.join(data_root, n))]
       (missing if absent else todo).append((c, absent))
   est = {c.name: measured_seconds(c, records) for c, _ in todo}
+  todo.sort(key=lambda item: est[item[0].name])  # stable: catalogue order among equals
   done = len(cells) - len(todo) - len(waiting) - len(missing)
   log(f"reproduce: {len(cells)} cells selected: {done} done, {len(todo)} to run "
       f"(~{_duration(sum(est.values()))}; estimate from recorded cells where there are any), "

@@ -40,7 +40,7 @@ def main(argv):
     summary = training.run_training(params)
   except (ValueError, FileNotFoundError) as e:
     tfbfl_flags.fail("train", str(e))
-  except experiment.NonFiniteServerStateError as e:  # robust rounds: one line, no traceback
+  except experiment.RunStoppedError as e:  # robust rounds: one line, no traceback
     tfbfl_flags.fail("train", str(e))
   print(
       f"{summary['algorithm']}: best S accuracy {summary['best_server_accuracy']:.4f}, "

@@ -1,8 +1,12 @@
 """Robust rounds (tfbfl.algorithms.robust, issue 16): bad client updates are
 dropped before aggregation, an all-dropped round changes nothing, and a
-non-finite server state stops the run with one clear line."""
+non-finite server state stops the run with one clear line, and so do
+ALL_DROPPED_STOP_ROUNDS rounds in a row with every client dropped (issue 21)."""
 
+import csv
 import os
+import subprocess
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -15,6 +19,7 @@ from tfbfl import experiment  # noqa: E402
 from tfbfl import state_io  # noqa: E402
 from tfbfl import training  # noqa: E402
 from tfbfl.algorithms import robust  # noqa: E402
+from launcher_helpers import ROOT  # noqa: E402
 
 _ROUNDS = 2
 
@@ -98,6 +103,41 @@ def test_rule_drops_non_finite_and_outlying_updates_only():
   assert bool(ok)
 
 
+def _gaussian(mean, precision):
+  from tfbfl import gaussian  # pylint: disable=g-import-not-at-top
+  mean, precision = np.asarray(mean, np.float32), np.asarray(precision, np.float32)
+  return gaussian.NaturalGaussian([tf.constant(mean * precision)], [tf.constant(precision)])
+
+
+def test_posterior_rule_measures_the_mean_move_not_the_natural_parameters():
+  """VIRTUAL's rule (issue 21): a precision that grows 400 -> 1.2e6 (what
+  --precision_step does on digits) is no outlier; the move of the mean is measured
+  against the server mean, as FedAvg's weights."""
+  old = _gaussian(np.full(10, 3.0), np.full(10, 400.0))  # ||mu|| = sqrt(90)
+  sharper = _gaussian(np.full(10, 3.0), np.full(10, 1.2e6))
+  ok, ratio = robust.check_posterior(sharper, old, 100.0)
+  assert bool(ok) and float(ratio) == 0.0
+  # The natural parameters (mu * prec, prec) grow ~3000-fold: the old rule dropped it.
+  delta = [tf.concat([sharper.eta1[0] - old.eta1[0], sharper.eta2[0] - old.eta2[0]], 0)]
+  ok, ratio = robust.check_update(delta, [tf.concat([old.eta1[0], old.eta2[0]], 0)], 100.0)
+  assert not bool(ok) and float(ratio) > 1e3
+  ok, ratio = robust.check_posterior(_gaussian(np.full(10, 4.0), np.full(10, 50.0)), old, 100.0)
+  assert bool(ok) and np.isclose(float(ratio), np.sqrt(10) / np.sqrt(90))
+  ok, ratio = robust.check_posterior(_gaussian(np.full(10, 303.0), np.full(10, 400.0)), old, 100.0)
+  assert bool(ok) and np.isclose(float(ratio), 100.0)  # boundary: kept
+  ok, _ = robust.check_posterior(_gaussian(np.full(10, 304.0), np.full(10, 400.0)), old, 100.0)
+  assert not bool(ok)
+  ok, _ = robust.check_posterior(_gaussian(np.full(10, 1e6), np.full(10, 400.0)), old, np.inf)
+  assert bool(ok)
+  # Non-finite entries or a non-positive precision: dropped with ratio inf, whatever
+  # max_ratio.
+  for mean, prec in ((np.nan, 400.0), (3.0, np.inf), (3.0, np.nan), (3.0, 0.0), (3.0, -1.0)):
+    bad = _gaussian(np.r_[np.full(9, 3.0), mean], np.r_[np.full(9, 400.0), prec])
+    for max_ratio in (100.0, np.inf):
+      ok, ratio = robust.check_posterior(bad, old, max_ratio)
+      assert not bool(ok) and np.isinf(float(ratio)), (mean, prec, max_ratio)
+
+
 def test_max_update_ratio_flag_is_checked():
   assert training.resolve_params({})["max_update_ratio"] == robust.DEFAULT_MAX_UPDATE_RATIO
   assert training.resolve_params(dict(max_update_ratio=float("inf")))["max_update_ratio"] == np.inf
@@ -154,6 +194,54 @@ def test_huge_client_lr_drops_every_client_or_stops(tff_runtime, digits, algorit
   for i in range(4):
     _assert_same(runner.state["clients"][i], algo.initial_client_state(i))
   assert "all 4 client updates were dropped" in capsys.readouterr().out
+
+
+# ----------------------------------------- every client dropped, rounds in a row
+def test_rounds_in_a_row_with_every_client_dropped_stop_the_run(tff_runtime, digits, tmp_path):
+  """A tiny --max_update_ratio drops every (normal) VIRTUAL update: after
+  ALL_DROPPED_STOP_ROUNDS such rounds the run stops with one line, its rounds
+  written, instead of finishing untrained."""
+  del tff_runtime
+  stop = experiment.ALL_DROPPED_STOP_ROUNDS
+  p = _params("virtual", rounds=stop + 2, epochs_per_round=1, max_update_ratio=1e-9)
+  out = str(tmp_path / "run")
+  algo = training.build_algorithm(digits, p)
+  runner = experiment.ExperimentRunner(
+      algo, digits,
+      experiment.RunConfig(rounds=stop + 2, clients_per_round=4, output_dir=out, verbose=False))
+  with pytest.raises(experiment.AllClientsDroppedError,
+                     match=rf"\[virtual\] rounds 1-{stop}: every client update was dropped in "
+                     rf"{stop} rounds in a row .*--max_update_ratio=1e-09") as e:
+    runner.run()
+  assert isinstance(e.value, experiment.RunStoppedError) and "\n" not in str(e.value)
+  with open(os.path.join(out, "metrics.csv")) as f:
+    rows = list(csv.DictReader(f))
+  assert [r["round"] for r in rows] == [str(i) for i in range(1, stop + 1)]
+  assert all(float(r["clients_dropped"]) == 4.0 for r in rows)
+  assert all(0.0 < float(r["update_ratio_max"]) < 1.0 for r in rows)  # finite, normal moves
+  assert not os.path.exists(os.path.join(out, "summary.json"))
+
+
+def test_launcher_stops_an_all_dropped_run_with_one_line(tmp_path):
+  """Through `launchers.train`: exit 1, one line naming the cause and the flag."""
+  stop = experiment.ALL_DROPPED_STOP_ROUNDS
+  proc = subprocess.run([
+      sys.executable, "-m", "launchers.train", "--algorithm=fedavg", "--num_clients=4",
+      "--hidden_units=8", "--epochs_per_round=1", f"--rounds={stop + 2}",
+      "--max_update_ratio=1e-9", f"--output_dir={tmp_path}"
+  ],
+                        cwd=ROOT,
+                        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+                        capture_output=True,
+                        text=True,
+                        timeout=300,
+                        stdin=subprocess.DEVNULL)
+  assert proc.returncode == 1, proc.stderr[-3000:]
+  fatal = [line for line in proc.stderr.splitlines() if line.startswith("FATAL train:")]
+  assert len(fatal) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  assert f"rounds 1-{stop}: every client update was dropped" in fatal[0]
+  assert "--max_update_ratio=1e-09" in fatal[0]
+  assert f"round {stop}/{stop + 2}" in proc.stdout and f"round {stop + 1}/" not in proc.stdout
 
 
 # --------------------------------------------------- non-finite server state

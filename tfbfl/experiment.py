@@ -430,8 +430,23 @@ def _flatten_metrics(metrics: Any) -> Dict[str, float]:
   return {(p[-1] if names.count(p[-1]) == 1 else "/".join(p)): v for p, v in leaves}
 
 
-class NonFiniteServerStateError(RuntimeError):
+class RunStoppedError(RuntimeError):
+  """The robust-round rules stopped the run; `str()` is one line naming the cause
+  (`launchers.train` prints it and exits 1)."""
+
+
+class NonFiniteServerStateError(RunStoppedError):
   """A round made the server state non-finite; the run stops before saving it."""
+
+
+# Robust rounds: a run stops after this many rounds in a row in which every client
+# update was dropped (the server model did not move in any of them).
+ALL_DROPPED_STOP_ROUNDS = 3
+
+
+class AllClientsDroppedError(RunStoppedError):
+  """`ALL_DROPPED_STOP_ROUNDS` rounds in a row dropped every client update; the run
+  stops after writing the last of them (instead of finishing untrained)."""
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -805,6 +820,8 @@ class ExperimentRunner:
 
     Raises:
       RunInterrupted: on Ctrl-C (see the class).
+      NonFiniteServerStateError, AllClientsDroppedError (`RunStoppedError`s):
+        the robust-round rules stopped the run (one-line message).
     """
     try:
       return self._run()
@@ -913,6 +930,7 @@ class ExperimentRunner:
       if cfg.output_dir and cfg.checkpoint_every and r % cfg.checkpoint_every == 0:
         self._save_checkpoint(state)
       self._report(r, row, session_start, session_rounds)  # after its outputs: Ctrl-C loses none
+      self._stop_if_all_dropped(state["rows"], r)
     self._round_in_progress = None
     rows = state["rows"]
     if not rows or rows[-1]["round"] != state["round"] or not evaluated(rows[-1]):
@@ -1001,6 +1019,22 @@ class ExperimentRunner:
           f"[{self.algorithm.name}] exported the server and {len(self.client_ids)} client "
           f"models to {os.path.join(self.config.output_dir, EXPORT_DIR)}",
           flush=True)
+
+  def _stop_if_all_dropped(self, rows, r):
+    """Raises `AllClientsDroppedError` when the last `ALL_DROPPED_STOP_ROUNDS` rows
+    (rounds up to `r`, a resumed run's included) each dropped every client."""
+    last = rows[-ALL_DROPPED_STOP_ROUNDS:]
+    c = self.config.clients_per_round
+    if len(last) == ALL_DROPPED_STOP_ROUNDS and all(
+        row.get("clients_dropped", 0) >= c for row in last):
+      ratio = getattr(getattr(self.algorithm, "config", None), "max_update_ratio", None)
+      raise AllClientsDroppedError(
+          f"[{self.algorithm.name}] rounds {r - ALL_DROPPED_STOP_ROUNDS + 1}-{r}: every client "
+          f"update was dropped in {ALL_DROPPED_STOP_ROUNDS} rounds in a row (non-finite, or its "
+          "move above --max_update_ratio" + (f"={ratio:g}" if ratio is not None else "") + " times "
+          "the server's; update_ratio_max in metrics.csv), so the server model has not moved; "
+          f"stopped after writing round {r}. Try a smaller --client_lr or --server_lr, or a "
+          "larger --max_update_ratio.")
 
   def _report(self, r, row, session_start, session_rounds):
     if not self.config.verbose:

@@ -78,7 +78,8 @@ class ClientTraining:
   server_lr: Optional[float] = options.real(
       None, "Server step. VIRTUAL: the damped-EP step alpha in (0, 1], taken by the server "
       "posterior and each client factor alike (default 1/clients_per_round, measured); "
-      "FedAvg family and FedPA: server learning rate (default 1.0).",
+      "FedAvg family and FedPA: server learning rate (default 1.0; 0.03 with "
+      "--server_optimizer=adam).",
       low_open=True,
       none_ok=True)
   architecture: str = options.choice(
@@ -90,7 +91,8 @@ class ClientTraining:
   filters: Sequence[int] = options.int_list((32, 64), "conv: filters per conv layer.")
   max_update_ratio: float = options.real(
       DEFAULT_MAX_UPDATE_RATIO, "Robust rounds: drop a client update that is non-finite or "
-      "whose norm exceeds this times max(norm of the server value it updates, 1) "
+      "whose move of the weights (VIRTUAL: of the posterior mean) exceeds this times "
+      "max(norm of the server's weights, 1) "
       "(inf: finiteness only).",
       low_open=True,
       high=None,

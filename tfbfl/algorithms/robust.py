@@ -6,30 +6,48 @@ computation*, before anything is aggregated, with one rule that needs no
 statistics across clients:
 
     drop client i  <=>  update_i has a non-finite entry, or
-                        ||update_i|| > max_update_ratio * max(||reference||, 1)
+                        ||move_i|| > max_update_ratio * max(||reference||, 1)
 
 (Euclidean norms over all leaves, computed in float64 so that large finite
-values do not overflow). What `update` and `reference` are is the algorithm's:
+values do not overflow). `move_i` is always a move of the model's *weights*
+(of a posterior's mean) and `reference` the server's weights (mean) it starts
+from, so `max_update_ratio` has one meaning for every algorithm:
 
-* VIRTUAL: the natural-parameter delta `Delta_i = (eta1, eta2)` vs the natural
-  parameters of the server posterior `s^(t)` it was computed from;
 * FedAvg / FedProx: the model move `w_i - w^(t)` vs the server weights `w^(t)`;
 * FOLA, offline Laplace, FedCurv: the move of the uploaded mean `mu_n - mu_S`
   vs the server weights `mu_S` (every uploaded array, precisions and factor
   deltas included, must be finite; the server precision is no scale for the
-  uploaded one: it is 0 in round 1 under the default flat prior).
+  uploaded one: it is 0 in round 1 under the default flat prior);
+* VIRTUAL (`check_posterior`): the move of the mean of the client's trained
+  posterior `q_i` (`= s^(t) * Delta_i` when nothing is floored) vs the mean of
+  the server posterior `s^(t)` it started from; `Delta_i` (both natural parameters), the
+  client's new state and `q_i`'s precisions must be finite (and positive).
+  Precisions get no ratio: a posterior's precision legitimately grows by large
+  factors (`--precision_step=0.05` on digits: mean log precision 5.99 -> 10.49 in
+  round 1, single entries far more), so the natural parameters
+  `(mu * prec, prec)` grow with it and are no scale for the delta. The rule
+  measured them until issue 21: ratio 1e4 in round 1, every client dropped in
+  every round, nothing learned.
 
 `max_update_ratio` (`--max_update_ratio`, default `DEFAULT_MAX_UPDATE_RATIO` =
-100; `inf` keeps only the finiteness check) is far above anything a normal run
+100; `inf` keeps only the finiteness checks) is far above anything a normal run
 produces. Largest ratio over the first 3 rounds of the default digits runs
 (`launchers.train --algorithm=A --rounds=3`, round metric `update_ratio_max`):
 FedAvg 0.225, FedProx 0.217, FOLA 0.225, offline Laplace 0.225, FedCurv 0.225
-(round 1, all from the same start), VIRTUAL 0.027; the ratios shrink over rounds.
+(round 1, all from the same start); VIRTUAL 0.260 (round 1; 0.076 in round 6),
+with `--precision_step=0.05` 0.253 (0.029 in round 6; the old natural-parameter
+ratio of that run was 10026 in round 1 and 0.41 in round 6); the ratios shrink
+over rounds. A deliberately diverging VIRTUAL client (`tests/test_robust_rounds.py`:
+features x 1e3 or x 1e20, client lr 5 to 1e3) turns non-finite (ratio inf) and is
+dropped.
 
 A dropped client contributes nothing: its update is zeroed, its weight in
 every weighted mean is 0, its training metrics are left out, and it keeps its
 previous client state. The round metric `clients_dropped` counts such clients.
-If every client of a round is dropped the server model does not move.
+If every client of a round is dropped the server model does not move; after
+`tfbfl.experiment.ALL_DROPPED_STOP_ROUNDS` (3) such rounds in a row the run stops
+(`tfbfl.experiment.AllClientsDroppedError`: one line and exit 1 through
+`launchers.train`) instead of finishing untrained.
 Local and Global aggregate nothing; they apply only the finiteness check, to
 the model they would store (which then stays the previous one).
 """
@@ -79,6 +97,32 @@ def check_update(update, reference, max_ratio: float, check_norm: bool = True):
   if check_norm and not math.isinf(max_ratio):
     ok = tf.logical_and(ok, ratio <= max_ratio)
   return ok, tf.cast(ratio, tf.float32)
+
+
+def check_posterior(new, old, max_ratio: float):
+  """VIRTUAL's drop rule (module docstring): the mean move of posterior `new` vs
+  posterior `old`.
+
+  Args:
+    new: the client's trained posterior, `old`: the server posterior it started
+      from; each with `eta1` (`mu * prec`) and `eta2` (`prec`) structures of
+      float tensors (`tfbfl.gaussian.NaturalGaussian`).
+    max_ratio: `max_update_ratio` (> 0; `inf` disables the norm rule).
+
+  Returns:
+    `(ok, ratio)` as `check_update`, with `ratio = ||mu_new - mu_old|| /
+    max(||mu_old||, 1)` (float64 means); `new` with a non-finite entry or a
+    non-positive precision is dropped with ratio `inf`.
+  """
+  f64 = lambda ts: [tf.cast(t, tf.float64) for t in tf.nest.flatten(ts)]
+  prec_new = f64(new.eta2)
+  mean_new = [e / p for e, p in zip(f64(new.eta1), prec_new)]
+  mean_old = [e / p for e, p in zip(f64(old.eta1), f64(old.eta2))]
+  proper = tf.logical_and(all_finite(prec_new),
+                          tf.reduce_all([tf.reduce_all(p > 0) for p in prec_new]))
+  ok, ratio = check_update([m - o for m, o in zip(mean_new, mean_old)], mean_old, max_ratio)
+  ok = tf.logical_and(ok, proper)
+  return ok, tf.where(proper, ratio, tf.constant(np.inf, tf.float32))
 
 
 def keep_if(ok, new, old):

@@ -1,4 +1,5 @@
-"""FedAvg / FedProx: equality with tff.learning, FedProx(mu=0) == FedAvg, MT semantics."""
+"""FedAvg / FedProx: equality with tff.learning (also with client momentum and server
+momentum or Adam), FedProx(mu=0) == FedAvg, MT semantics."""
 
 import collections
 import os
@@ -56,7 +57,7 @@ def _tff_dataset(seed, x, y):
   return ds.map(lambda a, b: collections.OrderedDict(x=a, y=b))
 
 
-def _tff_fed_avg(client_lr, server_lr, seed):
+def _tff_fed_avg(client_lr, server_lr, seed, client_momentum=None, server_optimizer_fn=None):
 
   def model_fn():
     keras_model = networks.build_deterministic_mlp(64, 10, _HIDDEN, seed=seed)
@@ -68,15 +69,17 @@ def _tff_fed_avg(client_lr, server_lr, seed):
 
   return tff.learning.algorithms.build_weighted_fed_avg(
       model_fn,
-      client_optimizer_fn=tff.learning.optimizers.build_sgdm(client_lr),
-      server_optimizer_fn=tff.learning.optimizers.build_sgdm(server_lr))
+      client_optimizer_fn=tff.learning.optimizers.build_sgdm(client_lr, client_momentum),
+      server_optimizer_fn=server_optimizer_fn or tff.learning.optimizers.build_sgdm(server_lr))
 
 
-def reference_sgd(weights, x, y, seed, epochs, batch_size, lr, mu=0.0):
+def reference_sgd(weights, x, y, seed, epochs, batch_size, lr, mu=0.0, momentum=0.0):
   """Independent eager SGD on the ReLU MLP `weights` = [k0, b0, k1, b1, ...] (no Keras),
-  on CE + mu/2 ||w - weights||^2, visiting `client_batch.epoch_permutations(seed)` batches."""
+  on CE + mu/2 ||w - weights||^2, visiting `client_batch.epoch_permutations(seed)` batches;
+  with `momentum` beta: m <- beta m + g, w <- w - lr m (m = 0 at the start)."""
   variables = [tf.Variable(np.asarray(w)) for w in weights]
   anchor = [tf.constant(np.asarray(w)) for w in weights]
+  velocity = [tf.zeros_like(a) for a in anchor]
   order = client_batch.epoch_permutations(tf.constant(seed), epochs, len(y)).numpy()
   for e in range(epochs):
     for start in range(0, len(y), batch_size):
@@ -89,8 +92,12 @@ def reference_sgd(weights, x, y, seed, epochs, batch_size, lr, mu=0.0):
             h = tf.nn.relu(h)
         loss = tf.reduce_mean(
             tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y[idx], logits=h))
-      for v, g, a in zip(variables, tape.gradient(loss, variables), anchor):
-        v.assign_sub(lr * (g + mu * (v - a)))
+      grads = [
+          g + mu * (v - a) for v, g, a in zip(variables, tape.gradient(loss, variables), anchor)
+      ]
+      velocity = [momentum * m + g for m, g in zip(velocity, grads)]
+      for v, m in zip(variables, velocity):
+        v.assign_sub(lr * m)
   return [v.numpy() for v in variables]
 
 
@@ -120,11 +127,55 @@ def test_fedavg_matches_tff_build_weighted_fed_avg(fedavg_algo, fd):
   assert metrics["num_examples"] == sum(len(y) for _, y in data)
 
 
-def test_fedprox_round_matches_reference_sgd(tff_runtime, fd):
+@pytest.mark.parametrize("flags", [
+    dict(client_momentum=0.9),
+    dict(server_momentum=0.9, server_lr=0.5),
+    dict(client_momentum=0.5, server_optimizer="adam", server_lr=0.01, server_epsilon=1e-3),
+])
+def test_optimizers_match_tff_build_weighted_fed_avg(tff_runtime, fd, flags):
+  """Client momentum (its buffer reset every round, as tff.learning's client work
+  does) and the server optimizers over three rounds equal tff.learning's FedAvg with
+  the same TFF optimizers (`build_sgdm` / `build_adam`) on the same minibatches."""
+  del tff_runtime
+  p = _params(algorithm="fedavg", **flags)
+  ours = training.build_algorithm(fd, p)
+  if p["server_optimizer"] == "adam":
+    server_fn = tff.learning.optimizers.build_adam(p["server_lr"], epsilon=p["server_epsilon"])
+  else:
+    server_fn = tff.learning.optimizers.build_sgdm(p["server_lr"], p["server_momentum"] or None)
+  theirs = _tff_fed_avg(p["client_lr"], p["server_lr"], p["seed"], p["client_momentum"] or None,
+                        server_fn)
+  tff_state, state = theirs.initialize(), ours.initial_server_state()
+  data = [fd.train[c] for c in fd.client_ids]
+  clients = [ours.initial_client_state(i) for i in range(3)]
+  for r in (1, 2, 3):
+    seeds = [experiment.client_seed(p["seed"], r, i) for i in range(3)]
+    tff_state = theirs.next(tff_state, [_tff_dataset(s, *d) for s, d in zip(seeds, data)]).state
+    state, clients, metrics = ours.next(state, clients, seeds, data)
+  for a, b in zip(theirs.get_model_weights(tff_state).trainable, state.model_weights.trainable):
+    np.testing.assert_allclose(b, a, atol=2e-5)
+  # The optimizer's state (momentum accumulator, Adam's moments and step) is ours too.
+  for a, b in zip(tf.nest.flatten(tff_state.finalizer), tf.nest.flatten(state.finalizer_state)):
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=2e-5)
+  assert metrics["update_non_finite"] == 0
+  # Another trajectory than plain FedAvg's.
+  plain = training.build_algorithm(fd, _params(algorithm="fedavg", server_lr=p["server_lr"]))
+  plain_state = plain.initial_server_state()
+  for r in (1, 2, 3):
+    seeds = [experiment.client_seed(p["seed"], r, i) for i in range(3)]
+    plain_state, _, _ = plain.next(plain_state, [plain.initial_client_state(i) for i in range(3)],
+                                   seeds, data)
+  assert max(
+      float(np.max(np.abs(a - b)))
+      for a, b in zip(plain_state.model_weights.trainable, state.model_weights.trainable)) > 1e-3
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_fedprox_round_matches_reference_sgd(tff_runtime, fd, momentum):
   """tff.learning's build_weighted_fed_prox (0.87) adds mu (w^(t) - w) to the gradient,
   the opposite sign of FedProx's term, so the reference here is hand-written."""
   mu = 0.5
-  p = _params(algorithm="fedprox", mu=mu)
+  p = _params(algorithm="fedprox", mu=mu, client_momentum=momentum)
   algo = training.build_algorithm(fd, p)
   state = algo.initial_server_state()
   w0 = list(state.model_weights.trainable)
@@ -132,7 +183,10 @@ def test_fedprox_round_matches_reference_sgd(tff_runtime, fd):
   seeds = [experiment.client_seed(p["seed"], 1, i) for i in range(3)]
   new_state, clients, _ = algo.next(state, [algo.initial_client_state(i) for i in range(3)], seeds,
                                     data)
-  local = [reference_sgd(w0, x, y, s, _E, _B, p["client_lr"], mu) for s, (x, y) in zip(seeds, data)]
+  local = [
+      reference_sgd(w0, x, y, s, _E, _B, p["client_lr"], mu, momentum)
+      for s, (x, y) in zip(seeds, data)
+  ]
   for ref, client in zip(local, clients):  # client states = post-training weights
     for a, b in zip(ref, client.trainable):
       np.testing.assert_allclose(b, a, atol=1e-5)
@@ -230,6 +284,10 @@ def test_bad_flags_name_the_flag():
     fedavg.ModelConfig(input_dim=4, num_classes=2, mu=-1.0)
   with pytest.raises(ValueError, match="--epochs_per_round"):
     fedavg.ModelConfig(input_dim=4, num_classes=2, epochs=0)
+  with pytest.raises(ValueError, match="--client_momentum"):
+    fedavg.FedAvgConfig(input_dim=4, num_classes=2, client_momentum=1.0)
+  with pytest.raises(ValueError, match="--server_momentum"):
+    fedavg.FedProxConfig(input_dim=4, num_classes=2, server_optimizer="adam", server_momentum=0.9)
 
 
 def test_fedavg_ignores_mu(fedavg_algo):

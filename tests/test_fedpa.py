@@ -126,10 +126,12 @@ def test_server_burn_in_rounds_are_fedavg_rounds(small):
   assert metrics3["clients_dropped"] == 0 and metrics3["update_non_finite"] == 0
 
 
-def _reference_epoch_means(weights, x, y, seed):
-  """Independent eager SGD on the ReLU MLP `weights` = [k0, b0, k1, b1] (no Keras):
-  the mean of the iterates after each step of every epoch, and the last iterate."""
+def _reference_epoch_means(weights, x, y, seed, momentum=0.0):
+  """Independent eager SGD on the ReLU MLP `weights` = [k0, b0, k1, b1] (no Keras),
+  with `momentum` beta (m <- beta m + g, w <- w - lr m, m = 0 at the start): the mean
+  of the iterates after each step of every epoch, and the last iterate."""
   variables = [tf.Variable(np.asarray(w)) for w in weights]
+  velocity = [np.zeros_like(np.asarray(w)) for w in weights]
   order = client_batch.epoch_permutations(tf.constant(seed), _E, len(y)).numpy()
   means = []
   for e in range(_E):
@@ -144,21 +146,29 @@ def _reference_epoch_means(weights, x, y, seed):
             h = tf.nn.relu(h)
         loss = tf.reduce_mean(
             tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y[idx], logits=h))
-      for v, g in zip(variables, tape.gradient(loss, variables)):
-        v.assign_sub(_LR * g)
+      velocity = [momentum * m + g for m, g in zip(velocity, tape.gradient(loss, variables))]
+      for v, m in zip(variables, velocity):
+        v.assign_sub(_LR * m)
       total = [t + v.numpy() for t, v in zip(total, variables)]
       steps += 1
     means.append([t / steps for t in total])
   return means, [v.numpy() for v in variables]
 
 
-def test_posterior_round_matches_reference(small):
-  """A FedPA round from the initial model = eager SGD, per-epoch iterate means,
-  `direct_delta` on the samples after the client burn-in, FedAvg's server step."""
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_posterior_round_matches_reference(small, momentum):
+  """A FedPA round from the initial model = eager SGD (with client momentum: its
+  iterates), per-epoch iterate means, `direct_delta` on the samples after the client
+  burn-in, FedAvg's server step (server momentum's first step is plain SGD's)."""
   data, _, _ = small
   algo = fedpa.FedPAAlgorithm(
-      _config(fedpa.FedPAConfig, data, fedpa_burn_in=1, fedpa_shrinkage=0.5,
-              fedpa_server_burn_in=0))
+      _config(fedpa.FedPAConfig,
+              data,
+              fedpa_burn_in=1,
+              fedpa_shrinkage=0.5,
+              fedpa_server_burn_in=0,
+              client_momentum=momentum,
+              server_momentum=momentum))
   state = algo.initial_server_state()
   w0 = [np.asarray(w) for w in state.model_weights.trainable]
   flat0 = np.concatenate([w.ravel() for w in w0])
@@ -168,7 +178,7 @@ def test_posterior_round_matches_reference(small):
                                     train)
   deltas, n = [], []
   for seed, (x, y), client in zip(seeds, train, clients):
-    means, last = _reference_epoch_means(w0, x, y, seed)
+    means, last = _reference_epoch_means(w0, x, y, seed, momentum)
     for a, b in zip(last, client.trainable):  # MT: the last iterate, as FedAvg's
       np.testing.assert_allclose(b, a, atol=1e-5)
     samples = np.stack([np.concatenate([m.ravel() for m in epoch]) for epoch in means[1:]])
@@ -209,6 +219,10 @@ def test_bad_flags_name_the_flag():
     fedpa.FedPAConfig(input_dim=4, num_classes=2, fedpa_server_burn_in=-1)
   with pytest.raises(ValueError, match="--architecture"):
     fedpa.FedPAConfig(input_dim=4, num_classes=2, architecture="lstm")
+  with pytest.raises(ValueError, match="--server_beta_2"):
+    fedpa.FedPAConfig(input_dim=4, num_classes=2, server_beta_2=0.99)
+  with pytest.raises(ValueError, match="--server_momentum"):
+    fedpa.FedPAConfig(input_dim=4, num_classes=2, server_optimizer="adam", server_momentum=0.9)
 
 
 def test_module_imports_without_tensorflow():

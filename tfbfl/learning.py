@@ -545,9 +545,9 @@ def build_fedavg_process(source, **settings) -> TfbflLearningProcess:
   the driver's seeds) as a learning process with stateless clients.
 
   Args:
-    source: a `FedAvgAlgorithm`, a `ModelConfig` / `FedProxConfig`, or a
-      `FederatedData` with `ModelConfig` fields as `settings`.
-    **settings: `ModelConfig` fields (with a `FederatedData` only).
+    source: a `FedAvgAlgorithm`, a `ModelConfig` / `FedAvgConfig` /
+      `FedProxConfig`, or a `FederatedData` with `FedAvgConfig` fields as `settings`.
+    **settings: `FedAvgConfig` fields (with a `FederatedData` only).
 
   Returns:
     A `TfbflLearningProcess`; state `ProcessState(algorithm=fedavg.ServerState(
@@ -556,6 +556,8 @@ def build_fedavg_process(source, **settings) -> TfbflLearningProcess:
   """
   from tfbfl.algorithms import fedavg  # pylint: disable=g-import-not-at-top
 
+  if type(source) is fedavg.ModelConfig and not settings:  # pylint: disable=unidiomatic-typecheck
+    source = fedavg.FedAvgAlgorithm(source)  # the spec's config is its subclass FedAvgConfig
   algorithm = _algorithm("fedavg", source, settings,
                          lambda a: isinstance(a, fedavg.FedAvgAlgorithm))
 

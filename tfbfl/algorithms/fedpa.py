@@ -30,7 +30,8 @@ model `x0 = w^(t)` is the pseudo-gradient
    uploads `Delta_i = Sigma_hat^-1 (x0 - mu_hat)` (`posterior_delta`), with
    weight n_i, under FedAvg's drop rule (`tfbfl.algorithms.robust`);
 4. the server takes FedAvg's step `w^(t+1) = w^(t) - server_lr * Delta`
-   (`config.server_step`; same aggregator, finalizer and server state).
+   (`config.server_step`; same aggregator, finalizer and server state; with
+   `--server_momentum` or `--server_optimizer=adam`, FedAvg's optimizer on `Delta`).
 
 `rho = 0` (or l = 1) gives `Sigma_hat = I` and `Delta_i = x0 - mu_hat`: FedAvg on
 the averaged iterates. Since `Sigma_hat >= rho_l I`, `Delta_i` is at most
@@ -76,7 +77,12 @@ Defaults (claims, and whose they are):
   or two test examples above (seed 0: 0.944 vs 0.940).
 * `server_lr` (None: 1.0, plain averaging) and the client settings are
   FedAvg's, so that the burn-in rounds are FedAvg's and the two compare like
-  for like; the reference's server momentum (0.9) is not used here.
+  for like. The server optimizer and client momentum are FedAvg's flags too
+  (`fedavg.FedAvgConfig`); the reference's setting (server SGD, learning rate
+  0.5, momentum 0.9; client SGD with momentum 0.9, its buffer reset every round)
+  is `--server_lr=0.5 --server_momentum=0.9 --client_momentum=0.9` (one
+  server optimizer state runs through the burn-in rounds and after them).
+  With client momentum the IASG samples average momentum-SGD iterates.
 
 Metrics are FedAvg's: S = the server model; MT = each client's last iterate of
 its last local training (its deployed model, as in FedAvg, not `mu_hat`).
@@ -108,9 +114,9 @@ tf = _lazy.load("tensorflow")
 
 
 @dataclasses.dataclass(frozen=True)
-class FedPAConfig(fedavg.ModelConfig):
-  """`fedavg.ModelConfig` (FedAvg's model and client training, `mu = 0`) plus
-  FedPA's sampling and shrinkage settings (see the module docstring)."""
+class FedPAConfig(fedavg.FedAvgConfig):
+  """`fedavg.FedAvgConfig` (FedAvg's model, client training and server optimizer,
+  `mu = 0`) plus FedPA's sampling and shrinkage settings (see the module docstring)."""
   fedpa_burn_in: int = options.integer(
       5, "FedPA: local epochs discarded before sampling; each later epoch of a round gives "
       "one IASG posterior sample (the mean of its SGD iterates). Must be below "

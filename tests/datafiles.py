@@ -41,3 +41,38 @@ def truncate_file(path):
     content = f.read()
   with open(path, "wb") as f:
     f.write(content[:len(content) // 2])
+
+
+# ------------------------------------------------------------- real data files
+# The real copies of the papers' data sets lie beside the repository, in
+# ../shared/data/<name> (its README lists them); CI has them, a fresh clone may
+# not. Every test on real data finds them here and skips, naming the folder,
+# where they are absent.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REAL_DATA_ROOT = os.path.normpath(os.path.join(ROOT, os.pardir, "shared", "data"))
+
+# Files each real data set must hold for its tests to run.
+REAL_DATA_FILES = {
+    "mnist": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+              "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
+    "femnist": ("train", "test"),
+}
+
+
+def real_data_path(name):
+  """`../shared/data/<name>` relative to the repository root (may not exist)."""
+  return os.path.join(REAL_DATA_ROOT, name)
+
+
+def real_data_dir(name):
+  """The real data folder `../shared/data/<name>`; skips the calling test, with
+  the reason naming the folder (or the missing file), where it is absent."""
+  import pytest  # pylint: disable=g-import-not-at-top
+  path = real_data_path(name)
+  if not os.path.isdir(path):
+    pytest.skip(f"real {name} data not here: {path} does not exist (real copies of the "
+                "papers' data sets live in ../shared/data beside the repository)")
+  for f in REAL_DATA_FILES.get(name, ()):
+    if not os.path.exists(os.path.join(path, f)):
+      pytest.skip(f"real {name} data incomplete: {os.path.join(path, f)} does not exist")
+  return path

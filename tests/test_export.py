@@ -438,3 +438,176 @@ def test_interrupted_save_leaves_no_half_written_model(tmp_path, monkeypatch):
 def test_algorithm_without_hooks_is_refused(tmp_path):
   with pytest.raises(NotImplementedError, match="cannot be exported"):
     export.export_run(object(), None, [], str(tmp_path))
+
+
+def test_raw_input_predictor_applies_the_preprocessing(tmp_path):
+  """`with_raw_input` on a toy model: uint8 in, x / 255 (and a client's permutation)
+  inside, the features model kept as `predict_features` (no data files needed)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tfbfl.data import preprocessing  # pylint: disable=g-import-not-at-top
+
+  w = tf.Variable(np.random.default_rng(0).normal(size=(6, 3)).astype(np.float32))
+
+  def forward(x):
+    logits = tf.reshape(x, [-1, 6]) @ w
+    return tf.nn.softmax(logits), tf.argmax(logits, -1, output_type=tf.int32)
+
+  features = export.make_predictor(forward,
+                                   input_shape=(2, 3),
+                                   input_dtype="float32",
+                                   num_classes=3,
+                                   variables=[w])
+  raw_input = preprocessing.mnist_raw_input((2, 3), {"c0": [5, 4, 3, 2, 1, 0]})
+  raw = np.random.default_rng(1).integers(0, 256, size=(7, 2, 3)).astype(np.uint8)
+  for client_id in (None, "c0"):
+    path = str(tmp_path / f"m_{client_id}")
+    export.save_predictor(export.with_raw_input(features, raw_input, client_id), path)
+    served = tf.saved_model.load(path).signatures
+    assert served["serving_default"].structured_input_signature[1]["x"].dtype == tf.uint8
+    x = raw_input.apply(raw, client_id)
+    want = features.serve(tf.constant(x))
+    got = served["serving_default"](x=tf.constant(raw))
+    np.testing.assert_array_equal(got["predictions"].numpy(), want["predictions"].numpy())
+    np.testing.assert_array_equal(got["probabilities"].numpy(), want["probabilities"].numpy())
+    np.testing.assert_array_equal(
+        served[export.FEATURES_SIGNATURE](x=tf.constant(x))["probabilities"].numpy(),
+        want["probabilities"].numpy())
+  flat = (raw.reshape(7, 6).astype(np.float32) / np.float32(255))[:, [5, 4, 3, 2, 1, 0]]
+  np.testing.assert_array_equal(raw_input.apply(raw, "c0").reshape(7, 6), flat)
+  # FEMNIST: LEAF's float pixels (1.0 = background) in, 1 - pixel inside.
+  leaf = preprocessing.leaf_femnist_raw_input()
+  w28 = tf.Variable(np.random.default_rng(2).normal(size=(784, 3)).astype(np.float32))
+  model = export.make_predictor(
+      lambda x: (tf.nn.softmax(tf.reshape(x, [-1, 784]) @ w28),
+                 tf.argmax(tf.reshape(x, [-1, 784]) @ w28, -1, output_type=tf.int32)),
+      input_shape=(28, 28),
+      input_dtype="float32",
+      num_classes=3,
+      variables=[w28])
+  path = str(tmp_path / "femnist")
+  export.save_predictor(export.with_raw_input(model, leaf), path)
+  pixels = np.random.default_rng(3).random((5, 28, 28)).astype(np.float32)
+  got = tf.saved_model.load(path).signatures["serving_default"](x=tf.constant(pixels))
+  want = model.serve(tf.constant(np.float32(1) - pixels))
+  np.testing.assert_array_equal(got["probabilities"].numpy(), want["probabilities"].numpy())
+
+
+# ------------------------------------------------- real data: raw input served
+def _real_mnist_run(tmp_path, dataset, algorithm, from_checkpoint=True):
+  """A tiny run on the real MNIST files (skipped where ../shared/data/mnist is
+  absent), exported from its checkpoint (`launchers.export`'s path) or, without
+  `from_checkpoint`, by `export_run` of the restored run; returns (run dir, export
+  dir, raw t10k images, the restored run or None)."""
+  import gzip  # pylint: disable=g-import-not-at-top
+  from datafiles import real_data_dir  # pylint: disable=g-import-not-at-top
+  from tfbfl.data import mnist  # pylint: disable=g-import-not-at-top
+
+  directory = real_data_dir("mnist")
+  out = tmp_path / dataset
+  params = dict(algorithm=algorithm,
+                dataset=dataset,
+                data_dir=directory,
+                partition="homogeneous",
+                num_clients=20,
+                clients_per_round=2,
+                rounds=2,
+                epochs_per_round=1,
+                batch_size=50,
+                checkpoint_every=1,
+                export=False,
+                output_dir=str(out))
+  if dataset == "pmnist":
+    params.pop("partition")
+  training.run_training(params)
+  run = None
+  if from_checkpoint:
+    exported = export.export_from_checkpoint(str(out), verbose=False)
+  else:
+    run = export.restore_run(str(out))
+    exported = export.export_run(run.algorithm,
+                                 run.server_state,
+                                 export.iter_client_states(run.algorithm, run.data.client_ids,
+                                                           run.clients),
+                                 os.path.join(str(out), "export"),
+                                 seed=0,
+                                 raw_input=run.data.raw_input)
+  assert exported["signature"]["inputs"]["x"] == {"dtype": "uint8", "shape": [None, 28, 28]}
+  assert exported["raw_input"]["divisor"] == 255.0 and not exported["raw_input"]["invert"]
+  with gzip.open(os.path.join(directory, "t10k-images-idx3-ubyte.gz"), "rb") as f:
+    raw = mnist.parse_idx(f.read(), "t10k-images-idx3-ubyte")[1]
+  return str(out), os.path.join(str(out), "export"), raw, run
+
+
+def test_real_mnist_export_serves_raw_pixels(tmp_path):
+  """VIRTUAL on real MNIST: the exported server model takes the t10k file's uint8
+  pixels and predicts what the in-library model predicts on x = pixel / 255; fed
+  every client's raw test images it reproduces the run's final S accuracy."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  out, directory, raw, run = _real_mnist_run(tmp_path, "mnist", "virtual", from_checkpoint=False)
+  assert run.data.raw_input is not None
+  server = tf.saved_model.load(os.path.join(directory, "server"))
+  batch = raw[:256]
+  got = server.signatures["serving_default"](x=tf.constant(batch))
+  library = run.algorithm.server_predictor(run.server_state)  # the in-library model
+  x = batch.astype(np.float32) / np.float32(255)
+  want = library.serve(tf.constant(x))
+  np.testing.assert_array_equal(got["predictions"].numpy(), want["predictions"].numpy())
+  np.testing.assert_allclose(got["probabilities"].numpy(),
+                             want["probabilities"].numpy(),
+                             rtol=1e-6,
+                             atol=1e-7)
+  features = server.signatures[export.FEATURES_SIGNATURE](x=tf.constant(x))
+  np.testing.assert_array_equal(features["predictions"].numpy(), want["predictions"].numpy())
+  # Every client's test images back as the file's bytes (x * 255 is exact): S accuracy.
+  with open(os.path.join(out, "summary.json")) as f:
+    summary = json.load(f)
+  correct = n = 0
+  for cid in run.data.client_ids:
+    xt, yt = run.data.test[cid]
+    pixels = np.rint(xt * 255).astype(np.uint8)
+    np.testing.assert_array_equal(run.data.raw_input.apply(pixels), xt)
+    pred = server.signatures["serving_default"](x=tf.constant(pixels))["predictions"].numpy()
+    correct += int(np.sum(pred == yt))
+    n += len(yt)
+  assert correct / n == summary["final_server_accuracy"], (correct / n, summary)
+  assert correct / n > 0.5  # real MNIST, 2 rounds: learnt
+
+
+def test_real_pmnist_client_exports_apply_their_permutation(tmp_path):
+  """FedAvg on real PMNIST: a client's exported model takes raw (unpermuted) MNIST
+  pixels and applies the client's permutation inside; the server model none."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tfbfl import data as data_lib  # pylint: disable=g-import-not-at-top
+
+  out, directory, _, _ = _real_mnist_run(tmp_path, "pmnist", "fedavg")
+  manifest = export.read_manifest(directory)
+  assert manifest["raw_input"]["permuted"] and not manifest["server"]["raw_input"]["permuted"]
+  fd = data_lib.load_pmnist(_mnist_dir(), num_clients=20)  # the run's data (seed 0)
+  base = data_lib.load_mnist(_mnist_dir(), partition="homogeneous", num_clients=20)
+  with open(os.path.join(out, "summary.json")) as f:
+    summary = json.load(f)
+  correct = n = 0
+  for entry in manifest["clients"][:3]:
+    assert entry["raw_input"]["permuted"]
+    cid = entry["client_id"]
+    model = tf.saved_model.load(os.path.join(directory, entry["path"]))
+    xt, yt = fd.test[cid]  # the client's permuted features
+    pixels = np.rint(base.test[cid][0] * 255).astype(np.uint8)  # its raw, unpermuted images
+    got = model.signatures["serving_default"](x=tf.constant(pixels))
+    want = model.signatures[export.FEATURES_SIGNATURE](x=tf.constant(xt))
+    np.testing.assert_array_equal(got["predictions"].numpy(), want["predictions"].numpy())
+    np.testing.assert_array_equal(got["probabilities"].numpy(), want["probabilities"].numpy())
+  server = tf.saved_model.load(os.path.join(directory, "server"))
+  for cid in fd.client_ids:
+    xt, yt = fd.test[cid]
+    pixels = np.rint(xt * 255).astype(np.uint8)  # the permuted images, as S evaluates
+    pred = server.signatures["serving_default"](x=tf.constant(pixels))["predictions"].numpy()
+    correct += int(np.sum(pred == yt))
+    n += len(yt)
+  assert correct / n == summary["final_server_accuracy"]
+
+
+def _mnist_dir():
+  from datafiles import real_data_dir  # pylint: disable=g-import-not-at-top
+  return real_data_dir("mnist")

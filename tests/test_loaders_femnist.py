@@ -96,7 +96,7 @@ def _check_digits(fd):
     for split in ("train", "test"):
       x, y = getattr(fd, split)[c]
       assert y.size == 0 or y.max() < 10
-      np.testing.assert_allclose(x[:, 0, 0], y / 100.0, atol=1e-6)
+      np.testing.assert_allclose(x[:, 0, 0], 1.0 - y / 100.0, atol=1e-6)  # inverted
 
 
 @pytest.mark.parametrize("form", ["leaf", "tff"])
@@ -188,3 +188,22 @@ def test_bad_structure(tmp_path):
     json.dump(obj, f)
   with pytest.raises(ValueError, match="num_samples"):
     femnist.load_femnist(directory, num_clients=None)
+
+
+@pytest.mark.parametrize("form", ["leaf", "tff"])
+def test_pixels_inverted_unless_asked_to_keep_them(leaf_dir, tff_dir, form):
+  """x = 1 - the published pixel (LEAF/TFF: 1.0 is the background), as `raw_input`
+  states; `invert=False` keeps the pixels as published."""
+  directory = leaf_dir if form == "leaf" else tff_dir
+  inverted = femnist.load_femnist(directory, num_clients=None, form=form)
+  kept = femnist.load_femnist(directory, num_clients=None, form=form, invert=False)
+  assert inverted.raw_input.invert and not kept.raw_input.invert
+  assert inverted.raw_input.dtype == "float32" and inverted.raw_input.shape == (28, 28)
+  assert "1 - pixel" in inverted.raw_input.description
+  for c in inverted.client_ids:
+    for split in ("train", "test"):
+      x_inv, y = getattr(inverted, split)[c]
+      x_raw, _ = getattr(kept, split)[c]
+      np.testing.assert_allclose(x_raw[:, 0, 0], y / 100.0, atol=1e-6)  # as published
+      np.testing.assert_array_equal(x_inv, np.float32(1) - x_raw)
+      np.testing.assert_array_equal(x_inv, inverted.raw_input.apply(x_raw))

@@ -55,6 +55,10 @@ def test_homogeneous_uses_official_test_set(mnist_dir, arrays):
   xt, yt = fd.pooled("test")
   official = arrays["t10k"][0].astype(np.float32) / np.float32(255)
   assert sorted(map(bytes, xt)) == sorted(map(bytes, official))
+  # The stated preprocessing: x = pixel / 255 (`raw_input`, applied again by exports).
+  assert fd.raw_input.dtype == "uint8" and fd.raw_input.shape == (28, 28)
+  assert not fd.raw_input.client_permutations
+  np.testing.assert_array_equal(fd.raw_input.apply(arrays["t10k"][0]), official)
   assert sorted(yt.tolist()) == sorted(arrays["t10k"][1].tolist())
 
 

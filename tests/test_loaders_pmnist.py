@@ -56,6 +56,7 @@ def test_pmnist_sizes_and_permutations(mnist_dir):
     xb = np.concatenate([base.train[c][0], base.test[c][0]]).reshape(-1, 784)
     perm = _permutation(x, xb)  # one permutation maps train and test together
     assert perm is not None and perm != tuple(range(784))
+    assert perm == tuple(fd.raw_input.client_permutations[c])  # as the loader states
     perms.append(perm)
   assert len(set(perms)) == 4
 

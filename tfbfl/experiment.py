@@ -1013,7 +1013,8 @@ class ExperimentRunner:
                       client_items(),
                       os.path.join(self.config.output_dir, EXPORT_DIR),
                       samples=self.config.export_samples,
-                      seed=self.config.seed)
+                      seed=self.config.seed,
+                      raw_input=self.data.raw_input)
     if self.config.verbose:
       print(
           f"[{self.algorithm.name}] exported the server and {len(self.client_ids)} client "

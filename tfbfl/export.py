@@ -16,9 +16,10 @@ Each SavedModel is plain TensorFlow: its weights are variables of the SavedModel
 and its graph uses core TF ops only, so `tf.saved_model.load(path)` serves it in a
 process that has no tfbfl. Signature `serving_default`:
 
-    x: the raw features as the algorithm's evaluation takes them,
+    x: the features as the algorithm's evaluation takes them,
        float32 [None, *input_shape] (int32 token ids [None, seq_len] for
-       VIRTUAL's LSTM)
+       VIRTUAL's LSTM); for real data with `raw_input`, the published raw
+       input instead (below: MNIST uint8 pixels, FEMNIST LEAF pixels)
     -> probabilities: float32 [None, num_classes], the model's predictive
        predictions:   int32 [None], the class the evaluation counts as the
                       prediction (the argmax of its own decision score: logits
@@ -28,6 +29,25 @@ process that has no tfbfl. Signature `serving_default`:
                       only where two classes tie in float32.
 
 `tfbfl.export.load(path)` returns a numpy callable `x -> probabilities`.
+
+Real data: raw input in, the loader's preprocessing inside. Where the run's data
+come from a loader of a published dataset (`FederatedData.raw_input`, a
+`tfbfl.data.preprocessing.RawInput`; `export_run(raw_input=...)`), `serving_default`
+takes the raw input as the files hold it and applies the loader's preprocessing
+inside the graph before the model:
+
+    MNIST, PMNIST: x uint8 [None, 28, 28], the IDX pixels (0..255); the model
+                   divides by 255 (PMNIST client models then apply their
+                   client's pixel permutation; the server model, which S
+                   evaluates on every client's permuted images, applies none)
+    FEMNIST:       x float32 [None, 28, 28], LEAF's/TFF's pixels in [0, 1] with
+                   1.0 the background (a LEAF JSON list of 784 reshaped
+                   row-major); the model inverts them (1 - x)
+
+and a second signature `predict_features(x)` takes the features as the
+evaluation takes them (what `serving_default` takes without `raw_input`). The
+manifest's `raw_input` states the preprocessing. Monte Carlo predictives keep
+`predict_seeded(x, seed)` on the raw input.
 
 Which model each file is (the algorithms' `server_predictor` / `client_predictor`
 hooks compute exactly what their `evaluate` computes):
@@ -123,6 +143,7 @@ SERVER_DIR = "server"
 CLIENTS_DIR = "clients"
 SIGNATURE = "serving_default"
 SEEDED_SIGNATURE = "predict_seeded"
+FEATURES_SIGNATURE = "predict_features"  # with raw input: the evaluation's features
 TMP_PREFIX = ".tmp-export-"
 HOOKS = ("server_predictor", "client_predictor")
 
@@ -170,6 +191,7 @@ def make_predictor(forward: Callable,
                    info: Optional[Dict[str, Any]] = None,
                    seeded_forward: Optional[Callable] = None,
                    default_seed: Optional[Sequence[int]] = None,
+                   features=None,
                    name: str = "predictor"):
   """A `tf.Module` that `save_predictor` writes as a SavedModel (the hooks' result).
 
@@ -185,6 +207,8 @@ def make_predictor(forward: Callable,
     seeded_forward: `(x, seed) -> (probabilities, predictions)` for a Monte Carlo
       predictive (`seed` int64 [2]); `serving_default` then uses `default_seed`
       and the extra signature `predict_seeded(x, seed)` takes it as an input.
+    features: a predictor on the evaluation's features that this one wraps
+      (`with_raw_input`); saved with it as the signature `predict_features`.
     name: module name.
 
   The module is callable in-process: `module(x)` -> probabilities (a tensor).
@@ -198,6 +222,7 @@ def make_predictor(forward: Callable,
              info=info,
              seeded_forward=seeded_forward,
              default_seed=default_seed,
+             features=features,
              name=name)
 
 
@@ -214,8 +239,10 @@ def _predictor_class():
     """See `make_predictor`."""
 
     def __init__(self, forward, *, input_shape, input_dtype, num_classes, variables, info,
-                 seeded_forward, default_seed, name):
+                 seeded_forward, default_seed, features, name):
       super().__init__(name=name)
+      if features is not None:
+        self.features = features  # tracked: saved with this module
       spec = tf.TensorSpec([None, *input_shape], tf.as_dtype(input_dtype), name="x")
       # Plain attributes (not tracked, not saved): the description and shapes.
       object.__setattr__(self, "info", dict(info or {}))
@@ -274,10 +301,38 @@ def _predictor_class():
       out = {SIGNATURE: self.serve}
       if self.seeded:
         out[SEEDED_SIGNATURE] = self.serve_seeded
+      features = getattr(self, "features", None)
+      if features is not None:
+        out[FEATURES_SIGNATURE] = features.serve
       return out
 
   _PREDICTOR_CLASS = Predictor
   return Predictor
+
+
+def with_raw_input(predictor, raw_input, client_id: Optional[str] = None):
+  """`predictor` (on the evaluation's features) as a predictor on the raw input of
+  `raw_input` (a `tfbfl.data.preprocessing.RawInput`): its graph applies the
+  loader's preprocessing (with `client_id`'s permutation, if any) and then
+  `predictor`, whose own signature stays as `predict_features`."""
+  pre = lambda x: raw_input.apply_tf(x, client_id)
+  unpack = lambda out: (out["probabilities"], out["predictions"])
+  seeded_forward = None
+  if predictor.seeded:
+    seeded_forward = lambda x, seed: unpack(predictor.serve_seeded(pre(x), seed))
+  info = dict(predictor.info)
+  info.pop("mc_seed", None)
+  info["raw_input"] = raw_input.to_json(client_id)
+  return make_predictor(lambda x: unpack(predictor.serve(pre(x))),
+                        input_shape=raw_input.shape,
+                        input_dtype=raw_input.dtype,
+                        num_classes=predictor.num_classes,
+                        variables=list(predictor.weights),
+                        info=info,
+                        seeded_forward=seeded_forward,
+                        default_seed=predictor.info.get("mc_seed"),
+                        features=predictor,
+                        name=f"raw_{predictor.name}")
 
 
 # ---------------------------------------------------------------- writing files
@@ -447,6 +502,7 @@ def export_run(algorithm,
                samples: int = 0,
                seed: int = 0,
                info: Optional[Dict[str, Any]] = None,
+               raw_input=None,
                verbose: bool = False) -> Dict[str, Any]:
   """Writes out_dir/server and out_dir/clients/<client_id>/ SavedModels; returns a small
   manifest dict (paths, input signature, which MT rule) also written to out_dir/export.json.
@@ -465,6 +521,10 @@ def export_run(algorithm,
       where the algorithm is Bayesian (VIRTUAL); 0: what metric S evaluates.
     seed: seeds the Monte Carlo predictives' fixed noise (`serving_default`).
     info: JSON-able facts about the run for the manifest's "run" entry (e.g. round).
+    raw_input: the data's `FederatedData.raw_input` (a
+      `tfbfl.data.preprocessing.RawInput`): the models then take the raw input as
+      the published files hold it and apply the loader's preprocessing inside
+      (`with_raw_input`); None: they take the evaluation's features.
     verbose: print one line when done.
 
   Raises:
@@ -480,10 +540,13 @@ def export_run(algorithm,
     raise ValueError(f"--export_samples must be >= 0, got {samples}.")
   with eager_scope():
     return _export_run(algorithm, server_state, client_states, out_dir, samples, seed, info,
-                       verbose)
+                       raw_input, verbose)
 
 
-def _export_run(algorithm, server_state, client_states, out_dir, samples, seed, info, verbose):
+def _export_run(algorithm, server_state, client_states, out_dir, samples, seed, info, raw_input,
+                verbose):
+  raw = (lambda model, client_id=None: model) if raw_input is None else (
+      lambda model, client_id=None: with_raw_input(model, raw_input, client_id))
   start = time.time()
   out_dir = os.path.abspath(out_dir)
   clients_dir = os.path.join(out_dir, CLIENTS_DIR)
@@ -501,7 +564,7 @@ def _export_run(algorithm, server_state, client_states, out_dir, samples, seed, 
   if needs_clients:
     client_states = sorted(list(client_states), key=lambda t: int(t[1]))
     kwargs["client_states"] = [s for _, _, s in client_states]
-  server = algorithm.server_predictor(server_state, **kwargs)
+  server = raw(algorithm.server_predictor(server_state, **kwargs))
   signature = _check_signature(server, None, "the server")
   save_predictor(server, os.path.join(out_dir, SERVER_DIR))
   server_info = dict(path=SERVER_DIR, **server.info)
@@ -514,7 +577,7 @@ def _export_run(algorithm, server_state, client_states, out_dir, samples, seed, 
   for cid, index, state in client_states:  # one state in memory at a time
     cid, index = str(cid), int(index)
     name = namer(cid, index)
-    model = algorithm.client_predictor(server_state, state, seed=int(seed))
+    model = raw(algorithm.client_predictor(server_state, state, seed=int(seed)), cid)
     _check_signature(model, signature, f"client {cid!r}")
     save_predictor(model, os.path.join(out_dir, CLIENTS_DIR, name))
     entry = dict(client_id=cid, client_index=index, path=f"{CLIENTS_DIR}/{name}", **model.info)
@@ -548,6 +611,12 @@ def _export_run(algorithm, server_state, client_states, out_dir, samples, seed, 
       clients=entries,
       run=_json_safe(dict(info or {})),
   )
+  if raw_input is not None:
+    features = dict(name=FEATURES_SIGNATURE,
+                    inputs=dict(x=dict(dtype="float32", shape=[None, *raw_input.shape])))
+    manifest["signature"]["features"] = features
+    manifest["raw_input"] = raw_input.to_json()
+    manifest["raw_input"]["permuted"] = bool(raw_input.client_permutations)
   _write_json(os.path.join(out_dir, MANIFEST), manifest)
   if verbose:
     print(
@@ -753,6 +822,7 @@ def export_from_checkpoint(output_dir: str,
                       samples=samples,
                       seed=int(run.params["seed"]),
                       info=info,
+                      raw_input=getattr(run.data, "raw_input", None),
                       verbose=verbose)
   finally:
     lock.release()

@@ -11,6 +11,9 @@
   `load_mnist`, `load_pmnist`, `load_cifar10`, `load_femnist`, `load_har`,
   `load_vsn`, `load_shakespeare` (see data/README.md).
 * `dataset_statistics` / `format_table1`: VIRTUAL Table I statistics.
+* `RawInput` (`FederatedData.raw_input`): the preprocessing a loader applied to
+  the published raw input (MNIST: pixel / 255; FEMNIST: 1 - LEAF's pixel;
+  PMNIST: also each client's permutation), applied again by exports.
 """
 
 from tfbfl.data.cifar10 import load_cifar10
@@ -32,6 +35,7 @@ from tfbfl.data.partition import pathological
 from tfbfl.data.partition import permute_features
 from tfbfl.data.partition import permuted
 from tfbfl.data.pmnist import load_pmnist
+from tfbfl.data.preprocessing import RawInput
 from tfbfl.data.registry import DATASETS
 from tfbfl.data.registry import IGNORED_SETTINGS
 from tfbfl.data.registry import load_federated

@@ -36,6 +36,11 @@ class FederatedData:
       (`pooled`, `to_client_data`, statistics) uses this order.
     train: dict client_id -> (x, y).
     test: dict client_id -> (x, y).
+    raw_input: a `tfbfl.data.preprocessing.RawInput` stating how a loader of a
+      published dataset made x from the files' raw values (MNIST: uint8 / 255;
+      FEMNIST: 1 - LEAF's pixel; PMNIST: also the client's permutation), or
+      None (x is the raw input: bundled digits, the user's own arrays). Exports
+      apply it inside the SavedModel (`tfbfl.export`).
 
   #### Examples
 
@@ -45,6 +50,8 @@ class FederatedData:
   ds = fd.create_tf_dataset('client_00').batch(20)
   ```
   """
+
+  raw_input = None  # set by the loaders of published datasets (see Attributes)
 
   def __init__(self, name, num_classes, input_shape, train, test, x_dtype="float32"):
     if set(train) != set(test):
@@ -265,5 +272,7 @@ def validation_split(fd: FederatedData, fraction: float, seed: int = 0) -> Feder
     train, test = split_lib.split_clients(xs, ys, fraction, seed)
   except ValueError as e:
     raise ValueError(f"--validation_fraction: {e}") from None
-  return FederatedData(f"{fd.name}[validation {fraction:g}]", fd.num_classes, fd.input_shape,
-                       train, test, x_dtype=fd.x_dtype)
+  out = FederatedData(f"{fd.name}[validation {fraction:g}]", fd.num_classes, fd.input_shape,
+                      train, test, x_dtype=fd.x_dtype)
+  out.raw_input = fd.raw_input  # the same clients and features
+  return out

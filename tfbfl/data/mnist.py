@@ -23,8 +23,14 @@ of each `.gz` file with the digest widely published for the canonical files
 (`GZ_MD5`); an uncompressed file cannot be verified and raises ValueError in
 that mode. Off by default.
 
-Convention: images become float32 [n, 28, 28] in [0, 1] (pixel / 255); the
-MLP models flatten them. The train set is federated by the partitioners and
+Preprocessing (stated as data in the result's `raw_input`, a
+`tfbfl.data.preprocessing.RawInput`, which exports apply inside the SavedModel):
+the uint8 pixels (0 = background, 255 = ink) become float32 [n, 28, 28] in
+[0, 1], x = pixel / 255; nothing else (no centering, no standardisation); the
+MLP models flatten them. PMNIST (partition "permuted") then permutes each
+client's pixels (`raw_input.client_permutations`).
+
+The train set is federated by the partitioners and
 the official test set spread over the same clients by
 `tfbfl.data.official_split` (homogeneous: 600 train / 100 test per client
 with 100 clients, as VIRTUAL's MNIST; label-skewed partitions: each client's
@@ -38,6 +44,7 @@ import numpy as np
 
 from tfbfl.data import _files
 from tfbfl.data import official_split
+from tfbfl.data import preprocessing
 
 NUM_CLASSES = 10
 IMAGE_SHAPE = (28, 28)
@@ -180,7 +187,7 @@ def load_mnist(data_dir,
   Returns:
     A `FederatedData` with input_shape (28, 28) and 10 classes.
   """
-  return official_split.federate_published(
+  fd = official_split.federate_published(
       lambda: load_mnist_arrays(data_dir, verify_checksums=verify_checksums),
       test_source=test_source,
       name=name or f"mnist/{partition}",
@@ -192,3 +199,8 @@ def load_mnist(data_dir,
       classes_per_client=classes_per_client,
       test_fraction=test_fraction,
       seed=seed)
+  perms = {}
+  if partition == "permuted":  # both test sources derive them alike (`federate`)
+    perms = official_split.client_permutations(fd.client_ids, 784, seed)
+  fd.raw_input = preprocessing.mnist_raw_input(IMAGE_SHAPE, perms)
+  return fd

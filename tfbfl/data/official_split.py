@@ -110,6 +110,15 @@ def federate_train_test(x_train,
   return federated.from_client_arrays(xs, ys, xts, yts, num_classes=num_classes, name=name)
 
 
+def client_permutations(client_ids, num_features, seed):
+  """The PMNIST pixel permutation of each client of `federate_train_test(...,
+  partition="permuted", seed=seed)`: dict client_id -> int64 [num_features]
+  (`partition.feature_permutations` with the run's derived permutation seed; the
+  same permutation for a client's train and test features). `seed`: an int."""
+  permute_seed = _seeds.derive_seeds(seed, 3)[1]
+  return partition_lib.feature_permutations(list(client_ids), num_features, permute_seed)
+
+
 def federate_published(load_arrays, *, test_source, name, num_classes, partition, num_clients,
                        alpha, min_size, classes_per_client, test_fraction, seed):
   """Loads and federates a dataset published with a train/test split.

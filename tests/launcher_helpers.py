@@ -36,3 +36,26 @@ def run_launchers_in_parallel(jobs, tmp_path_factory, common_args=(), timeout=30
       log, _ = proc.communicate()
     results[name] = (out, proc.returncode, log)
   return results
+
+
+def run_launcher(name, *args, timeout=300):
+  """`python -m launchers.<name> *args` from the repository root, output captured."""
+  return subprocess.run([sys.executable, "-m", f"launchers.{name}", *args],
+                        cwd=ROOT,
+                        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+                        capture_output=True,
+                        text=True,
+                        timeout=timeout,
+                        stdin=subprocess.DEVNULL)
+
+
+def assert_one_fatal_line_before_tensorflow(out, flag, program="train"):
+  """`out` (a run under `python -X importtime`) failed with exactly one line
+  `FATAL <program>: ...` naming `flag`, and never imported TensorFlow."""
+  assert out.returncode == 1, out
+  lines = [l for l in out.stderr.splitlines() if not l.startswith("import time:")]
+  assert len(lines) == 1 and lines[0].startswith(f"FATAL {program}: ") and flag in lines[0], lines
+  imported = {
+      l.split("|")[-1].strip() for l in out.stderr.splitlines() if l.startswith("import time:")
+  }
+  assert "tensorflow" not in imported and "tensorflow_federated" not in imported

@@ -10,12 +10,10 @@ exit 0."""
 
 import csv
 import os
-import subprocess
-import sys
 
 import pytest
 
-from launcher_helpers import ROOT
+from launcher_helpers import run_launcher
 
 _ROUNDS = 3
 _INIT_LOG_PRECISION = 5.9915  # log(1 / init_scale^2), init_scale = 0.05
@@ -24,16 +22,8 @@ _INIT_LOG_PRECISION = 5.9915  # log(1 / init_scale^2), init_scale = 0.05
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
   out = tmp_path_factory.mktemp("precision_step")
-  proc = subprocess.run([
-      sys.executable, "-m", "launchers.train", "--algorithm=virtual", f"--rounds={_ROUNDS}",
-      "--seed=0", "--precision_step=0.05", f"--output_dir={out}"
-  ],
-                        cwd=ROOT,
-                        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
-                        capture_output=True,
-                        text=True,
-                        timeout=300,
-                        stdin=subprocess.DEVNULL)
+  proc = run_launcher("train", "--algorithm=virtual", f"--rounds={_ROUNDS}", "--seed=0",
+                      "--precision_step=0.05", f"--output_dir={out}")
   assert proc.returncode == 0, proc.stderr[-3000:]
   with open(os.path.join(out, "metrics.csv")) as f:
     rows = [{k: float(v) for k, v in r.items() if v != ""} for r in csv.DictReader(f)]

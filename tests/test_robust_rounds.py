@@ -5,8 +5,6 @@ ALL_DROPPED_STOP_ROUNDS rounds in a row with every client dropped (issue 21)."""
 
 import csv
 import os
-import subprocess
-import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -19,7 +17,7 @@ from tfbfl import experiment  # noqa: E402
 from tfbfl import state_io  # noqa: E402
 from tfbfl import training  # noqa: E402
 from tfbfl.algorithms import robust  # noqa: E402
-from launcher_helpers import ROOT  # noqa: E402
+from launcher_helpers import run_launcher  # noqa: E402
 
 _ROUNDS = 2
 
@@ -225,17 +223,9 @@ def test_rounds_in_a_row_with_every_client_dropped_stop_the_run(tff_runtime, dig
 def test_launcher_stops_an_all_dropped_run_with_one_line(tmp_path):
   """Through `launchers.train`: exit 1, one line naming the cause and the flag."""
   stop = experiment.ALL_DROPPED_STOP_ROUNDS
-  proc = subprocess.run([
-      sys.executable, "-m", "launchers.train", "--algorithm=fedavg", "--num_clients=4",
-      "--hidden_units=8", "--epochs_per_round=1", f"--rounds={stop + 2}",
-      "--max_update_ratio=1e-9", f"--output_dir={tmp_path}"
-  ],
-                        cwd=ROOT,
-                        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
-                        capture_output=True,
-                        text=True,
-                        timeout=300,
-                        stdin=subprocess.DEVNULL)
+  proc = run_launcher("train", "--algorithm=fedavg", "--num_clients=4", "--hidden_units=8",
+                      "--epochs_per_round=1", f"--rounds={stop + 2}", "--max_update_ratio=1e-9",
+                      f"--output_dir={tmp_path}")
   assert proc.returncode == 1, proc.stderr[-3000:]
   fatal = [line for line in proc.stderr.splitlines() if line.startswith("FATAL train:")]
   assert len(fatal) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]

@@ -34,6 +34,7 @@ from tfbfl import learning  # noqa: E402
 from tfbfl import state_io  # noqa: E402
 from tfbfl import training  # noqa: E402
 from tfbfl.algorithms import fedavg  # noqa: E402
+from launcher_helpers import assert_one_fatal_line_before_tensorflow  # noqa: E402
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _SEED = 3
@@ -260,14 +261,7 @@ def _launch(argv):
     (["--algorithm=fedavg", "--server_optimizer=rmsprop"], "--server_optimizer"),
 ])
 def test_bad_combination_is_one_line_before_tensorflow(argv, flag):
-  out = _launch(argv)
-  assert out.returncode == 1, out
-  lines = [l for l in out.stderr.splitlines() if not l.startswith("import time:")]
-  assert len(lines) == 1 and lines[0].startswith("FATAL train: ") and flag in lines[0], lines
-  imported = {
-      l.split("|")[-1].strip() for l in out.stderr.splitlines() if l.startswith("import time:")
-  }
-  assert "tensorflow" not in imported and "tensorflow_federated" not in imported
+  assert_one_fatal_line_before_tensorflow(_launch(argv), flag)
 
 
 @pytest.mark.parametrize("algorithm", ["virtual", "local", "global"])

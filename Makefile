@@ -28,6 +28,7 @@ test: install
 demo: install
 	TF_CPP_MIN_LOG_LEVEL=3 $(PY) -m launchers.demo
 
+# Digits, then the paper's MNIST protocol (../shared/data/mnist; skipped without it): ~10 min.
 bench: install
 	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m benchmarks.round_time
 

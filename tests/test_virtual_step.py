@@ -1,5 +1,11 @@
 """The lean VIRTUAL client step (`tfbfl.algorithms.virtual_step`) against the Keras path.
 
+The default lean step is the fused one (`fused_step`: packed parameters, one
+update expression per role); `test_fused_step_equals_reference_step` checks it
+against the reference `sgd_step` directly, one client and clients batched, and the
+Keras comparisons below run it (and `sgd_step` where the natural precision step
+is on).
+
 The lean step draws its noise from the seeds the Keras network uses, so with the
 same step seed both paths see the same normals: one SGD step agrees to float
 rounding, with or without noise. Its data loss and gradient agree with the layers'
@@ -268,3 +274,96 @@ def test_digits_rounds_learn_as_the_keras_path(tff_runtime, tmp_path, monkeypatc
       assert abs(float(a[key]) - float(b[key])) <= 0.03, (key, a[key], b[key])
   assert all(float(r["factor_gap"]) <= 1e-5 for r in lean_rows)
   assert lean_summary["best_mt_accuracy"] > 0.6 and lean_summary["best_server_accuracy"] > 0.4
+
+
+def _train_inputs(cfg, clients, seed=0):
+  """`(layout, params, shared_prior, x, y, n, seeds)` of `clients` stacked clients of
+  uneven sizes, with distinct KL targets (as `client_update_batch` builds them)."""
+  rng = np.random.default_rng(seed)
+  net, layout = _net_and_layout(cfg, seed=seed)
+  params = layout.read_parameters()
+  params = virtual_step.Parameters(*[tf.tile(p, [clients, 1]) for p in params])
+  eta1, eta2 = layout.shared_prior()
+  shared_prior = (tf.stack([eta1 * (1.0 + 0.1 * c) for c in range(clients)]),
+                  tf.stack([eta2 * (1.0 + 0.2 * c) for c in range(clients)]))
+  sizes = [13, 7, 10][:clients]
+  x = np.zeros([clients, max(sizes), 8], np.float32)
+  y = np.zeros([clients, max(sizes)], np.int32)
+  for c, size in enumerate(sizes):
+    x[c, :size], y[c, :size] = _data(size, seed=seed + c)
+  seeds = tf.constant([[3, 4 + c] for c in range(clients)], tf.int64)
+  return layout, params, shared_prior, x, y, tf.constant(sizes, tf.int32), seeds
+
+
+@pytest.mark.parametrize("clients", [1, 3])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(),  # the default objective
+        dict(private=False),  # server network only
+        dict(kl_weight=1.0, client_lr=0.3),  # a strong KL (targets of precision up to 50)
+        dict(server_loss_weight=0.0, hidden_units=(6,)),  # one hidden layer, eq. (3) alone
+    ])
+def test_fused_step_equals_reference_step(kw, clients):
+  cfg = _config(**dict(dict(epochs=3, batch_size=5), **kw))
+  layout, params, shared_prior, x, y, n, seeds = _train_inputs(cfg, clients)
+  out = {}
+  for fused in (True, False):
+    out[fused] = virtual_step.train_clients(cfg, layout, params, shared_prior, x, y, n, seeds,
+                                            virtual._data_loss, fused=fused)
+  (p_f, loss_f, correct_f), (p_r, loss_r, correct_r) = out[True], out[False]
+  # Same objective, minibatches and noise; float32 summation order differs (the
+  # bias inside the matmul, grouped kernels, the update's constants).
+  for role in virtual_step.Parameters._fields:
+    np.testing.assert_allclose(getattr(p_f, role), getattr(p_r, role), atol=2e-5, rtol=1e-4,
+                               err_msg=role)
+  np.testing.assert_allclose(loss_f, loss_r, rtol=1e-5)
+  np.testing.assert_array_equal(correct_f, correct_r)
+  assert np.all(np.isfinite(p_f.shared_loc)) and np.all(np.isfinite(p_f.shared_u))
+  moved = np.max(np.abs(np.asarray(p_f.shared_loc) - np.asarray(params.shared_loc)))
+  assert moved > 1e-3
+
+
+def test_fused_plan_packs_aligned_blocks_and_round_trips():
+  cfg = _config(hidden_units=(6, 5))
+  _, layout = _net_and_layout(cfg)
+  plan = virtual_step.FusedPlan(layout, private=True)
+  # Every block is a whole number of 64-byte lines (one-client views alias the vector).
+  assert all(size % 16 == 0 for size in plan.sizes) and plan.size == sum(plan.sizes)
+  # Server and client layer 1 read x: one group, one matmul.
+  assert plan.group_of[("S", 0)] is plan.group_of[("C", 0)]
+  assert plan.group_of[("S", 1)] is plan.group_of[("V", 0)]
+  params = layout.read_parameters()
+  packed = plan.pack(params.shared_loc, params.private_loc)
+  shared, private = plan.unpack(packed)
+  np.testing.assert_array_equal(shared, params.shared_loc)
+  np.testing.assert_array_equal(private, params.private_loc)
+  # Each layer's kernel and bias sit in its group's block: the block's matmul with
+  # [h, 1] is the layer's h W + b.
+  h = np.random.default_rng(0).normal(size=[4, 8]).astype(np.float32)
+  block = plan.views(packed[0])[id(plan.group_of[("S", 0)])]
+  got = tf.matmul(tf.concat([h, tf.ones([4, 1])], -1), block)
+  for j, tag in enumerate(plan.group_of[("S", 0)].tags):
+    layer = layout.server_layers[0] if tag[0] == "S" else layout.net.client_layers[0]
+    start = sum(plan.group_of[("S", 0)].units[:j])
+    want = h @ layer.kernel_loc.numpy() + layer.bias_loc.numpy()
+    np.testing.assert_allclose(got[:, start:start + layer.units], want, rtol=1e-5, atol=1e-6)
+
+
+def test_jit_compile_reaches_the_lean_step():
+  # `jit_compile` marks the lean (fused) step function for XLA: plain-TF callers
+  # get it; TFF's worker has no XLA (BUILD.md, performance).
+  cfg = _config(jit_compile=True)
+  x, y = _data(13)
+  post = virtual.initial_posterior(cfg)
+  state = virtual.initial_client_state(cfg, 1, post)
+  net = virtual.build_networks(cfg)
+  fn = tf.function(lambda: virtual.client_update(cfg, post, state, tf.constant([1, 2], tf.int64),
+                                                 x, y, net=net))
+  graph = fn.get_concrete_function().graph.as_graph_def()
+  compiled = [
+      f.signature.name
+      for f in graph.library.function
+      if f.attr.get("_XlaMustCompile") is not None and f.attr["_XlaMustCompile"].b
+  ]
+  assert any("fused_fn" in name for name in compiled), compiled

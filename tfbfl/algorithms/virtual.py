@@ -105,13 +105,16 @@ Other choices made explicit:
   `factor_gap` shows it). Site factors and deltas may have negative precisions
   (`gaussian.ratio(..., on_nonpositive="allow")`): only their products with
   proper factors are densities.
-* Robust rounds (`tfbfl.algorithms.robust`): a client whose `Delta_i` has a
-  non-finite entry, or whose natural parameters have norm
-  `||Delta_i|| > max_update_ratio * max(||s^(t)||, 1)` (`s^(t)` in natural
-  parameters, the server posterior the delta was computed from), is dropped: it
-  sends the identity factor (zeros), keeps its previous state (factor, posterior,
-  private weights) and its training metrics are left out (`clients_dropped`).
-  Both sides then apply nothing for it, so the product invariant holds.
+* Robust rounds (`tfbfl.algorithms.robust.check_posterior`): a client whose
+  `Delta_i` or new state has a non-finite entry, or whose trained posterior's mean
+  moved by `||mu(q_i) - mu(s^(t))|| > max_update_ratio * max(||mu(s^(t))||, 1)`
+  (FedAvg's rule on the means; `s^(t)` the server posterior it started from), is
+  dropped: it sends the identity factor (zeros), keeps its previous state (factor,
+  posterior, private weights) and its training metrics are left out
+  (`clients_dropped`). Both sides then apply nothing for it, so the product
+  invariant holds. Precisions get no ratio: with `precision_step` they grow
+  ~e^4.5 in round 1 on digits, and the old rule on natural parameters (ratio ~1e4)
+  dropped every client of every round (issue 21).
 * Initial factors: `s^(0) = N(mu_init, init_scale^2)` (Glorot means, seeded) and
   `s_i^(0) = s^(0)^(1/K)`, so that `s^(0) = prod_i s_i^(0)`.
 * Client data enter each round as in-memory tensors `(x, y)`; minibatches are
@@ -216,9 +219,10 @@ class VirtualConfig(base.ClientTraining):
                                   "VIRTUAL: initial lateral gate value.",
                                   low=-options.MAX_RATE)
   local_solver: str = "sgd"  # or "conjugate" (exact, linear-Gaussian models only)
-  # XLA for the client step. Off: inside TFF's worker `jit_compile` is not honoured (a
-  # jit_compile function with an op XLA cannot compile runs there without error), so
-  # the TFF path never was XLA; True only affects plain-TF callers of client_update.
+  # XLA for the client step function (the lean step's and the Keras layers' step) of
+  # plain-TF callers of client_update. TFF's worker binary has no XLA JIT, so under
+  # TFF it has no effect. Off: on the fused lean step XLA ran 0.86x in plain TF
+  # (issue 22), and its normals differ from TF's, so the noise and results change.
   jit_compile: bool = False
   # MLP + SGD: train on flat parameter vectors with the analytic KL gradient
   # (`tfbfl.algorithms.virtual_step`: same objective, minibatches and noise); False:
@@ -226,10 +230,9 @@ class VirtualConfig(base.ClientTraining):
   lean_step: bool = True
   # With the lean step, this many of a round's clients are stacked into one TFF
   # client computation and train batched (`client_batch`). 1 (each client alone) is
-  # the default because batching was slower on 2 CPU cores (benchmarks/round_time.py,
-  # digits E=20, TFF, three runs: one by one 1.53-1.99 s/round, groups of 5 2.61-2.78,
-  # all 10 2.47-2.94; oneDNN's batched matmul and the [C, P] elementwise updates do not
-  # gain from C). Results equal the one-by-one run up to float summation order.
+  # the default because batching is slower on 2 CPU cores, also with the fused step
+  # (BUILD.md, "Performance"). Results equal the one-by-one run up to float summation
+  # order.
   clients_per_group: int = options.integer(
       1, "virtual (MLP): stack this many of a round's clients into one batched client "
       "computation (1: one by one, the faster on CPU).",
@@ -486,10 +489,14 @@ def _client_output(cfg: VirtualConfig, server_posterior, state: ClientState, old
   stored = gaussian.product(old_factor, gaussian.power(delta, cfg.step))
   new_state = ClientState(stored, q_new, list(private), tf.constant(True), state.client_index)
   metrics = collections.OrderedDict(train_loss=loss_sum / seen, train_accuracy=correct_sum / seen)
-  # Robust rounds: a non-finite or outlying Delta_i (vs the natural parameters of
-  # s^(t)) is dropped: identity factor sent, previous state kept, metrics left out.
-  ok, ratio = robust.check_update(delta, server_posterior, cfg.max_update_ratio)
-  ok = tf.logical_and(ok, robust.all_finite(new_state))
+  # Robust rounds: a non-finite Delta_i or state, or a q_i whose mean moved far from
+  # s^(t)'s (`robust.check_posterior`; natural parameters are no scale: precisions
+  # legitimately grow by large factors) is dropped: identity factor sent, previous
+  # state kept, metrics left out.
+  ok, ratio = robust.check_posterior(q_new, server_posterior, cfg.max_update_ratio)
+  finite = tf.logical_and(robust.all_finite(delta), robust.all_finite(new_state))
+  ok = tf.logical_and(ok, finite)
+  ratio = tf.where(finite, ratio, tf.constant(np.inf, tf.float32))
   delta = robust.zeros_unless(ok, delta)
   new_state = robust.keep_if(ok, new_state, state)
   metrics = robust.zeros_unless(ok, metrics)

@@ -57,12 +57,34 @@ axis `[C, P]`, the minibatches are `[C, B, ...]` and the matmuls batched
 (`tfbfl.algorithms.client_batch`): C clients train in one loop of `max_c S_c` steps,
 each on its own minibatches, seeds, KL target and `kl_scale = beta / N_c`, and each
 equals its one-client run up to float summation order. One client is `C = 1`.
+
+**The fused step** (`fused_step`, what `train_clients` runs unless the natural
+precision step is on; issue 22). `sgd_step` above is the reference: written role by
+role, it makes ~25 passes over each role's parameters a step (softplus twice,
+sigmoid twice, the autodiff of the variance and the views, the KL gradient and the
+update). On the paper's MNIST MLP (219k parameter pairs) those passes, not the
+matmuls, were most of a step. The fused step keeps the same objective, minibatches
+and noise but
+
+* packs all Bayesian parameters into one `loc` and one `u` vector (`FusedPlan`),
+  grouped so layers that read the same input share one matmul (`x` feeds server and
+  client layer 1, `h_s^l` server layer `l + 1` and the adapter `V_l`), each bias the
+  last row of its group's block (the input gets a column of ones), every block
+  aligned to 64 bytes so the per-step views alias the vector;
+* differentiates only the data loss with respect to the means and the *variances*
+  (`2 lr` times it: the scale is folded into the constants), so autodiff stops at
+  the matmuls and one concat per vector;
+* computes once a round what changes once a round: the KL target's and the private
+  prior's natural parameters enter the update only through the per-entry constants
+  of `round_constants`, so a step is one softplus (`log1p(exp(u))`), one variance,
+  and the update `A mu + B - C g` / `u - sigmoid(u) (sigma (g_v + K1) - K2 / sigma)`:
+  13 passes over the packed vectors in all.
 """
 
 from __future__ import annotations
 
 import collections
-from typing import Callable, List, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -76,9 +98,12 @@ __all__ = [
     "Layout",
     "Parameters",
     "draw_noise",
+    "FusedPlan",
     "forward",
+    "fused_step",
     "kl_gradients",
     "natural_precision_update",
+    "round_constants",
     "sgd_step",
     "train_clients",
 ]
@@ -147,6 +172,7 @@ class Layout:
     self.private_min_scale = _per_entry(private_mins, self.private_shapes)
     self.shared_sizes = [int(np.prod(s)) for s in self.shared_shapes]
     self.private_sizes = [int(np.prod(s)) for s in self.private_shapes]
+    self.shared_total, self.private_total = sum(self.shared_sizes), sum(self.private_sizes)
     self.gate_sizes = [int(v.shape[0]) for v in self.gate_vars]
     position = {v.ref(): j for j, v in enumerate(net.private_trainable_variables)}
     self.private_index = dict(private_loc=[position[v.ref()] for v in self.private_loc_vars],
@@ -469,12 +495,263 @@ def sgd_step(cfg,
   return new, loss * tf.reduce_sum(mask, axis=-1), correct
 
 
+# -- the fused step: one packed vector per role, one pass per operation ----------------
+
+_ALIGN = 16  # floats (64 bytes): aligned tf.split pieces of a 1-D vector share its buffer
+
+
+def _padded(size: int) -> int:
+  return -(-size // _ALIGN) * _ALIGN
+
+
+class _Group:
+  """Layers that read the same input, run as one matmul: `tags` `("S"|"C"|"V"|"U", l)`,
+  `units` each, kernel `[n_in, width]` (the layers' kernels side by side, then zero
+  columns up to `width`, a multiple of 16 floats, so every block is aligned)."""
+
+  def __init__(self, tags, layers, n_in):
+    self.tags, self.layers, self.n_in = list(tags), list(layers), int(n_in)
+    self.units = [int(l.units) for l in layers]
+    self.pad = _padded(sum(self.units)) - sum(self.units)
+    self.width = sum(self.units) + self.pad
+    eps = [float(l.variance_epsilon) for l in layers]
+    self.variance_epsilon = (eps[0] if len(set(eps)) == 1 else np.concatenate(
+        [np.full([u], e, np.float32) for u, e in zip(self.units, eps)] +
+        [np.ones([self.pad], np.float32)]))
+
+
+class FusedPlan:
+  """The packed layout of the fused step (`train_clients` without the natural
+  precision step).
+
+  All Bayesian parameters of the client's step (server layers, and with `private`
+  the client layers and lateral adapters) live in one vector per role, `loc` and
+  `u` `[P]` (`[C, P]` batched), grouped by matmul: layers that read the same input
+  share one block `[n_in + 1, width]`, their kernels side by side and their biases
+  as the last row (the input gets a column of ones, so the bias is added by the
+  matmul and its gradient comes out of the matmul's: no bias add, no reduction);
+  `x` feeds server and client layer 1, `h_s^l` server layer `l + 1` and the
+  adapter `V_l`, so the step runs 9 matmul pairs instead of 12 for the 3-layer
+  MLP. Every block is a multiple of 16 floats long (zero columns complete a kernel whose
+  width is not; their outputs are dropped), so the per-step views (`tf.split`,
+  `tf.reshape`) of a one-client vector alias it (no copy: TF shares the buffer of
+  aligned dim-0 pieces) and the gradient of the views is one concat. `pack` /
+  `unpack` map the `Parameters` layout (shared, private) to it and back, once a
+  round (one gather each).
+  """
+
+  def __init__(self, layout: Layout, private: bool):
+    self.layout, self.private = layout, private
+    net, L = layout.net, layout.depth
+    self.depth = L
+    server = layout.server_layers
+    client = list(net.client_layers)
+    v_layers = [lat.adapter_in for lat in net.laterals]
+    u_layers = [lat.adapter_out for lat in net.laterals]
+    n_in = lambda layer: int(layer.kernel_loc.shape[0])
+    groups = [_Group([("S", 0)] + ([("C", 0)] if private else []), [server[0]] +
+                     ([client[0]] if private else []), n_in(server[0]))]
+    for l in range(1, L):
+      groups.append(
+          _Group([("S", l)] + ([("V", l - 1)] if private else []), [server[l]] +
+                 ([v_layers[l - 1]] if private else []), n_in(server[l])))
+    if private:
+      groups.append(_Group([("V", L - 1)], [v_layers[L - 1]], n_in(v_layers[L - 1])))
+      groups += [_Group([("U", l)], [u_layers[l]], n_in(u_layers[l])) for l in range(L)]
+      groups += [_Group([("C", l)], [client[l]], n_in(client[l])) for l in range(1, L)]
+    self.groups = groups
+    self.group_of = {tag: g for g in groups for tag in g.tags}
+    # Where each layer's kernel and bias start in the (shared | private) source vector.
+    shared_off = np.cumsum([0] + layout.shared_sizes)
+    private_off = layout.shared_total + np.cumsum([0] + layout.private_sizes)
+    source = {("S", l): shared_off[2 * l] for l in range(L)}
+    if private:
+      source.update({("C", l): private_off[2 * l] for l in range(L)})
+      source.update({("V", l): private_off[2 * L + 4 * l] for l in range(L)})
+      source.update({("U", l): private_off[2 * L + 4 * l + 2] for l in range(L)})
+    self.source_size = layout.shared_total + (layout.private_total if private else 0)
+    dummy = self.source_size  # a trailing 0 of the source: the padding
+    index, sizes, min_scale = [], [], []
+    for g in groups:
+      # Kernel rows, then the bias as row n_in (the input gets a column of ones).
+      rows = np.arange(g.n_in + 1)[:, None]
+      block = np.concatenate([
+          source[t] + np.minimum(rows, g.n_in) * u + np.arange(u)[None, :]
+          for t, u in zip(g.tags, g.units)
+      ] + [np.full([g.n_in + 1, g.pad], dummy)], 1).reshape([-1])
+      mins = [np.full([u], l.min_scale, np.float32) for l, u in zip(g.layers, g.units)]
+      mins = np.concatenate(mins + [np.zeros([g.pad], np.float32)])
+      index.append(block)
+      min_scale.append(np.tile(mins, g.n_in + 1))
+      sizes.append(block.size)
+    self.index = np.concatenate(index).astype(np.int32)  # packed <- source
+    self.size = int(self.index.size)
+    self.sizes = sizes  # one [n_in + 1, width] block per group, a multiple of 16 floats
+    real = self.index < dummy
+    self.inverse = np.zeros([self.source_size], np.int32)  # source <- packed
+    self.inverse[self.index[real]] = np.nonzero(real)[0]
+    mins = np.concatenate(min_scale)
+    self.min_scale = (float(mins[real][0]) if np.all(mins[real] == mins[real][0]) else mins)
+
+  def pack(self, shared, private=None):
+    """`[C, P]` packed of the role vectors `shared` `[C, P_s]` (and `private`)."""
+    parts = [shared] + ([private] if self.private else [])
+    parts.append(tf.zeros_like(shared[..., :1]))
+    return tf.gather(tf.concat(parts, -1), self.index, axis=-1)
+
+  def unpack(self, packed):
+    """`(shared, private)` role vectors of a packed `[C, P]` (private `None` without)."""
+    source = tf.gather(packed, self.inverse, axis=-1)
+    shared_total = self.layout.shared_total
+    if not self.private:
+      return source, None
+    return source[..., :shared_total], source[..., shared_total:]
+
+  def views(self, flat):
+    """`{group: [C, n_in + 1, width]}` blocks (kernel rows, then the bias) of a packed
+    vector."""
+    lead = flat.shape[:-1].as_list()
+    parts = tf.split(flat, self.sizes, axis=-1)
+    return {id(g): tf.reshape(p, lead + [g.n_in + 1, g.width]) for g, p in zip(self.groups, parts)}
+
+  def group_noise(self, noise):
+    """Per group `[C, B, width]` standard normals from `draw_noise`'s per-layer list."""
+    L = self.depth
+    position = lambda kind, l: {"S": 0, "C": L, "V": 2 * L, "U": 3 * L}[kind] + l
+    out = {}
+    for g in self.groups:
+      eps = [noise[position(*t)] for t in g.tags]
+      if g.pad:
+        eps.append(tf.zeros(tf.concat([tf.shape(eps[0])[:-1], [g.pad]], 0)))
+      out[id(g)] = eps[0] if len(eps) == 1 else tf.concat(eps, -1)
+    return out
+
+  def forward(self, loc, var, gates, x, noise):
+    """`(server_logits, client_logits)` of packed means `loc` and variances `var`
+    (`noise`: `group_noise`'s, or `None` for the posterior-mean pass); as `forward`."""
+    net, L = self.layout.net, self.depth
+    loc_v = self.views(loc)
+    var_v = self.views(var) if noise is not None else None
+    out = {}
+
+    def run(tag, h):
+      g = self.group_of[tag]
+      h = tf.concat([h, tf.ones(h.shape[:-1].as_list() + [1])], -1)  # the bias row's input
+      y = tf.matmul(h, loc_v[id(g)])
+      if noise is not None:
+        variance = tf.matmul(tf.square(h), var_v[id(g)])
+        y += tf.sqrt(variance + g.variance_epsilon) * noise[id(g)]
+      parts = tf.split(y, g.units + [g.pad], axis=-1) if g.pad or len(g.tags) > 1 else [y]
+      out.update(zip(g.tags, parts))
+
+    run(("S", 0), x)
+    server = self.layout.server_layers
+    h_s = []
+    for l in range(L):
+      h_s.append(_activate(server[l], out[("S", l)]))
+      if l + 1 < L or self.private:
+        run(("S", l + 1) if l + 1 < L else ("V", l), h_s[-1])
+    if not self.private:
+      return h_s[-1], None
+    gate = tf.split(gates, self.layout.gate_sizes, axis=-1)
+    h_c = None
+    for l in range(L):
+      lat = net.laterals[l]
+      run(("U", l), _activate(lat.adapter_in, out[("V", l)]))
+      if l > 0:
+        run(("C", l), h_c)
+      g_l = gate[l] if gate[l].shape.rank == 1 else gate[l][:, None, :]
+      lateral = g_l * _activate(lat.adapter_out, out[("U", l)])
+      pre = _activate(net.client_layers[l], out[("C", l)])
+      h_c = net._client_output(l, pre + lateral)  # pylint: disable=protected-access
+    return h_s[-1], h_c
+
+
+def round_constants(cfg, plan: FusedPlan, kl_scale, shared_prior, private_prior):
+  """The per-entry coefficients of the fused update, computed once a round.
+
+  With `D = 1 / (1 + lr k prec_t)` on the shared means (the implicit proximal step)
+  and `D = 1` on the private ones (`k = kl_scale`, target `(eta1_t, prec_t)`), the
+  SGD step of `sgd_step` on a mean is
+
+  ```none
+  mu <- mu - lr D (g + k (prec_t mu - eta1_t)) = A mu + B - C g',
+  A = 1 - lr k prec_t D,  B = lr k eta1_t D,  C = D / 2
+  ```
+
+  with `g' = 2 lr g` the gradient of the data loss scaled by `2 lr` (`fused_step`
+  differentiates `2 lr` times the loss). On a softplus-scale, with `dL/dvar` scaled
+  the same way (`g_v`) and `sigma = softplus(u) + min_scale`,
+
+  ```none
+  u <- u - lr sigmoid(u) (2 sigma dL/dvar + k (sigma prec_t - 1 / sigma))
+     = u - sigmoid(u) (sigma (g_v + K1) - K2 / sigma),   K1 = lr k prec_t,  K2 = lr k.
+  ```
+
+  Returns `(A, B, C, K1, K2)`, packed `[C, P]` (`[P]` and scalars for one client
+  unbatched, `kl_scale` a scalar), `K2` `[C, 1]`.
+  """
+  lr = cfg.client_lr
+  eta1_s, eta2_s = shared_prior
+  d = 1.0 / (1.0 + lr * kl_scale * eta2_s)
+  a_s, b_s, c_s = 1.0 - lr * kl_scale * eta2_s * d, lr * kl_scale * eta1_s * d, 0.5 * d
+  k1_s = lr * kl_scale * eta2_s
+  if plan.private:
+    eta1_p, eta2_p = private_prior
+    lead = tf.shape(eta1_s)[:-1]
+    tile = lambda t: tf.broadcast_to(t, tf.concat([lead, tf.shape(t)], 0))
+    eta1_p, eta2_p = tile(eta1_p), tile(eta2_p)
+    a_p, b_p = 1.0 - lr * kl_scale * eta2_p, lr * kl_scale * eta1_p
+    c_p, k1_p = 0.5 * tf.ones_like(eta1_p), lr * kl_scale * eta2_p
+    pack = plan.pack
+    return (pack(a_s, a_p), pack(b_s, b_p), pack(c_s, c_p), pack(k1_s, k1_p), lr * kl_scale)
+  return tuple(plan.pack(t) for t in (a_s, b_s, c_s, k1_s)) + (lr * kl_scale,)
+
+
+def fused_step(cfg, plan: FusedPlan, state, xb, yb, mask, step_seeds, constants,
+               data_loss: Callable):
+  """One SGD step of `sgd_step` (no natural precision step) on the packed state.
+
+  `state`: `(loc, u, gates)`; `constants`: `round_constants`. Per step: one softplus,
+  one variance, the matmuls, one concat per gradient, then the update of
+  `round_constants` in one expression per role: 3 + 4 + 6 passes over the packed
+  parameters (the layers' path and `sgd_step` take ~25 per role).
+
+  Returns `(new state, data_loss * sum(mask), correct)`.
+  """
+  loc, u, gates = state
+  a, b, c, k1, k2 = constants
+  sigma = tf.math.log1p(tf.exp(u)) + plan.min_scale  # softplus(u) + min_scale
+  var = tf.square(sigma)
+  if step_seeds.shape.rank == 1:  # one client, unbatched
+    eps = _client_noise(plan.layout, step_seeds, xb.shape[0], plan.private)
+  else:
+    eps = draw_noise(plan.layout, step_seeds, xb.shape[1], plan.private)
+  sources = [loc, var] + ([gates] if plan.private else [])
+  with tf.GradientTape() as tape:
+    tape.watch(sources)
+    server_out, client_out = plan.forward(loc, var, gates, xb, plan.group_noise(eps))
+    count = tf.maximum(tf.reduce_sum(mask, axis=-1), 1.0)
+    head = client_out if plan.private else server_out
+    nll, correct = data_loss(cfg, yb, head, mask, axis=-1)
+    loss = nll / count
+    if plan.private and cfg.server_loss_weight > 0:
+      loss += cfg.server_loss_weight * data_loss(cfg, yb, server_out, mask, axis=-1)[0] / count
+    total = tf.reduce_sum(loss) * (2.0 * cfg.client_lr)
+  grads = tape.gradient(total, sources, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+  new_loc = a * loc + (b - c * grads[0])
+  new_u = u - tf.raw_ops.SoftplusGrad(gradients=sigma * (grads[1] + k1) - k2 / sigma, features=u)
+  new_gates = gates - 0.5 * grads[2] if plan.private else gates
+  return (new_loc, new_u, new_gates), loss * tf.reduce_sum(mask, axis=-1), correct
+
+
 def train_clients(cfg, layout: Layout, params: Parameters, shared_prior, x, y, n, seeds,
-                  data_loss: Callable):
+                  data_loss: Callable, fused: Optional[bool] = None):
   """E epochs of masked-minibatch SGD on eq. (3) for C stacked clients.
 
   Args:
-    cfg: the `VirtualConfig`.
+    cfg: the `VirtualConfig` (`cfg.jit_compile`: the step function is compiled by
+      XLA where the runtime has XLA, i.e. plain TensorFlow; TFF's worker has none).
     layout: the network's `Layout`.
     params: the clients' starting `Parameters` `[C, P]`.
     shared_prior: `(eta1, eta2)` `[C, P]`, each client's KL target.
@@ -482,37 +759,75 @@ def train_clients(cfg, layout: Layout, params: Parameters, shared_prior, x, y, n
     seeds: `[C, 2]` client seeds. Minibatches are those of `virtual.client_update`
       for each client alone (`client_batch.MinibatchSchedule`), step seeds
       `stateless_fold_in(seed_c, step)`.
+    fused: the fused step (`fused_step`, packed parameters; default without the
+      natural precision step) or `sgd_step` (the reference; always with it).
 
   Returns:
     `(Parameters, summed data loss [C], summed correct [C])` over each client's steps.
   """
   clients = int(seeds.shape[0])
+  if fused is None:
+    fused = not cfg.natural_precision_step
+  if fused and cfg.natural_precision_step:
+    raise ValueError("the fused step has no natural precision step (precision_step > 0).")
   schedule = client_batch.MinibatchSchedule(seeds, n, tf.shape(y)[1], cfg.epochs, cfg.batch_size)
   kl_scale = (cfg.kl_weight / tf.cast(tf.maximum(n, 1), tf.float32))[:, None]
   private_prior = layout.private_prior() if cfg.private else (tf.zeros([0]), tf.zeros([0]))
-  shared_prior_1 = tuple(t[0] for t in shared_prior)
-
-  # A function of its own per step (a call op in the loop body): grappler then
-  # optimises the step as the old per-client step was (measured: inline, 2x slower).
-  @tf.function
-  def step_fn(params, xb, yb, mask, step):
-    if clients == 1:  # unbatched: 2-D matmuls (oneDNN's batched matmul costs ~30 us
-      # a call more at these sizes; the one-client step ran 2x slower batched)
-      step_seeds = tf.random.experimental.stateless_fold_in(seeds[0], step)
-      new, loss, correct = sgd_step(cfg, layout, Parameters(*params), xb, yb, mask, step_seeds,
-                                    kl_scale[0, 0], shared_prior_1, private_prior, data_loss)
-      return tuple(new), (loss, correct)
-    step_seeds = tf.stack(
-        [tf.random.experimental.stateless_fold_in(seeds[c], step) for c in range(clients)])
-    new, loss, correct = sgd_step(cfg, layout, Parameters(*params), xb, yb, mask, step_seeds,
-                                  kl_scale, shared_prior, private_prior, data_loss)
-    return tuple(new), (loss, correct)
-
   if not cfg.private:  # the client network is neither run nor trained
     params = params._replace(private_loc=tf.zeros([clients, 0]),
                              private_u=tf.zeros([clients, 0]),
                              gates=tf.zeros([clients, 0]))
+  single = clients == 1  # unbatched: 2-D matmuls (oneDNN's batched matmul costs ~30 us
+  # a call more at these sizes; the one-client step ran 2x slower batched)
+  one = (lambda t: t[0]) if single else (lambda t: t)
+
+  def step_seeds_of(step):
+    if single:
+      return tf.random.experimental.stateless_fold_in(seeds[0], step)
+    return tf.stack(
+        [tf.random.experimental.stateless_fold_in(seeds[c], step) for c in range(clients)])
+
   zeros = tf.zeros([clients])
+  if fused:
+    plan = FusedPlan(layout, cfg.private)
+    private = params.private_loc if cfg.private else None
+    private_u = params.private_u if cfg.private else None
+    start = (plan.pack(params.shared_loc, private), plan.pack(params.shared_u, private_u),
+             params.gates)
+    constants = round_constants(cfg, plan, kl_scale[0, 0] if single else kl_scale,
+                                tuple(one(t) for t in shared_prior), private_prior)
+
+    # A function of its own per step (a call op in the loop body): grappler then
+    # optimises the step as the old per-client step was (measured: inline, 2x slower).
+    @tf.function(jit_compile=cfg.jit_compile)
+    def fused_fn(state, xb, yb, mask, step):
+      new, loss, correct = fused_step(cfg, plan, state, xb, yb, mask, step_seeds_of(step),
+                                      constants, data_loss)
+      return new, (loss, correct)
+
+    state, (loss_sum, correct_sum) = client_batch.train_loop(schedule, x, y, start, fused_fn,
+                                                             (zeros, zeros))
+    loc, u, gates = state
+    shared_loc, private_loc = plan.unpack(loc)
+    shared_u, private_u = plan.unpack(u)
+    if not cfg.private:
+      private_loc, private_u = params.private_loc, params.private_u
+    return Parameters(shared_loc, shared_u, private_loc, private_u, gates), loss_sum, correct_sum
+
+  shared_prior_1 = tuple(t[0] for t in shared_prior)
+
+  @tf.function(jit_compile=cfg.jit_compile)
+  def step_fn(params, xb, yb, mask, step):
+    if single:
+      new, loss, correct = sgd_step(cfg, layout, Parameters(*params), xb, yb, mask,
+                                    step_seeds_of(step), kl_scale[0, 0], shared_prior_1,
+                                    private_prior, data_loss)
+      return tuple(new), (loss, correct)
+    new, loss, correct = sgd_step(cfg, layout, Parameters(*params), xb, yb, mask,
+                                  step_seeds_of(step), kl_scale, shared_prior, private_prior,
+                                  data_loss)
+    return tuple(new), (loss, correct)
+
   state, (loss_sum, correct_sum) = client_batch.train_loop(schedule, x, y, tuple(params), step_fn,
                                                            (zeros, zeros))
   return Parameters(*state), loss_sum, correct_sum

@@ -256,7 +256,7 @@ def test_export_gets_every_client_last(tmp_path, monkeypatch):
 
   calls = []
 
-  def export_run(algorithm, server_state, client_items, directory, *, samples, seed):
+  def export_run(algorithm, server_state, client_items, directory, *, samples, seed, raw_input):
     calls.append(
         dict(algorithm=algorithm,
              server_state=server_state,
@@ -264,6 +264,7 @@ def test_export_gets_every_client_last(tmp_path, monkeypatch):
              directory=directory,
              samples=samples,
              seed=seed,
+             raw_input=raw_input,
              checkpoint=state_io.read_meta(str(tmp_path / experiment.CHECKPOINT))["round"],
              summary=os.path.exists(tmp_path / "summary.json")))
 
@@ -285,6 +286,7 @@ def test_export_gets_every_client_last(tmp_path, monkeypatch):
   assert call["algorithm"] is algorithm and call["server_state"] is runner.state["server_state"]
   assert call["directory"] == os.path.join(str(tmp_path), "export")
   assert call["samples"] == 3 and call["seed"] == 1
+  assert call["raw_input"] is data.raw_input  # the loader's preprocessing goes into the export
   assert call["checkpoint"] == 1 and call["summary"]  # last: after the checkpoint and summary
   assert [(cid, i) for cid, i, _ in call["items"]
          ] == [(str(c), i) for i, c in enumerate(data.client_ids)]

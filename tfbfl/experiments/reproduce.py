@@ -34,6 +34,7 @@ This module imports neither TensorFlow nor absl.
 from __future__ import annotations
 
 import csv
+import ctypes
 import dataclasses
 import fnmatch
 import json
@@ -435,13 +436,15 @@ def make_record(cell: Cell, command: Sequence[str], result: Dict[str, Any], wall
 class CellFailed(RuntimeError):
   """A cell's launcher exited non-zero (the message names the cell and its log)."""
 
-def _die_with_parent() -> None:
-  """`preexec_fn`: the cell's launcher gets SIGTERM if the runner dies (Linux)."""
+def _die_with_parent() -> Optional[Callable[[], None]]:
+  """A `preexec_fn` that asks the kernel to SIGTERM the cell's launcher when the
+  runner dies (Linux; None elsewhere). libc is loaded here, in the parent: code
+  between fork and exec must not load libraries."""
   try:
-    import ctypes  # pylint: disable=g-import-not-at-top
-    ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
   except OSError:
-    pass
+    return None
+  return lambda: libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def run_cell(cell: Cell, *, results_dir: str, work_dir: str, data_root: str,
@@ -465,7 +468,7 @@ def run_cell(cell: Cell, *, results_dir: str, work_dir: str, data_root: str,
   with open(log_path, "w") as log_file:
     proc = subprocess.Popen(command, cwd=_repo_root(), env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
-                            preexec_fn=_die_with_parent)
+                            preexec_fn=_die_with_parent())
     try:
       for line in proc.stdout:
         log_file.write(line)

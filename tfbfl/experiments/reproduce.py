@@ -247,9 +247,14 @@ def choose_setting(records: Sequence[Optional[Mapping[str, Any]]],
   missing = sum(r is None for r in records)
   if missing:
     return None, f"waits for {missing} of {len(records)} tuning cells"
-  scores = [_best(r, "mt_accuracy") for r in records]
-  best = int(np.nanargmax(np.where(np.isfinite(scores), scores, -np.inf)))
-  return dict(settings[best]), ""
+  return dict(settings[best_tuning_index(records)]), ""
+
+
+def best_tuning_index(records: Sequence[Mapping[str, Any]]) -> int:
+  """Index of the tuning record with the largest best-round MT accuracy (first on ties;
+  non-finite scores lose)."""
+  scores = np.array([_best(r, "mt_accuracy") for r in records])
+  return int(np.argmax(np.where(np.isfinite(scores), scores, -np.inf)))
 
 
 def pfnm_cells() -> List[Cell]:
@@ -708,7 +713,7 @@ def table2_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
                     if r["cell"]["experiment"] == "tune" and r["cell"]["row"] == row and
                     r["cell"]["algorithm"] == alg), key=lambda r: r["cell"]["setting"])
       if tun:
-        chosen = max(tun, key=lambda r: _best(r, "mt_accuracy"))
+        chosen = tun[best_tuning_index(tun)]
         cells = []
         for r in tun:
           text = f"{r['cell']['setting']}: {100 * _best(r, 'mt_accuracy'):.1f}"

@@ -15,17 +15,15 @@ from tfbfl import flags as tfbfl_flags
 
 FLAGS = flags.FLAGS
 px.define_launcher_flags(px.ONESHOT_METHODS)
-flags.DEFINE_list("J", ["2", "5", "10", "15", "20", "25", "30"], "Numbers of batches (clients).")
-flags.DEFINE_integer("trials", 10, "Trials (data partitions) per J (paper: 10).")
+px.define_options(px.BatchesOptions, module_name=__name__)  # --J, --trials
 
 
 def main(argv):
 
   def prepare():
     settings = px.settings_from_flags(FLAGS, px.ONESHOT_METHODS)
-    J_values = px.parse_int_list("J", FLAGS.J, minimum=1)
-    px.check_at_least_one(trials=FLAGS.trials)
-    return lambda: px.run_batches(settings, J_values, FLAGS.trials, FLAGS.output_dir)
+    own = px.options_from_flags(px.BatchesOptions, FLAGS)
+    return lambda: px.run_batches(settings, list(own.J), own.trials, FLAGS.output_dir)
 
   px.launcher_main(argv, prepare)
 

@@ -13,20 +13,16 @@ from tfbfl import flags as tfbfl_flags
 
 FLAGS = flags.FLAGS
 px.define_launcher_flags(px.DEPTH_METHODS, hidden_units=False)
-flags.DEFINE_list("C", ["1", "2", "3", "4", "5", "6"], "Numbers of hidden layers.")
-flags.DEFINE_integer("J", 10, "Number of batches (paper: 10).")
-flags.DEFINE_integer("width", 100, "Neurons per hidden layer of every client network.")
-flags.DEFINE_integer("trials", 10, "Trials (data partitions) per C (paper: 10).")
+px.define_options(px.DepthOptions, module_name=__name__)  # --C, --J, --width, --trials
 
 
 def main(argv):
 
   def prepare():
     settings = px.settings_from_flags(FLAGS, px.DEPTH_METHODS)
-    C_values = px.parse_int_list("C", FLAGS.C, minimum=1)
-    px.check_at_least_one(J=FLAGS.J, width=FLAGS.width, trials=FLAGS.trials)
-    return lambda: px.run_depth(settings, C_values, FLAGS.J, FLAGS.width, FLAGS.trials, FLAGS.
-                                output_dir)
+    own = px.options_from_flags(px.DepthOptions, FLAGS)
+    return lambda: px.run_depth(settings, list(own.C), own.J, own.width, own.trials,
+                                FLAGS.output_dir)
 
   px.launcher_main(argv, prepare)
 

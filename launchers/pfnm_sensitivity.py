@@ -15,24 +15,17 @@ from tfbfl import flags as tfbfl_flags
 
 FLAGS = flags.FLAGS
 px.define_launcher_flags()
-flags.DEFINE_list("J", ["25"], "Numbers of batches (paper: 25).")
-flags.DEFINE_integer("trials", 10, "Trials (data partitions) per J.")
-flags.DEFINE_list("sigma0_sq_grid", ["1", "10", "100"], "Values of sigma0^2.")
-flags.DEFINE_list("gamma0_grid", ["0.1", "1", "10"], "Values of gamma0.")
-flags.DEFINE_list("sigma_sq_grid", ["0.03", "0.1", "0.3", "1"], "Values of sigma^2.")
+# --J, --trials, --sigma0_sq_grid, --gamma0_grid, --sigma_sq_grid
+px.define_options(px.SensitivityOptions, module_name=__name__)
 
 
 def main(argv):
 
   def prepare():
     settings = px.settings_from_flags(FLAGS, ("pfnm",))
-    J_values = px.parse_int_list("J", FLAGS.J)
-    grids = [
-        px.parse_float_list(name, FLAGS[name].value)
-        for name in ("sigma0_sq_grid", "gamma0_grid", "sigma_sq_grid")
-    ]
-    px.check_at_least_one(trials=FLAGS.trials)
-    return lambda: px.run_sensitivity(settings, J_values, FLAGS.trials, *grids, FLAGS.output_dir)
+    own = px.options_from_flags(px.SensitivityOptions, FLAGS)
+    grids = [list(own.sigma0_sq_grid), list(own.gamma0_grid), list(own.sigma_sq_grid)]
+    return lambda: px.run_sensitivity(settings, list(own.J), own.trials, *grids, FLAGS.output_dir)
 
   px.launcher_main(argv, prepare)
 

@@ -13,29 +13,22 @@ from tfbfl import flags as tfbfl_flags
 
 FLAGS = flags.FLAGS
 px.define_launcher_flags(px.STREAMING_METHODS)
-flags.DEFINE_integer("J", 3, "Number of groups (paper: 3).")
-flags.DEFINE_integer("steps", 15, "Streaming steps S (paper: 15).")
-flags.DEFINE_integer("trials", 10, "Trials (data partitions).")
-flags.DEFINE_integer(
-    "fresh_neurons", 1, "Neurons of a group's next network initialised at the "
-    "prior mean (paper: gamma0 = 1); the rest are drawn from the global network.")
-flags.DEFINE_float("init_noise", 0.01, "Std of the noise added to those initial weights.")
+# --J, --steps, --trials, --fresh_neurons, --init_noise
+px.define_options(px.StreamingOptions, module_name=__name__)
 
 
 def main(argv):
 
   def prepare():
     settings = px.settings_from_flags(FLAGS, px.STREAMING_METHODS)
-    px.check_at_least_one(J=FLAGS.J, steps=FLAGS.steps, trials=FLAGS.trials)
-    if FLAGS.init_noise < 0:
-      raise ValueError(f"--init_noise must be >= 0, got {FLAGS.init_noise}")
+    own = px.options_from_flags(px.StreamingOptions, FLAGS)
     return lambda: px.run_streaming(settings,
-                                    FLAGS.J,
-                                    FLAGS.steps,
-                                    FLAGS.trials,
+                                    own.J,
+                                    own.steps,
+                                    own.trials,
                                     FLAGS.output_dir,
-                                    fresh_neurons=FLAGS.fresh_neurons,
-                                    init_noise=FLAGS.init_noise)
+                                    fresh_neurons=own.fresh_neurons,
+                                    init_noise=own.init_noise)
 
   px.launcher_main(argv, prepare)
 

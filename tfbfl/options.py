@@ -31,7 +31,7 @@ MAX_COUNT = 10**9  # rounds, epochs, batch sizes, ...
 # Upper bounds that only guard the command line against typos (see `Option.check`).
 SANITY_CEILINGS = (MAX_RATE, MAX_WEIGHT, MAX_COUNT)
 
-KINDS = ("int", "float", "bool", "str", "enum", "ints", "strs")
+KINDS = ("int", "float", "bool", "str", "enum", "ints", "strs", "reals")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,10 +40,11 @@ class Option:
 
   kind: "int", "float", "bool", "str" (free text or a path; None allowed),
     "enum" (one of `choices`), "ints" (comma-separated positive integers, a tuple
-    or None), "strs" (comma-separated strings, a tuple or None).
+    or None), "strs" (comma-separated strings, a tuple or None), "reals"
+    (comma-separated numbers, a tuple of floats or None).
   low/high: closed bounds of numbers (`low_open`: `low` itself is refused);
-    for "ints" the bounds of each entry.
-  inf_ok: a float may be +inf (e.g. "no bound").
+    for "ints" and "reals" the bounds of each entry.
+  inf_ok: a float (a "reals" entry) may be +inf (e.g. "no bound").
   none_ok: None is a value (it means what the help text says).
   """
   kind: str
@@ -71,7 +72,7 @@ class Option:
     part of the meaning (a fraction <= 1, a percentile <= 100) always hold.
     """
     if value is None:
-      if self.none_ok or self.kind in ("str", "ints", "strs"):
+      if self.none_ok or self.kind in ("str", "ints", "strs", "reals"):
         return None
       raise ValueError(f"--{flag} needs a value.")
     if not upper and self.high in SANITY_CEILINGS and self.kind in ("int", "float"):
@@ -145,6 +146,18 @@ class Option:
   def _check_strs(self, v, flag):
     return tuple(self._items(v, flag, "strings")) or None
 
+  def _check_reals(self, v, flag):
+    items = self._items(v, flag, "numbers")
+    try:
+      out = tuple(float(x) for x in items)
+    except ValueError:
+      raise ValueError(f"--{flag} must be a comma-separated list of numbers, got {v!r}.") from None
+    for x in out:
+      if math.isnan(x) or (math.isinf(x) and not (self.inf_ok and x > 0)):
+        raise ValueError(f"--{flag} entries must be finite, got {v!r}.")
+      self._bounds(x, flag, " entries")
+    return out or None
+
 
 def _field(default, option: Option):
   return dataclasses.field(default=default, metadata={"option": option})
@@ -187,10 +200,31 @@ def choice(default: str, choices: Sequence[str], help: str, *, flag: Optional[st
   return _field(default, Option("enum", help, flag, choices=tuple(choices)))
 
 
-def int_list(default: Optional[Sequence[int]], help: str, *, flag: Optional[str] = None):
-  """A tuple of positive ints (comma-separated on the command line); None or () if empty."""
+def int_list(default: Optional[Sequence[int]],
+             help: str,
+             *,
+             flag: Optional[str] = None,
+             low: Optional[float] = None,
+             high: Optional[float] = None):
+  """A tuple of ints (comma-separated on the command line); None or () if empty.
+
+  Each entry in [low, high]: by default [1, 10**7]; `high=math.inf` for no ceiling."""
   default = None if default is None else tuple(default)
-  return _field(default, Option("ints", help, flag))
+  return _field(default, Option("ints", help, flag, low, high))
+
+
+def real_list(default: Optional[Sequence[float]],
+              help: str,
+              *,
+              low: Optional[float] = 0.0,
+              high: Optional[float] = MAX_RATE,
+              low_open: bool = False,
+              inf_ok: bool = False,
+              flag: Optional[str] = None):
+  """A tuple of floats (comma-separated on the command line), each in [low, high]
+  (`low_open`: (low, high]); None or () if empty."""
+  default = None if default is None else tuple(float(x) for x in default)
+  return _field(default, Option("reals", help, flag, low, high, low_open, inf_ok))
 
 
 def str_list(default: Optional[Sequence[str]], help: str, *, flag: Optional[str] = None):

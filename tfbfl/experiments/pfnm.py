@@ -18,11 +18,17 @@ Local networks are trained by ``tfbfl.algorithms.pfnm.LocalTrainer`` (TFF), the
 global networks come from ``tfbfl.matching``, and the baselines from
 ``tfbfl.algorithms.oneshot_baselines``.
 
-Flags are shared by the launchers through the ``define_*_flags`` functions
-(``define_launcher_flags``: all of a launcher's) and turned into an
-``ExperimentSettings`` by ``settings_from_flags``.  Defaults are the paper's
-(Table 1 and section 4) except where digits (64 inputs instead of MNIST's 784)
-needs otherwise; each such choice is stated in the flag's help.  Flags named like
+Every launcher setting is declared once, as a ``tfbfl.options`` field (flag name,
+default, help text, rule) of ``DataOptions``, ``TrainingOptions``,
+``MatchingOptions``, ``BaselineOptions`` (shared; ``define_*_flags``,
+``define_launcher_flags``: all of a launcher's) or of the launcher's own
+``BatchesOptions``, ``DepthOptions``, ``StreamingOptions`` or
+``SensitivityOptions``.  ``define_options`` makes the absl flags from such a
+dataclass; ``options_from_flags`` parses them back into it (``tfbfl.options.from_flags``:
+one ``ValueError`` naming the flag), and ``settings_from_flags`` turns the shared
+ones into an ``ExperimentSettings``.  Defaults are the paper's (Table 1 and
+section 4) except where digits (64 inputs instead of MNIST's 784) needs
+otherwise; each such choice is stated in the flag's help.  Flags named like
 ``tfbfl.training``'s settings take their help text (and, where the paper sets
 none, their default) from ``training.settings()``.
 """
@@ -34,13 +40,16 @@ import itertools
 import json
 import math
 import os
+import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import (Any, Callable, Collection, Dict, List, Mapping, Optional, Sequence,
+                    Tuple)
 
 import numpy as np
 
 from tfbfl import data as data_lib
 from tfbfl import experiment
+from tfbfl import options
 from tfbfl import training
 from tfbfl.algorithms import oneshot_baselines as baselines
 from tfbfl.algorithms import pfnm
@@ -55,6 +64,16 @@ __all__ = [
     "STREAMING_METHODS",
     "DEPTH_METHODS",
     "PFNM_DATASETS",
+    "DataOptions",
+    "TrainingOptions",
+    "MatchingOptions",
+    "BaselineOptions",
+    "BatchesOptions",
+    "DepthOptions",
+    "StreamingOptions",
+    "SensitivityOptions",
+    "define_options",
+    "options_from_flags",
     "define_launcher_flags",
     "define_data_flags",
     "define_training_flags",
@@ -107,20 +126,6 @@ _CONSTRAINT = {
     "distillation": baselines.CONSTRAINT["distillation"],
     "downpour_sgd": baselines.CONSTRAINT["downpour_sgd"],
 }
-
-# Matching flags -> MatchingHyperparams fields.
-_HP_FLAGS = {
-    "sigma0_sq": "sigma0_sq",
-    "sigma_sq": "sigma_sq",
-    "gamma0": "gamma0",
-    "max_sweeps": "max_sweeps",
-    "max_global_neurons": "max_global_neurons",
-    "truncation": "truncation",
-    "popularity_cap": "popularity_cap",
-    "softmax_precision": "softmax_precision",
-    "bias_prior_mean": "bias_prior_mean",
-}
-
 
 # ------------------------------------------------------------------ settings
 @dataclasses.dataclass
@@ -213,29 +218,22 @@ def check_dataset(name: str) -> None:
 
 
 def parse_int_list(flag: str, value, minimum: int = 1) -> List[int]:
-  """``"2,5,10"`` (or a list of such strings) -> ``[2, 5, 10]``; ValueError names
-  ``--flag``."""
-  items = value if isinstance(value, (list, tuple)) else str(value).split(",")
-  try:
-    out = [int(str(v).strip()) for v in items if str(v).strip()]
-  except ValueError:
-    raise ValueError(f"--{flag} must be a comma-separated list of ints, got {value!r}") from None
-  if not out or min(out) < minimum:
-    raise ValueError(f"--{flag} must list ints >= {minimum}, got {value!r}")
-  return out
+  """``"2,5,10"`` (or a list of such strings) -> ``[2, 5, 10]``, at least one int, each
+  ``>= minimum`` (``tfbfl.options``' rule for int lists); ValueError names ``--flag``."""
+  out = options.Option("ints", "ints", low=minimum, high=math.inf).check(value, flag)
+  if not out:
+    raise ValueError(f"--{flag} must list at least one int >= {minimum}, got {value!r}.")
+  return list(out)
 
 
 def parse_float_list(flag: str, value, positive: bool = True) -> List[float]:
-  """``"0.1,1"`` -> ``[0.1, 1.0]``; ValueError names ``--flag``."""
-  items = value if isinstance(value, (list, tuple)) else str(value).split(",")
-  try:
-    out = [float(str(v).strip()) for v in items if str(v).strip()]
-  except ValueError:
-    raise ValueError(f"--{flag} must be a comma-separated list of numbers, got {value!r}") from None
-  if not out or not all(np.isfinite(out)) or (positive and min(out) <= 0):
-    raise ValueError(f"--{flag} must list finite{' positive' if positive else ''} numbers, "
-                     f"got {value!r}")
-  return out
+  """``"0.1,1"`` -> ``[0.1, 1.0]``: at least one finite number (``positive``: each > 0);
+  ValueError names ``--flag``."""
+  rule = options.Option("reals", "numbers", low=0.0 if positive else None, low_open=positive)
+  out = rule.check(value, flag)
+  if not out:
+    raise ValueError(f"--{flag} must list at least one number, got {value!r}.")
+  return list(out)
 
 
 def check_at_least_one(**counts) -> None:
@@ -257,18 +255,275 @@ def _check_methods(flag_value, allowed: Sequence[str]) -> tuple:
   return methods
 
 
+# ------------------------------------------------------------------- options
+# Every launcher setting is declared once, as a `tfbfl.options` field of one of the
+# dataclasses below (flag name, default, help text, rule); `define_options` makes the
+# absl flags from them and `options_from_flags` parses the flags back into the typed
+# dataclass, with one ValueError naming the flag for a bad value. The launchers'
+# flags have no sanity ceilings (`high=None`).
+_POSITIVE = dict(low=0.0, low_open=True, high=None)  # a finite number > 0
+_ANY = dict(low=None, high=None)  # any (finite) number
+_AT_LEAST_1 = dict(low=1, high=None)
+
+
+def _require_entries(config, *names: str) -> None:
+  """ValueError naming ``--name`` for the first list flag of ``config`` left empty."""
+  for name in names:
+    if not getattr(config, name):
+      raise ValueError(f"--{name} must list at least one value, got none.")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataOptions:
+  """The data flags (``define_data_flags``) and ``--output_dir``."""
+  dataset: str = options.text(
+      "digits", "digits (bundled, no download), mnist or cifar10 (files under --data_dir; see "
+      "tfbfl.data).")
+  data_dir: Optional[str] = options.text(None, _runs.flag_help("data_dir"))
+  partition: str = options.choice(
+      "class_dirichlet", PARTITION_CHOICES, "homogeneous (IID) or class_dirichlet (per class "
+      "p_k ~ Dir_J(alpha); paper's heterogeneous partition).")
+  alpha: float = options.real(0.2, _runs.flag_help("alpha", paper=0.2), **_POSITIVE)
+  min_size: int = options.integer(training.DEFAULTS["min_size"], _runs.flag_help("min_size"),
+                                  **_ANY)
+  seed: int = options.integer(
+      training.DEFAULTS["seed"],
+      _runs.flag_help("seed", note="the master seed: every trial derives its seeds from it"),
+      high=None)
+  output_dir: Optional[str] = options.text(None,
+                                           "Directory for results.csv, results.md and figures.")
+
+  def __post_init__(self):
+    check_dataset(self.dataset)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingOptions:
+  """Local training flags (paper Table 1, MNIST column); ``LocalTrainingConfig``'s rules."""
+  hidden_units: Tuple[int, ...] = options.int_list(
+      (100,), "Hidden widths of every client network (paper main text: one layer of 100).",
+      high=math.inf)
+  epochs: int = options.integer(10, "Local epochs (Table 1: 10).", high=None)
+  batch_size: int = options.integer(32, _runs.flag_help("batch_size", paper="32, Table 1"),
+                                    **_AT_LEAST_1)
+  learning_rate: float = options.real(
+      0.01, "Adam learning rate (Table 1: 0.01; 0.001 is used for --dataset=cifar10 unless "
+      "given).", flag="lr", **_POSITIVE)
+  l2: float = options.real(
+      1e-6, "L2 coefficient as PyTorch weight_decay (Table 1: 1e-6; 1e-5 is used for "
+      "--dataset=cifar10 unless given).", high=None)
+  init_std: float = options.real(
+      0.1, "Std of the kernel initialisation: Table 1's N(0, 0.01) read as a variance (the "
+      "paper's N(mean, variance) notation); 0.01 for the std reading.", **_POSITIVE)
+  bias_init: float = options.real(0.1, "Initial biases (Table 1: 0.1).", **_ANY)
+  shared_init: bool = options.boolean(
+      False, "All clients start from the same weights (PFNM does not need it; default: "
+      "independent initialisations).")
+
+  def __post_init__(self):
+    _require_entries(self, "hidden_units")
+
+  def local_training(self) -> Dict[str, Any]:
+    """``ExperimentSettings.training``: the ``LocalTrainingConfig`` fields but the widths."""
+    fields = [f.name for f in dataclasses.fields(self) if f.name != "hidden_units"]
+    return {name: getattr(self, name) for name in fields}
+
+
+@dataclasses.dataclass(frozen=True)
+class MatchingOptions:
+  """PFNM matching hyperparameters and the ``--reference_settings`` preset
+  (``MatchingHyperparams``' rules; ``--popularity_cap=0``: no cap)."""
+  sigma0_sq: float = options.real(10.0, "Prior variance sigma0^2 of global neurons (paper: 10).",
+                                  **_POSITIVE)
+  sigma_sq: float = options.real(
+      0.1, "Client noise variance sigma^2. Paper: 1 on MNIST, 'set using training data'; on "
+      "digits' 64-input networks sigma^2 = 1 merges every neuron into L_j global ones, 0.1 is "
+      "near the best training accuracy at a compact size (see launchers.pfnm_sensitivity).",
+      **_POSITIVE)
+  gamma0: float = options.real(1.0, "Beta-process mass gamma0 (paper: 1).", **_POSITIVE)
+  max_sweeps: int = options.integer(10, "Random-order matching sweeps after the first pass.",
+                                    high=None)
+  max_global_neurons: int = options.integer(
+      700, "Truncation level of the global layer (paper: 700).", **_AT_LEAST_1)
+  truncation: str = options.choice(
+      "paper", ("paper", "reference"),
+      "Truncation rule (supplement 4.2, or the public reference code's).")
+  popularity_cap: int = options.integer(
+      0, "Cap on popularity counts m in log(m/(J-m)) (reference code: 10; 0 = no cap, the "
+      "paper).", high=None)
+  softmax_precision: str = options.choice(
+      "class_frequency", ("uniform", "class_frequency"),
+      "Precision of client softmax weights: uniform 1/sigma^2 (paper text) or scaled by the "
+      "client's class frequency (reference code; a client that never saw class k carries no "
+      "information about it). Default class_frequency: it matters on heterogeneous "
+      "partitions and equals uniform on balanced data.")
+  bias_prior_mean: float = options.real(0.0, "Prior mean of biases (paper 0; reference code "
+                                        "0.1).", **_ANY)
+  reference_settings: bool = options.boolean(
+      False, "Start from the public reference code's choices (sigma0^2 = sigma^2 = gamma0 = "
+      "1, popularity cap 10, reference truncation, class-frequency softmax precision, bias "
+      "prior 0.1); matching flags given explicitly still override.")
+
+  def hyperparams(self, seed: int, given: Collection[str] = ()) -> MatchingHyperparams:
+    """``MatchingHyperparams`` with sweep seed ``seed``. With ``reference_settings``:
+    the reference code's values, overridden by the matching flags in ``given`` (those set
+    on the command line)."""
+    fields = [f.name for f in dataclasses.fields(self) if f.name != "reference_settings"]
+    values = {name: getattr(self, name) for name in fields}
+    values["popularity_cap"] = values["popularity_cap"] or None
+    if self.reference_settings:
+      base = dataclasses.asdict(MatchingHyperparams.reference_code())
+      base.update({name: value for name, value in values.items() if name in given})
+      values = base
+    values["seed"] = seed
+    return MatchingHyperparams(**values)
+
+
+@dataclasses.dataclass(frozen=True)
+class BaselineOptions:
+  """The baselines' flags and ``--methods`` (checked against a launcher's methods by
+  ``settings_from_flags``)."""
+  methods: str = options.text("all", "Comma list of methods, or 'all'.")
+  small_gamma0: float = options.real(1e-5, "gamma0 of pfnm_small_gamma (paper: 1e-5).",
+                                     **_POSITIVE)
+  fedavg_hidden_units: Optional[Tuple[int, ...]] = options.int_list(
+      (), "Hidden widths of the FedAvg clients (default: --hidden_units; the paper used 300 "
+      "for capacity).", high=math.inf)
+  dpmeans_lambda: float = options.real(
+      1.5, "DP-means penalty lambda (squared distance between neuron atoms; ~ that of two "
+      "unrelated digits neurons).", **_POSITIVE)
+  kd_hidden: int = options.integer(
+      500, "Width of each hidden layer of the distilled network (paper: 500).", **_AT_LEAST_1)
+  kd_epochs: Optional[int] = options.integer(None, "Distillation epochs (default: --epochs).",
+                                             none_ok=True, **_AT_LEAST_1)
+  comm_rounds: int = options.integer(
+      10, "Downpour SGD communication rounds (paper: one per epoch, 10).", **_AT_LEAST_1)
+  dsgd_epochs_per_round: int = options.integer(
+      1, "Local epochs between two D-SGD communications.", **_AT_LEAST_1)
+  dsgd_server_lr: float = options.real(1.0, "D-SGD server step on the mean client weights.",
+                                       **_POSITIVE)
+
+
+# The launchers' own flags (their grids), each defined by its launcher with
+# `define_options(..., module_name=__name__)` so that its --help lists them.
+@dataclasses.dataclass(frozen=True)
+class BatchesOptions:
+  """``launchers.pfnm_batches``."""
+  J: Tuple[int, ...] = options.int_list((2, 5, 10, 15, 20, 25, 30),
+                                        "Numbers of batches (clients).", high=math.inf)
+  trials: int = options.integer(10, "Trials (data partitions) per J (paper: 10).",
+                                **_AT_LEAST_1)
+
+  def __post_init__(self):
+    _require_entries(self, "J")
+
+
+@dataclasses.dataclass(frozen=True)
+class DepthOptions:
+  """``launchers.pfnm_depth``."""
+  C: Tuple[int, ...] = options.int_list((1, 2, 3, 4, 5, 6), "Numbers of hidden layers.",
+                                        high=math.inf)
+  J: int = options.integer(10, "Number of batches (paper: 10).", **_AT_LEAST_1)
+  width: int = options.integer(100, "Neurons per hidden layer of every client network.",
+                               **_AT_LEAST_1)
+  trials: int = options.integer(10, "Trials (data partitions) per C (paper: 10).",
+                                **_AT_LEAST_1)
+
+  def __post_init__(self):
+    _require_entries(self, "C")
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamingOptions:
+  """``launchers.pfnm_streaming``."""
+  J: int = options.integer(3, "Number of groups (paper: 3).", **_AT_LEAST_1)
+  steps: int = options.integer(15, "Streaming steps S (paper: 15).", **_AT_LEAST_1)
+  trials: int = options.integer(10, "Trials (data partitions).", **_AT_LEAST_1)
+  fresh_neurons: int = options.integer(
+      1, "Neurons of a group's next network initialised at the prior mean (paper: gamma0 = "
+      "1); the rest are drawn from the global network.", **_ANY)
+  init_noise: float = options.real(0.01, "Std of the noise added to those initial weights.",
+                                   high=None, inf_ok=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class SensitivityOptions:
+  """``launchers.pfnm_sensitivity``."""
+  J: Tuple[int, ...] = options.int_list((25,), "Numbers of batches (paper: 25).", high=math.inf)
+  trials: int = options.integer(10, "Trials (data partitions) per J.", **_AT_LEAST_1)
+  sigma0_sq_grid: Tuple[float, ...] = options.real_list((1, 10, 100), "Values of sigma0^2.",
+                                                        **_POSITIVE)
+  gamma0_grid: Tuple[float, ...] = options.real_list((0.1, 1, 10), "Values of gamma0.",
+                                                     **_POSITIVE)
+  sigma_sq_grid: Tuple[float, ...] = options.real_list((0.03, 0.1, 0.3, 1), "Values of sigma^2.",
+                                                       **_POSITIVE)
+
+  def __post_init__(self):
+    _require_entries(self, "J", "sigma0_sq_grid", "gamma0_grid", "sigma_sq_grid")
+
+
 # --------------------------------------------------------------------- flags
-class _Definer:
-  """``absl.flags.DEFINE_*`` bound to one ``FlagValues`` (tests use their own)."""
+def define_options(cls,
+                   flag_values=None,
+                   *,
+                   skip: Collection[str] = (),
+                   defaults: Optional[Mapping[str, Any]] = None,
+                   helps: Optional[Mapping[str, str]] = None,
+                   module_name: Optional[str] = None) -> List[str]:
+  """Defines an absl flag for every ``tfbfl.options`` setting of the dataclass ``cls``
+  but ``skip`` (on ``flag_values``, default ``absl.flags.FLAGS``); returns their names.
 
-  def __init__(self, flag_values=None):
-    from absl import flags as absl_flags  # pylint: disable=g-import-not-at-top
-    self._flags = absl_flags
-    self._fv = absl_flags.FLAGS if flag_values is None else flag_values
+  ``defaults`` / ``helps`` replace some flags' default / help text.  ``module_name``
+  (a launcher's ``__name__``) makes them that module's flags, listed by its ``--help``
+  (default: this module's, listed by ``--helpfull``).  The values are checked when
+  ``options_from_flags`` parses them (a ``ValueError`` naming the flag, in-process as
+  on the command line), not by absl validators at parse time as ``tfbfl.flags`` does.
+  """
+  from absl import flags as absl_flags  # pylint: disable=g-import-not-at-top
+  fv = absl_flags.FLAGS if flag_values is None else flag_values
+  defaults, helps = dict(defaults or {}), dict(helps or {})
+  where = {}
+  if module_name is not None:  # absl's name for the module run as a script
+    where["module_name"] = sys.argv[0] if module_name == "__main__" else module_name
+  define = dict(int=absl_flags.DEFINE_integer,
+                float=absl_flags.DEFINE_float,
+                bool=absl_flags.DEFINE_bool,
+                str=absl_flags.DEFINE_string)
+  names = []
+  for name, (f, option) in options.option_fields(cls).items():
+    if name in skip:
+      continue
+    default, text = defaults.get(name, f.default), helps.get(name, option.help)
+    if option.kind == "enum":
+      absl_flags.DEFINE_enum(name, default, list(option.choices), text, flag_values=fv, **where)
+    elif option.kind in define:
+      define[option.kind](name, default, text, flag_values=fv, **where)
+    else:  # "ints", "strs", "reals": comma-separated lists
+      listed = None if default is None else [
+          format(x, "g") if option.kind == "reals" else str(x) for x in default
+      ]
+      absl_flags.DEFINE_list(name, listed, text, flag_values=fv, **where)
+    names.append(name)
+  return names
 
-  def __getattr__(self, name):
-    fn = getattr(self._flags, name)
-    return lambda *args, **kwargs: fn(*args, flag_values=self._fv, **kwargs)
+
+def options_from_flags(cls, flag_values=None):
+  """The dataclass ``cls`` from the parsed values of its flags (``define_options``;
+  a flag not defined takes the field's default) via ``tfbfl.options.from_flags``.
+
+  Raises:
+    ValueError: naming the offending flag.
+  """
+  from absl import flags as absl_flags  # pylint: disable=g-import-not-at-top
+  fv = absl_flags.FLAGS if flag_values is None else flag_values
+  names = options.option_fields(cls)
+  return options.from_flags(cls, {name: fv[name].value for name in names if name in fv})
+
+
+def _given(cls, flag_values) -> List[str]:
+  """The flags of ``cls`` set on the command line."""
+  return [name for name in options.option_fields(cls) if name in flag_values and
+          flag_values[name].present]
 
 
 def define_launcher_flags(methods: Optional[Sequence[str]] = None,
@@ -284,194 +539,72 @@ def define_launcher_flags(methods: Optional[Sequence[str]] = None,
 
 
 def define_data_flags(flag_values=None, partition: str = "class_dirichlet") -> None:
-  """--dataset, --data_dir, --partition, --alpha, --min_size, --seed, --output_dir
-  (on ``flag_values``, default ``absl.flags.FLAGS``)."""
-  flags = _Definer(flag_values)
-  flags.DEFINE_string(
-      "dataset", "digits", "digits (bundled, no download), mnist or cifar10 "
-      "(files under --data_dir; see tfbfl.data).")
-  flags.DEFINE_string("data_dir", None, _runs.flag_help("data_dir"))
-  flags.DEFINE_enum(
-      "partition", partition, list(PARTITION_CHOICES),
-      "homogeneous (IID) or class_dirichlet (per class p_k ~ Dir_J(alpha); paper's "
-      "heterogeneous partition).")
-  flags.DEFINE_float("alpha", 0.2, _runs.flag_help("alpha", paper=0.2))
-  flags.DEFINE_integer("min_size", training.DEFAULTS["min_size"], _runs.flag_help("min_size"))
-  flags.DEFINE_integer(
-      "seed", training.DEFAULTS["seed"],
-      _runs.flag_help("seed", note="the master seed: every trial derives its seeds from it"))
-  flags.DEFINE_string("output_dir", None, "Directory for results.csv, results.md and figures.")
+  """``DataOptions``: --dataset, --data_dir, --partition, --alpha, --min_size, --seed,
+  --output_dir (on ``flag_values``, default ``absl.flags.FLAGS``)."""
+  define_options(DataOptions, flag_values, defaults={"partition": partition})
 
 
 def define_training_flags(flag_values=None, hidden_units: bool = True) -> None:
-  """Local training flags (paper Table 1, MNIST column)."""
-  flags = _Definer(flag_values)
-  if hidden_units:
-    flags.DEFINE_list(
-        "hidden_units", ["100"], "Hidden widths of every client network "
-        "(paper main text: one layer of 100).")
-  flags.DEFINE_integer("epochs", 10, "Local epochs (Table 1: 10).")
-  flags.DEFINE_integer("batch_size", 32, _runs.flag_help("batch_size", paper="32, Table 1"))
-  flags.DEFINE_float(
-      "lr", 0.01, "Adam learning rate (Table 1: 0.01; 0.001 is used for "
-      "--dataset=cifar10 unless given).")
-  flags.DEFINE_float(
-      "l2", 1e-6, "L2 coefficient as PyTorch weight_decay (Table 1: 1e-6; 1e-5 "
-      "is used for --dataset=cifar10 unless given).")
-  flags.DEFINE_float(
-      "init_std", 0.1, "Std of the kernel initialisation: Table 1's N(0, 0.01) "
-      "read as a variance (the paper's N(mean, variance) notation); 0.01 for the "
-      "std reading.")
-  flags.DEFINE_float("bias_init", 0.1, "Initial biases (Table 1: 0.1).")
-  flags.DEFINE_bool(
-      "shared_init", False, "All clients start from the same weights "
-      "(PFNM does not need it; default: independent initialisations).")
+  """``TrainingOptions``: local training flags (paper Table 1, MNIST column)."""
+  define_options(TrainingOptions, flag_values, skip=() if hidden_units else ("hidden_units",))
 
 
 def define_matching_flags(flag_values=None) -> None:
-  """PFNM matching hyperparameters and the --reference_settings preset."""
-  flags = _Definer(flag_values)
-  flags.DEFINE_float("sigma0_sq", 10.0, "Prior variance sigma0^2 of global neurons (paper: 10).")
-  flags.DEFINE_float(
-      "sigma_sq", 0.1, "Client noise variance sigma^2. Paper: 1 on MNIST, 'set "
-      "using training data'; on digits' 64-input networks sigma^2 = 1 merges every "
-      "neuron into L_j global ones, 0.1 is near the best training accuracy at a "
-      "compact size (see launchers.pfnm_sensitivity).")
-  flags.DEFINE_float("gamma0", 1.0, "Beta-process mass gamma0 (paper: 1).")
-  flags.DEFINE_integer("max_sweeps", 10, "Random-order matching sweeps after the first pass.")
-  flags.DEFINE_integer("max_global_neurons", 700, "Truncation level of the global layer "
-                       "(paper: 700).")
-  flags.DEFINE_enum("truncation", "paper", ["paper", "reference"], "Truncation rule "
-                    "(supplement 4.2, or the public reference code's).")
-  flags.DEFINE_integer(
-      "popularity_cap", 0, "Cap on popularity counts m in log(m/(J-m)) "
-      "(reference code: 10; 0 = no cap, the paper).")
-  flags.DEFINE_enum(
-      "softmax_precision", "class_frequency", ["uniform", "class_frequency"],
-      "Precision of client softmax weights: uniform 1/sigma^2 (paper text) or "
-      "scaled by the client's class frequency (reference code; a client that never "
-      "saw class k carries no information about it). Default class_frequency: it "
-      "matters on heterogeneous partitions and equals uniform on balanced data.")
-  flags.DEFINE_float("bias_prior_mean", 0.0, "Prior mean of biases (paper 0; reference code 0.1).")
-  flags.DEFINE_bool(
-      "reference_settings", False, "Start from the public reference code's choices "
-      "(sigma0^2 = sigma^2 = gamma0 = 1, popularity cap 10, reference truncation, "
-      "class-frequency softmax precision, bias prior 0.1); matching flags given "
-      "explicitly still override.")
+  """``MatchingOptions``: PFNM matching hyperparameters and --reference_settings."""
+  define_options(MatchingOptions, flag_values)
 
 
 def define_baseline_flags(methods: Sequence[str], flag_values=None) -> None:
-  """Baseline flags and --methods."""
-  flags = _Definer(flag_values)
-  flags.DEFINE_string("methods", "all", f"Comma list of methods, or 'all': {list(methods)}.")
-  flags.DEFINE_float("small_gamma0", 1e-5, "gamma0 of pfnm_small_gamma (paper: 1e-5).")
-  flags.DEFINE_list(
-      "fedavg_hidden_units", [], "Hidden widths of the FedAvg clients (default: "
-      "--hidden_units; the paper used 300 for capacity).")
-  flags.DEFINE_float(
-      "dpmeans_lambda", 1.5, "DP-means penalty lambda (squared distance between "
-      "neuron atoms; ~ that of two unrelated digits neurons).")
-  flags.DEFINE_integer("kd_hidden", 500, "Width of each hidden layer of the distilled network "
-                       "(paper: 500).")
-  flags.DEFINE_integer("kd_epochs", None, "Distillation epochs (default: --epochs).")
-  flags.DEFINE_integer("comm_rounds", 10, "Downpour SGD communication rounds (paper: one per "
-                       "epoch, 10).")
-  flags.DEFINE_integer("dsgd_epochs_per_round", 1, "Local epochs between two D-SGD "
-                       "communications.")
-  flags.DEFINE_float("dsgd_server_lr", 1.0, "D-SGD server step on the mean client weights.")
-
-
-def _flag(FLAGS, name, default=None):
-  return FLAGS[name].value if name in FLAGS else default
+  """``BaselineOptions``: baseline flags and --methods (its help lists ``methods``)."""
+  define_options(BaselineOptions,
+                 flag_values,
+                 helps={"methods": f"Comma list of methods, or 'all': {list(methods)}."})
 
 
 def settings_from_flags(FLAGS, methods: Sequence[str]) -> ExperimentSettings:
-  """Validated ``ExperimentSettings`` from the flags defined above.
+  """Validated ``ExperimentSettings`` from the flags defined above (those a launcher
+  did not define take their defaults); ``methods``: the launcher's.
 
   Raises:
     ValueError: naming the offending flag.
   """
-  check_dataset(FLAGS.dataset)
-  if not FLAGS.output_dir:
+  data = options_from_flags(DataOptions, FLAGS)
+  if not data.output_dir:
     raise ValueError("--output_dir is required")
-  if not (np.isfinite(FLAGS.alpha) and FLAGS.alpha > 0):
-    raise ValueError(f"--alpha must be > 0, got {FLAGS.alpha}")
-  if FLAGS.seed < 0:
-    raise ValueError(f"--seed must be >= 0, got {FLAGS.seed}")
-  lr, l2 = FLAGS.lr, FLAGS.l2
-  if FLAGS.dataset == "cifar10":  # Table 1's CIFAR-10 column unless given explicitly
-    lr = lr if FLAGS["lr"].present else 0.001
-    l2 = l2 if FLAGS["l2"].present else 1e-5
-  training = dict(epochs=FLAGS.epochs,
-                  batch_size=FLAGS.batch_size,
-                  learning_rate=lr,
-                  l2=l2,
-                  init_std=FLAGS.init_std,
-                  bias_init=FLAGS.bias_init,
-                  shared_init=FLAGS.shared_init)
-  flag_of = dict(epochs="epochs",
-                 batch_size="batch_size",
-                 learning_rate="lr",
-                 l2="l2",
-                 init_std="init_std",
-                 bias_init="bias_init",
-                 shared_init="shared_init")
-  try:
-    pfnm.LocalTrainingConfig(input_dim=1, num_classes=2, **training)
-  except ValueError as e:
-    field = str(e).split(" ")[0]
-    raise ValueError(f"--{flag_of.get(field, field)}: {e}") from None
-  hidden = (tuple(parse_int_list("hidden_units", FLAGS.hidden_units))
-            if "hidden_units" in FLAGS else (100,))
-  fedavg_hidden = (tuple(parse_int_list("fedavg_hidden_units", FLAGS.fedavg_hidden_units)) if _flag(
-      FLAGS, "fedavg_hidden_units") else None)
-  check_at_least_one(
-      **{
-          name: FLAGS[name].value
-          for name in ("comm_rounds", "dsgd_epochs_per_round", "kd_hidden")
-          if name in FLAGS
-      })
-  if _flag(FLAGS, "kd_epochs") is not None:
-    check_at_least_one(kd_epochs=FLAGS.kd_epochs)
-  for name in ("dpmeans_lambda", "dsgd_server_lr", "small_gamma0"):
-    if name in FLAGS and not (np.isfinite(FLAGS[name].value) and FLAGS[name].value > 0):
-      raise ValueError(f"--{name} must be a finite number > 0, got {FLAGS[name].value}")
-  return ExperimentSettings(dataset=FLAGS.dataset,
-                            data_dir=FLAGS.data_dir,
-                            partition=FLAGS.partition,
-                            alpha=FLAGS.alpha,
-                            min_size=FLAGS.min_size,
-                            seed=FLAGS.seed,
-                            hidden_units=hidden,
-                            training=training,
-                            hp=matching_hparams_from_flags(FLAGS),
-                            small_gamma0=_flag(FLAGS, "small_gamma0", 1e-5),
-                            fedavg_hidden_units=fedavg_hidden,
-                            dpmeans_lambda=_flag(FLAGS, "dpmeans_lambda", 1.5),
-                            kd_hidden=_flag(FLAGS, "kd_hidden", 500),
-                            kd_epochs=_flag(FLAGS, "kd_epochs"),
-                            comm_rounds=_flag(FLAGS, "comm_rounds", 10),
-                            dsgd_epochs_per_round=_flag(FLAGS, "dsgd_epochs_per_round", 1),
-                            dsgd_server_lr=_flag(FLAGS, "dsgd_server_lr", 1.0),
-                            methods=_check_methods(_flag(FLAGS, "methods", "all"), methods))
+  local = options_from_flags(TrainingOptions, FLAGS)
+  if data.dataset == "cifar10":  # Table 1's CIFAR-10 column unless given explicitly
+    given = _given(TrainingOptions, FLAGS)
+    local = dataclasses.replace(local,
+                                learning_rate=local.learning_rate if "lr" in given else 0.001,
+                                l2=local.l2 if "l2" in given else 1e-5)
+  base = options_from_flags(BaselineOptions, FLAGS)
+  return ExperimentSettings(dataset=data.dataset,
+                            data_dir=data.data_dir,
+                            partition=data.partition,
+                            alpha=data.alpha,
+                            min_size=data.min_size,
+                            seed=data.seed,
+                            hidden_units=local.hidden_units,
+                            training=local.local_training(),
+                            hp=matching_hparams_from_flags(FLAGS, seed=data.seed),
+                            small_gamma0=base.small_gamma0,
+                            fedavg_hidden_units=base.fedavg_hidden_units or None,
+                            dpmeans_lambda=base.dpmeans_lambda,
+                            kd_hidden=base.kd_hidden,
+                            kd_epochs=base.kd_epochs,
+                            comm_rounds=base.comm_rounds,
+                            dsgd_epochs_per_round=base.dsgd_epochs_per_round,
+                            dsgd_server_lr=base.dsgd_server_lr,
+                            methods=_check_methods(base.methods, methods))
 
 
-def matching_hparams_from_flags(FLAGS) -> MatchingHyperparams:
+def matching_hparams_from_flags(FLAGS, seed: Optional[int] = None) -> MatchingHyperparams:
   """Matching flags -> ``MatchingHyperparams`` (``--reference_settings``: the
-  reference code's values, overridden by explicitly given matching flags)."""
-  values = {field: FLAGS[flag].value for flag, field in _HP_FLAGS.items()}
-  values["popularity_cap"] = values["popularity_cap"] or None
-  if FLAGS.reference_settings:
-    explicit = {field: values[field] for flag, field in _HP_FLAGS.items() if FLAGS[flag].present}
-    base = dataclasses.asdict(MatchingHyperparams.reference_code())
-    base.update(explicit)
-    values = base
-  values["seed"] = FLAGS.seed
-  try:
-    return MatchingHyperparams(**values)
-  except ValueError as e:
-    field = str(e).split(" ")[0]
-    raise ValueError(f"--{field}: {e}") from None
+  reference code's values, overridden by explicitly given matching flags); sweep
+  seed ``seed`` (default ``--seed``)."""
+  matching = options_from_flags(MatchingOptions, FLAGS)
+  return matching.hyperparams(FLAGS.seed if seed is None else seed,
+                              _given(MatchingOptions, FLAGS))
 
 
 # ------------------------------------------------------------------ launchers

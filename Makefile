@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.tfbfl-installed
 
-.PHONY: install check-install test demo bench clean-venv
+.PHONY: install check-install lint test demo bench clean-venv
 
 install: $(STAMP)
 
@@ -19,10 +19,17 @@ $(STAMP): requirements/pins.txt setup.cfg pyproject.toml
 check-install: install
 	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m tfbfl.runtime
 
+# The lint gate (ruff, pyflakes' rules; configured in pyproject.toml), before the tests.
+RUFF := ruff==0.8.6
+lint: install
+	@$(PY) -m ruff --version 2>/dev/null | grep -q "$(subst ==, ,$(RUFF))" || \
+	  $(PY) -m pip install -q --disable-pip-version-check $(RUFF)
+	$(PY) -m ruff check tfbfl launchers benchmarks tests
+
 # Two pytest-xdist workers, one test module each at a time (module fixtures run once):
 # 13.5 -> 9.5 min on a quiet 2-core machine. `make test TEST_WORKERS=0` runs serially.
 TEST_WORKERS ?= 2
-test: install
+test: install lint
 	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest -q tests -n $(TEST_WORKERS) --dist loadfile
 
 demo: install

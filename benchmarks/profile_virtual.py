@@ -37,7 +37,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfbfl.algorithms import virtual
-from tfbfl.algorithms import virtual_step
+from tfbfl.algorithms.virtual import step as virtual_step
 
 CATEGORIES = ("matmul", "per-parameter math", "per-parameter copy", "random draws",
               "activations, loss", "loop, control, data")

@@ -70,7 +70,7 @@ from tfbfl import runtime
 from tfbfl import training
 from tfbfl.algorithms import registry
 from tfbfl.algorithms import virtual
-from tfbfl.algorithms import virtual_step
+from tfbfl.algorithms.virtual import step as virtual_step
 from tfbfl.layers import BayesianDense
 
 _DATASETS = flags.DEFINE_list("dataset", ["digits", "mnist"],

@@ -41,9 +41,9 @@ def main(argv):
     raise ValueError("--output_dir is required (the run directory holding checkpoint.npz).")
   if _EXPORT_SAMPLES.value is not None and _EXPORT_SAMPLES.value < 0:
     raise ValueError(f"--export_samples must be >= 0, got {_EXPORT_SAMPLES.value}.")
-  from tfbfl import export  # pylint: disable=g-import-not-at-top
+  from tfbfl import restore  # pylint: disable=g-import-not-at-top
 
-  manifest = export.export_from_checkpoint(_OUTPUT_DIR.value,
+  manifest = restore.export_from_checkpoint(_OUTPUT_DIR.value,
                                            export_dir=_EXPORT_DIR.value,
                                            samples=_EXPORT_SAMPLES.value,
                                            verbose=True)

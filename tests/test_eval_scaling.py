@@ -109,7 +109,6 @@ def test_only_trained_clients_recomputed(tmp_path):
                                  output_dir=None),
                          eval_chunk=3)
   runner.run()
-  rounds_mt = []  # clients whose MT each evaluation computed (chunks joined)
   per_eval = (k + 2) // 3  # S calls per evaluation
   assert len(algo.s_calls) == 3 * per_eval
   assert all(len(ids) <= 3 for ids in algo.s_calls + algo.mt_calls)

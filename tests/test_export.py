@@ -22,6 +22,8 @@ import pytest
 
 from tfbfl import experiment
 from tfbfl import export
+from tfbfl import predictor as predictor_lib
+from tfbfl import restore
 from tfbfl import runtime
 from tfbfl import training
 
@@ -57,7 +59,7 @@ def _driver_exports() -> bool:
 def _launch(module, *args, timeout=300):
   """`python -m module *args` as from a user's shell: without the TF2_BEHAVIOR=1
   that importing TensorFlow put into this process's environment (with it, the
-  child starts TensorFlow differently; see `tfbfl.export.eager_scope`)."""
+  child starts TensorFlow differently; see `tfbfl.predictor.eager_scope`)."""
   env = {k: v for k, v in os.environ.items() if k != "TF2_BEHAVIOR"}
   return subprocess.run([sys.executable, "-m", module, *args],
                         cwd=ROOT,
@@ -73,7 +75,7 @@ def _train(params, out, launcher=False):
   `out/export`: the driver's, or (until the driver writes one) `export_run` of
   the final state of a run driven here exactly as `training.run_training` does.
   `launcher`: as a user runs it, `python -m launchers.train` (TensorFlow then
-  starts inside `absl.app.run`, see `tfbfl.export.eager_scope`)."""
+  starts inside `absl.app.run`, see `tfbfl.predictor.eager_scope`)."""
   params = dict(params, output_dir=str(out))
   if launcher and _driver_exports():
     start = time.time()
@@ -278,7 +280,7 @@ def test_monte_carlo_server_predictive(virtual_run, tmp_path):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tfbfl.algorithms import virtual  # pylint: disable=g-import-not-at-top
 
-  run = export.restore_run(virtual_run)
+  run = restore.restore_run(virtual_run)
   algorithm, state = run.algorithm, run.server_state
   samples, seed = 4, 7
   manifest = export.export_run(algorithm,
@@ -406,14 +408,14 @@ def test_interrupted_save_leaves_no_half_written_model(tmp_path, monkeypatch):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   w = tf.Variable([[1.0, -1.0]])
-  predictor = export.make_predictor(
+  predictor = predictor_lib.make_predictor(
       lambda x: (tf.nn.softmax(x * w), tf.argmax(x * w, -1, output_type=tf.int32)),
       input_shape=(1,),
       input_dtype="float32",
       num_classes=2,
       variables=[w])
   path = str(tmp_path / "server")
-  export.save_predictor(predictor, path)
+  predictor_lib.save_predictor(predictor, path)
   x = np.array([[2.0], [-1.0]], np.float32)
   before = export.load(path)(x)
   np.testing.assert_allclose(before, tf.nn.softmax(x * w.numpy()).numpy(), rtol=1e-6)
@@ -426,11 +428,11 @@ def test_interrupted_save_leaves_no_half_written_model(tmp_path, monkeypatch):
 
   monkeypatch.setattr(tf.saved_model, "save", broken_save)
   with pytest.raises(KeyboardInterrupt):
-    export.save_predictor(predictor, path)
+    predictor_lib.save_predictor(predictor, path)
   monkeypatch.undo()
   assert sorted(os.listdir(tmp_path)) == ["server"]  # no temporary left, old model intact
   np.testing.assert_array_equal(export.load(path)(x), before)
-  export.save_predictor(predictor, path)  # replaces the model
+  predictor_lib.save_predictor(predictor, path)  # replaces the model
   np.testing.assert_allclose(export.load(path)(x), tf.nn.softmax(x * w.numpy()).numpy(), rtol=1e-6)
   assert sorted(os.listdir(tmp_path)) == ["server"]
 
@@ -452,7 +454,7 @@ def test_raw_input_predictor_applies_the_preprocessing(tmp_path):
     logits = tf.reshape(x, [-1, 6]) @ w
     return tf.nn.softmax(logits), tf.argmax(logits, -1, output_type=tf.int32)
 
-  features = export.make_predictor(forward,
+  features = predictor_lib.make_predictor(forward,
                                    input_shape=(2, 3),
                                    input_dtype="float32",
                                    num_classes=3,
@@ -461,7 +463,7 @@ def test_raw_input_predictor_applies_the_preprocessing(tmp_path):
   raw = np.random.default_rng(1).integers(0, 256, size=(7, 2, 3)).astype(np.uint8)
   for client_id in (None, "c0"):
     path = str(tmp_path / f"m_{client_id}")
-    export.save_predictor(export.with_raw_input(features, raw_input, client_id), path)
+    predictor_lib.save_predictor(predictor_lib.with_raw_input(features, raw_input, client_id), path)
     served = tf.saved_model.load(path).signatures
     assert served["serving_default"].structured_input_signature[1]["x"].dtype == tf.uint8
     x = raw_input.apply(raw, client_id)
@@ -477,7 +479,7 @@ def test_raw_input_predictor_applies_the_preprocessing(tmp_path):
   # FEMNIST: LEAF's float pixels (1.0 = background) in, 1 - pixel inside.
   leaf = preprocessing.leaf_femnist_raw_input()
   w28 = tf.Variable(np.random.default_rng(2).normal(size=(784, 3)).astype(np.float32))
-  model = export.make_predictor(
+  model = predictor_lib.make_predictor(
       lambda x: (tf.nn.softmax(tf.reshape(x, [-1, 784]) @ w28),
                  tf.argmax(tf.reshape(x, [-1, 784]) @ w28, -1, output_type=tf.int32)),
       input_shape=(28, 28),
@@ -485,7 +487,7 @@ def test_raw_input_predictor_applies_the_preprocessing(tmp_path):
       num_classes=3,
       variables=[w28])
   path = str(tmp_path / "femnist")
-  export.save_predictor(export.with_raw_input(model, leaf), path)
+  predictor_lib.save_predictor(predictor_lib.with_raw_input(model, leaf), path)
   pixels = np.random.default_rng(3).random((5, 28, 28)).astype(np.float32)
   got = tf.saved_model.load(path).signatures["serving_default"](x=tf.constant(pixels))
   want = model.serve(tf.constant(np.float32(1) - pixels))
@@ -521,9 +523,9 @@ def _real_mnist_run(tmp_path, dataset, algorithm, from_checkpoint=True):
   training.run_training(params)
   run = None
   if from_checkpoint:
-    exported = export.export_from_checkpoint(str(out), verbose=False)
+    exported = restore.export_from_checkpoint(str(out), verbose=False)
   else:
-    run = export.restore_run(str(out))
+    run = restore.restore_run(str(out))
     exported = export.export_run(run.algorithm,
                                  run.server_state,
                                  export.iter_client_states(run.algorithm, run.data.client_ids,

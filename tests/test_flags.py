@@ -71,7 +71,7 @@ def test_algorithms_import_no_tensorflow():
 
 
 _DRIVER = ("tfbfl.training", "tfbfl.experiment", "tfbfl.experiments", "tfbfl.runtime",
-           "tfbfl.flags", "tfbfl.data", "absl")
+           "tfbfl.flags", "tfbfl.data", "tfbfl.export", "tfbfl.restore", "tfbfl.checkpoint", "absl")
 
 
 def _imports(path):
@@ -87,7 +87,8 @@ def _imports(path):
   return names
 
 
-@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(_ROOT, "tfbfl/algorithms/*.py"))))
+@pytest.mark.parametrize(
+    "path", sorted(glob.glob(os.path.join(_ROOT, "tfbfl/algorithms/**/*.py"), recursive=True)))
 def test_algorithms_do_not_import_the_driver(path):
   bad = [n for n in _imports(path) if any(n == d or n.startswith(d + ".") for d in _DRIVER)]
   assert not bad, (os.path.basename(path), bad)

@@ -247,6 +247,25 @@ def test_fedavg_process_rounds_equal_the_driver(digits, client_data):
   assert ev["server_accuracy"] == pytest.approx(runner.rows[-1]["server_accuracy"], abs=1e-6)
 
 
+def test_fedpa_gets_its_process_from_its_own_hooks(digits, client_data):
+  """FedPA declares no process of its own: `build_process("fedpa", ...)` finds its
+  `base.SupportsLearningProcess` hooks, and its rounds equal the driver's."""
+  process = learning.build_process("fedpa", digits, hidden_units=(16,), epochs=3,
+                                   fedpa_burn_in=1, fedpa_server_burn_in=1, seed=_SEED)
+  assert process.algorithm.name == "fedpa" and not process.stateful_clients
+  states, _ = _run_process(process, client_data)
+  runner = _drive(process.algorithm, digits)
+  _assert_same_tree(process.get_model_weights(states[-1]),
+                    runner.state["server_state"].model_weights)
+  ev = learning.evaluate(process, states[-1], digits)
+  assert ev["server_accuracy"] == pytest.approx(runner.rows[-1]["server_accuracy"], abs=1e-6)
+
+
+def test_build_process_names_the_algorithms_that_have_one(digits):
+  with pytest.raises(TypeError, match=r"'local' has no tff.learning process.*'fedpa'"):
+    learning.build_process("local", digits)
+
+
 def test_builders_take_data_and_settings_and_refuse_unknown_fields(digits):
   process = learning.build_fola_process(digits, hidden_units=(8,), epochs=1, seed=3)
   assert process.algorithm.config.seed == 3 and process.seed == 3

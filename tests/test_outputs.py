@@ -19,6 +19,8 @@ import pytest
 
 import tfbfl
 from tfbfl import experiment
+from tfbfl import export
+from tfbfl import run_outputs
 from tfbfl import flags as tfbfl_flags
 from tfbfl import run_dir
 from tfbfl import state_io
@@ -270,8 +272,9 @@ def test_export_gets_every_client_last(tmp_path, monkeypatch):
 
   fake = types.ModuleType("tfbfl.export")
   fake.export_run = export_run
-  monkeypatch.setitem(sys.modules, "tfbfl.export", fake)
-  monkeypatch.setattr(tfbfl, "export", fake, raising=False)
+  fake.supports_export = lambda algorithm: True
+  fake.iter_client_states = export.iter_client_states
+  monkeypatch.setattr(run_outputs, "export", fake)
   data = _data()
   algorithm = _Counter()
   runner = _runner(tmp_path,

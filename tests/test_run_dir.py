@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from tfbfl import experiment
+from tfbfl import run_outputs
 from tfbfl import run_dir
 from tfbfl import state_io
 from tfbfl import training
@@ -148,7 +149,7 @@ def test_old_run_refused_unless_resume_or_overwrite(tmp_path, monkeypatch):
   with pytest.raises(ValueError, match="exclude each other"):
     _run(tmp_path, resume=True, overwrite=True)
   with monkeypatch.context() as m:  # no final checkpoint: any left would be the old run's
-    m.setattr(experiment.ExperimentRunner, "_save_checkpoint", lambda self, state: None)
+    m.setattr(run_outputs.Checkpoints, "save", lambda self, state: None)
     _run(tmp_path, overwrite=True, rounds=2)
   assert not (tmp_path / "tb" / "old_events").exists()
   assert (tmp_path / "notes.txt").read_text() == "mine"  # not a run output: kept

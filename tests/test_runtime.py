@@ -1,4 +1,5 @@
-"""The runtime owns its worker: output to a log, no orphan, clear errors."""
+"""The runtime owns its worker: output to a log, no orphan, clear errors; and no TFF
+computation runs in TFF's stock context, whose worker outlives the process."""
 
 import os
 import signal
@@ -6,12 +7,15 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
 
 import numpy as np
 import psutil
 import pytest
 
 from tfbfl import runtime
+from tfbfl.runtime import guard
+from tfbfl.runtime import isolation
 
 _SCRIPT = textwrap.dedent("""
     import os, sys
@@ -177,8 +181,10 @@ def test_crashed_binary_inside_its_namespace_is_reported(tmp_path):
 
 
 def test_isolation_refuses_to_run_open_unless_asked(monkeypatch):
-  monkeypatch.setattr(runtime, "_netns_available", lambda: False)
-  monkeypatch.setattr(runtime, "_loopback_shim", lambda: None)
+  # Patched where `resolve_isolation` looks them up (`runtime._netns_available` is
+  # only an alias of `isolation.netns_available`).
+  monkeypatch.setattr(isolation, "netns_available", lambda: False)
+  monkeypatch.setattr(isolation, "loopback_shim", lambda: None)
   monkeypatch.delenv(runtime.ISOLATION_ENV, raising=False)
   with pytest.raises(RuntimeError, match="TFBFL_WORKER_ISOLATION=none"):
     runtime.resolve_isolation()
@@ -186,3 +192,90 @@ def test_isolation_refuses_to_run_open_unless_asked(monkeypatch):
     runtime.resolve_isolation("netns")
   monkeypatch.setenv(runtime.ISOLATION_ENV, "none")
   assert runtime.resolve_isolation() == "none"
+
+
+# What a library user does: import tfbfl (before or after TFF) and invoke a TFF
+# computation without installing a runtime. TFF's stock context would start a
+# `worker_binary` that outlives the script (reparented, e.g. to PID 1).
+_NO_RUNTIME_SCRIPT = textwrap.dedent("""
+    import sys
+    if sys.argv[1] == "tff_first":
+      import tensorflow_federated as tff
+      import tfbfl
+    else:
+      import tfbfl
+      import tensorflow_federated as tff
+    import numpy as np
+    @tff.federated_computation(tff.FederatedType(np.float32, tff.CLIENTS))
+    def mean(v):
+      return tff.federated_mean(v)
+    try:
+      print("RESULT", float(mean([1.0, 2.0, 6.0])), flush=True)
+    except RuntimeError as e:
+      print("ERROR", e, flush=True)
+""")
+
+
+def _processes_with_marker(marker: bytes):
+  """(pid, ppid, cmdline) of the live processes whose environment holds `marker`
+  and whose command line names `worker_binary` (a /proc scan, no psutil)."""
+  found = []
+  for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+      with open(f"/proc/{pid}/environ", "rb") as f:
+        if marker not in f.read().split(b"\0"):
+          continue
+      with open(f"/proc/{pid}/cmdline", "rb") as f:
+        cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+      with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:  # Gone meanwhile, or not ours.
+      continue
+    state, ppid = fields[0], int(fields[1])
+    if "worker_binary" in cmdline and state != "Z":
+      found.append((int(pid), ppid, cmdline))
+  return found
+
+
+@pytest.mark.parametrize("order", ["tfbfl_first", "tff_first"])
+def test_no_runtime_installed_raises_and_leaves_no_worker(tmp_path, order):
+  script = tmp_path / "no_runtime.py"
+  script.write_text(_NO_RUNTIME_SCRIPT)
+  token = uuid.uuid4().hex  # Inherited by every process the script starts.
+  env = dict(os.environ, TFBFL_LEAK_PROBE=token)
+  marker = f"TFBFL_LEAK_PROBE={token}".encode()
+  # Output to a file, not a pipe: a leaked worker would hold a pipe open.
+  with open(tmp_path / "out.txt", "w") as out:
+    subprocess.run([sys.executable, str(script), order],
+                   stdout=out,
+                   stderr=subprocess.STDOUT,
+                   env=env,
+                   timeout=120,
+                   check=False)
+  text = (tmp_path / "out.txt").read_text()
+  deadline = time.time() + 5
+  survivors = _processes_with_marker(marker)
+  while survivors and time.time() < deadline:
+    time.sleep(0.2)
+    survivors = _processes_with_marker(marker)
+  for pid, _, _ in survivors:  # Started by this test: end them, then fail.
+    try:
+      os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+      pass
+  assert not survivors, f"worker_binary outlived the script (pid, ppid, cmd): {survivors}"
+  lines = [line for line in text.splitlines() if line.startswith(("ERROR", "RESULT"))]
+  assert lines in (["RESULT 3.0"], [f"ERROR {guard.MESSAGE}"]), text[-3000:]
+  assert "tfbfl.runtime.set_local_runtime()" in guard.MESSAGE
+
+
+def test_guard_recognises_tff_stock_context():
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+
+  # Built, never invoked: the stock context starts its worker on the first call.
+  stock = tff.backends.native.create_sync_local_cpp_execution_context()
+  assert guard.is_stock_context(stock)
+  assert not guard.is_stock_context(guard.NoRuntimeContext())
+  assert not guard.is_stock_context(runtime.LocalRuntime())
+  with pytest.raises(runtime.NoRuntimeError, match="set_local_runtime"):
+    guard.NoRuntimeContext().invoke(None, None)

@@ -1,4 +1,4 @@
-"""The lean VIRTUAL client step (`tfbfl.algorithms.virtual_step`) against the Keras path.
+"""The lean VIRTUAL client step (`tfbfl.algorithms.virtual.step`) against the Keras path.
 
 The default lean step is the fused one (`fused_step`: packed parameters, one
 update expression per role); `test_fused_step_equals_reference_step` checks it
@@ -25,7 +25,7 @@ from tfbfl import gaussian
 from tfbfl import training
 from tfbfl.algorithms import registry
 from tfbfl.algorithms import virtual
-from tfbfl.algorithms import virtual_step
+from tfbfl.algorithms.virtual import step as virtual_step
 
 
 def _config(**kw):
@@ -151,8 +151,8 @@ def test_data_loss_and_gradient_match_keras_layers(noise):
   with tf.GradientTape() as tape:
     server_out, client_out = net.forward(x, seed=seed if noise else None)
     count = tf.reduce_sum(mask)
-    keras_loss = (virtual._data_loss(cfg, y, client_out, mask)[0] +
-                  virtual._data_loss(cfg, y, server_out, mask)[0]) / count
+    keras_loss = (virtual.data_loss(cfg, y, client_out, mask)[0] +
+                  virtual.data_loss(cfg, y, server_out, mask)[0]) / count
   keras_grads = tape.gradient(keras_loss,
                               variables,
                               unconnected_gradients=tf.UnconnectedGradients.ZERO)
@@ -161,7 +161,7 @@ def test_data_loss_and_gradient_match_keras_layers(noise):
   eps = virtual_step.draw_noise(layout, seed[None], 16) if noise else None
   loss, _, grads = virtual_step.data_loss_and_gradients(cfg, layout, layout.read_parameters(),
                                                         x[None], y[None], mask[None], eps,
-                                                        virtual._data_loss)
+                                                        virtual.data_loss)
   np.testing.assert_allclose(float(loss[0]), float(keras_loss), rtol=1e-6)
   for role in virtual_step.Parameters._fields:
     np.testing.assert_allclose(_flat([getattr(grads, role)]),
@@ -206,7 +206,7 @@ def test_natural_precision_update_equals_keras_step():
   sigma = tf.nn.softplus(u) + min_scale
   grad_total = g_data + kl_scale * (sigma * prec_t - 1.0 / sigma) * tf.math.sigmoid(u)
   var = tf.Variable(u)
-  virtual._natural_precision_step(var, grad_total, prec_t, min_scale, kl_scale, rho)
+  virtual.assign_natural_precision_step(var, grad_total, prec_t, min_scale, kl_scale, rho)
   new_u = virtual_step.natural_precision_update(u, g_data, prec_t, min_scale, rho, kl_scale)
   np.testing.assert_allclose(new_u, var.numpy(), atol=1e-4, rtol=1e-4)
 
@@ -279,7 +279,6 @@ def test_digits_rounds_learn_as_the_keras_path(tff_runtime, tmp_path, monkeypatc
 def _train_inputs(cfg, clients, seed=0):
   """`(layout, params, shared_prior, x, y, n, seeds)` of `clients` stacked clients of
   uneven sizes, with distinct KL targets (as `client_update_batch` builds them)."""
-  rng = np.random.default_rng(seed)
   net, layout = _net_and_layout(cfg, seed=seed)
   params = layout.read_parameters()
   params = virtual_step.Parameters(*[tf.tile(p, [clients, 1]) for p in params])
@@ -310,7 +309,7 @@ def test_fused_step_equals_reference_step(kw, clients):
   out = {}
   for fused in (True, False):
     out[fused] = virtual_step.train_clients(cfg, layout, params, shared_prior, x, y, n, seeds,
-                                            virtual._data_loss, fused=fused)
+                                            virtual.data_loss, fused=fused)
   (p_f, loss_f, correct_f), (p_r, loss_r, correct_r) = out[True], out[False]
   # Same objective, minibatches and noise; float32 summation order differs (the
   # bias inside the matmul, grouped kernels, the update's constants).

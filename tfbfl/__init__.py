@@ -10,7 +10,19 @@ Modules, one idea each:
 * `tfbfl.algorithms`  one module per method (VIRTUAL, FedAvg/FedProx, FOLA, ...).
 * `tfbfl.matching`    PFNM neuron matching (numpy/scipy).
 * `tfbfl.data`        federated datasets, partitioners and loaders.
-* `tfbfl.experiment`  the round driver shared by every launcher.
+* `tfbfl.experiment`  the round loop shared by every launcher; `tfbfl.run_outputs`
+                      what a run writes; `tfbfl.checkpoint` the run state's format.
+* `tfbfl.predictor`   a model as a plain-TF SavedModel; `tfbfl.export` a run's
+                      models; `tfbfl.restore` a run rebuilt from its checkpoint.
+* `tfbfl.learning`    the algorithms as `tff.learning` processes.
+* `tfbfl.options`, `tfbfl.flags`, `tfbfl.training`  settings, flags, the driver.
 """
 
 __version__ = "0.1.0"
+
+# TFF's stock context starts a worker_binary that outlives this process: wherever
+# tfbfl is imported, TFF computations run only in a context tfbfl installed (or
+# raise, naming `tfbfl.runtime.set_local_runtime`). Imports no TensorFlow.
+from tfbfl.runtime import guard as _guard  # noqa: E402  pylint: disable=g-import-not-at-top
+
+_guard.install()

@@ -35,7 +35,8 @@ fully determined by `seed`. Metrics are weighted by client test-set size:
 * MT = each client's own model on its own test data (its last deployed model; a
   client never selected yet is evaluated with its initial model).
 
-Outputs in `output_dir` (see `ExperimentRunner.run`):
+Outputs in `output_dir`, each written by one `tfbfl.run_outputs.RunOutput` that the
+round loop calls (`ExperimentRunner.standard_outputs`; pass `outputs=` for others):
 
 * `metrics.csv`: one row per round. Every row has the training metrics
   (`train_loss`, `train_accuracy`, the algorithm's own, `bytes_*`); rounds that
@@ -70,35 +71,43 @@ where the run stopped and how to continue it; the launchers print it as one line
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import io
-import json
 import os
 import shlex
-import sys
-import tempfile
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
+import tfbfl
+from tfbfl import checkpoint
 from tfbfl import client_store as client_store_lib
+from tfbfl import files
 from tfbfl import options
 from tfbfl import run_dir as run_dir_lib
+from tfbfl import run_outputs
 from tfbfl import state_io
 from tfbfl import metrics as metrics_lib
+from tfbfl.algorithms import base
 from tfbfl.algorithms.base import FederatedAlgorithm
 from tfbfl.algorithms.base import client_seed  # noqa: F401  (the driver's seed rule)
 from tfbfl.data import FederatedData
 
-CHECKPOINT = "checkpoint.npz"  # tfbfl.state_io format; see _save_checkpoint
-FLAGS_FILE = run_dir_lib.FLAGS_FILE  # the run's flags, an absl --flagfile
-EXPORT_DIR = "export"  # tfbfl.export.export_run's output
-TB_DIR = "tb"
-LEGACY_CHECKPOINT = "checkpoint.pkl"  # pickles of older versions: never loaded
-BASE_COLUMNS = ("round", "server_accuracy", "server_loss", "mt_accuracy", "mt_loss", "train_loss",
-                "train_accuracy", "wall_time_s")
+CHECKPOINT = checkpoint.CHECKPOINT
+LEGACY_CHECKPOINT = checkpoint.LEGACY_CHECKPOINT
+FLAGS_FILE = run_outputs.FLAGS_FILE
+EXPORT_DIR = run_outputs.EXPORT_DIR
+TB_DIR = run_outputs.TB_DIR
+# The output helpers the runner's callers use, from their module.
+BASE_COLUMNS = run_outputs.BASE_COLUMNS
+atomic_write_bytes = files.atomic_write_bytes
+atomic_write_text = files.atomic_write_text
+write_csv = run_outputs.write_csv
+evaluated = run_outputs.evaluated
+curves_figure = run_outputs.curves_figure
+plot_curves = run_outputs.plot_curves
+strict_json = run_outputs.strict_json
+json_default = run_outputs.json_default
 
 
 def default_clients_per_round(num_clients: int) -> int:
@@ -176,209 +185,6 @@ class RunConfig:
                        "<output_dir>/client_states).")
 
 
-# ----------------------------------------------------------------- file output
-def atomic_write_bytes(path: str, data: bytes) -> None:
-  """Writes `data` to `path` via a temporary file in the same directory + rename."""
-  directory = os.path.dirname(os.path.abspath(path))
-  os.makedirs(directory, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
-  try:
-    with os.fdopen(fd, "wb") as f:
-      f.write(data)
-      f.flush()
-      os.fsync(f.fileno())
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; outputs get the usual mode
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.unlink(tmp)
-    raise
-
-
-def atomic_write_text(path: str, text: str) -> None:
-  atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def write_csv(path: str, rows: Sequence[Dict[str, Any]], columns: Sequence[str]) -> None:
-  buf = io.StringIO()
-  writer = csv.DictWriter(buf, fieldnames=list(columns), extrasaction="ignore")
-  writer.writeheader()
-  for row in rows:
-    writer.writerow({k: _fmt(row.get(k, "")) for k in columns})
-  atomic_write_text(path, buf.getvalue())
-
-
-def _fmt(v):
-  if isinstance(v, (float, np.floating)):
-    return f"{float(v):.6g}"
-  return v
-
-
-def evaluated(row: Dict[str, Any]) -> bool:
-  """True for a `metrics.csv` row of an evaluated round (it has S and MT)."""
-  value = row.get("server_accuracy")
-  return value is not None and value != ""
-
-
-def curves_figure(rows: Sequence[Dict[str, Any]], title: str = ""):
-  """The figure of `curves.png` (matplotlib, Agg): S/MT accuracy, S/MT loss and
-  train loss per round and, when the rows have `bytes_up`, the cumulative bytes
-  sent each way; integer round ticks."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  from matplotlib.ticker import MaxNLocator  # pylint: disable=g-import-not-at-top
-
-  number = lambda v: v is not None and v != "" and np.isfinite(float(v))
-  ev = [r for r in rows if evaluated(r)]
-  with_bytes = any(number(r.get("bytes_up")) for r in rows)
-  panels = 4 if with_bytes else 3
-  fig, axes = plt.subplots(1, panels, figsize=(4.2 * panels, 3.6), squeeze=False)
-  axes = list(axes[0])
-
-  def line(ax, source, key, label):
-    points = [(int(r["round"]), float(r[key])) for r in source if number(r.get(key))]
-    if points:
-      ax.plot(*zip(*points), marker=".", label=label)
-    return bool(points)
-
-  for key, label in (("server", "S (server model)"), ("mt", "MT (client models)")):
-    line(axes[0], ev, f"{key}_accuracy", label)
-    line(axes[1], ev, f"{key}_loss", label)
-  axes[0].set_ylabel("test accuracy")
-  axes[1].set_ylabel("test cross-entropy")
-  line(axes[2], rows, "train_loss", "train loss")
-  axes[2].set_ylabel("train loss")
-  if with_bytes:
-    for key, label in (("bytes_up_total", "up (clients -> server)"), ("bytes_down_total",
-                                                                      "down (server -> clients)")):
-      points = [(int(r["round"]), float(r[key]) / 2**20) for r in rows if number(r.get(key))]
-      if points:
-        axes[3].plot(*zip(*points), marker=".", label=label)
-    axes[3].set_ylabel("cumulative MiB")
-  for ax in axes:
-    ax.set_xlabel("round")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-      ax.legend(fontsize=8)
-  fig.suptitle(title)
-  fig.tight_layout()
-  return fig
-
-
-def plot_curves(path: str, rows: Sequence[Dict[str, Any]], title: str = "") -> None:
-  """Writes `curves_figure(rows, title)` to `path` (PNG, atomically)."""
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-
-  fig = curves_figure(rows, title)
-  buf = io.BytesIO()
-  fig.savefig(buf, format="png", dpi=100)
-  plt.close(fig)
-  atomic_write_bytes(path, buf.getvalue())
-
-
-# ---------------------------------------------------------------- TensorBoard
-# metrics.csv column -> TensorBoard tag; other columns: see `tensorboard_tag`.
-TB_TAGS = {
-    "server_accuracy": "accuracy/server",
-    "mt_accuracy": "accuracy/mt",
-    "server_loss": "loss/server",
-    "mt_loss": "loss/mt",
-    "server_ece": "ece/server",
-    "mt_ece": "ece/mt",
-    "train_loss": "train/loss",
-    "train_accuracy": "train/accuracy",
-    "wall_time_s": "time/wall_s",
-}
-# HParams metrics (their last value: the run's final S/MT numbers).
-HPARAMS_METRICS = ("accuracy/server", "accuracy/mt", "loss/server", "loss/mt", "ece/server",
-                   "ece/mt", "train/loss", "communication/bytes_up_total")
-
-
-def tensorboard_tag(key: str, diagnostics: Sequence[str] = ()) -> str:
-  """The grouped TensorBoard tag of a `metrics.csv` column: `TB_TAGS`, else
-  `communication/<key>` for `bytes_*`, `diagnostics/<key>` for the algorithm's
-  `factor_diagnostics`, `train/<key>` for any other training metric."""
-  if key in TB_TAGS:
-    return TB_TAGS[key]
-  if key.startswith("bytes_"):
-    return f"communication/{key}"
-  if key in diagnostics:
-    return f"diagnostics/{key}"
-  return f"train/{key}"
-
-
-def _hparam_value(v):
-  """A flag value as an HParams value (bool, int, float or str); None: left out."""
-  v = _plain_flag(v)
-  if v is None or isinstance(v, (bool, int, float, str)):
-    return v
-  if isinstance(v, list):
-    return ",".join(str(x) for x in v)
-  return json.dumps(v, sort_keys=True)
-
-
-def trim_tensorboard(directory: str, last_round: int) -> int:
-  """Rewrites the event files in `directory` into one, keeping every event of
-  steps <= `last_round` once per (tag, step) and dropping HParams summaries
-  (a resumed run writes them again at its end). A truncated file (a killed
-  run) is read up to the cut. The new file takes the name of the oldest, so
-  TensorBoard reads it before those the resumed run writes; the old ones are
-  removed after it is in place. Returns how many (tag, step) pairs were kept."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from tensorflow.core.util import event_pb2  # pylint: disable=g-import-not-at-top
-
-  if not os.path.isdir(directory):
-    return 0
-  names = sorted(n for n in os.listdir(directory) if ".tfevents." in n and not n.startswith("."))
-  if not names:
-    return 0
-  records, seen, version = [], set(), None
-  for name in names:
-    try:
-      for record in tf.data.TFRecordDataset(os.path.join(directory, name)):
-        event = event_pb2.Event.FromString(record.numpy())
-        if event.HasField("file_version"):
-          version = version or event
-          continue
-        if not event.HasField("summary"):
-          continue
-        kept = [
-            v for v in event.summary.value
-            if not v.tag.startswith("_hparams_/") and event.step <= last_round and
-            (v.tag, event.step) not in seen
-        ]
-        if not kept:
-          continue
-        seen.update((v.tag, event.step) for v in kept)
-        del event.summary.value[:]
-        event.summary.value.extend(kept)
-        records.append(event.SerializeToString())
-    except tf.errors.DataLossError:
-      pass  # cut off by a kill: the complete records before the cut are kept
-  target = os.path.join(directory, names[0] if names[0].endswith(".v2") else names[0] + ".v2")
-  fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
-  os.close(fd)
-  try:
-    with tf.io.TFRecordWriter(tmp) as writer:
-      if version is not None:
-        writer.write(version.SerializeToString())
-      for record in records:
-        writer.write(record)
-    os.replace(tmp, target)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.unlink(tmp)
-    raise
-  for name in names:
-    if os.path.join(directory, name) != target:
-      os.unlink(os.path.join(directory, name))
-  return len(seen)
-
-
 # --------------------------------------------------------------------- driver
 def sample_clients(seed: int, round_num: int, num_clients: int, per_round: int) -> List[int]:
   rng = np.random.default_rng([seed, round_num])
@@ -428,6 +234,18 @@ def _flatten_metrics(metrics: Any) -> Dict[str, float]:
   walk(metrics, ())
   names = [p[-1] for p, _ in leaves]
   return {(p[-1] if names.count(p[-1]) == 1 else "/".join(p)): v for p, v in leaves}
+
+
+@dataclasses.dataclass(frozen=True)
+class Replay:
+  """How a run is started again from its `flags.txt`: the launcher's command and
+  the names of its flags (None: every flag the runner was given)."""
+  command: str
+  flag_names: Optional[Sequence[str]] = None
+
+
+# The round driver's launcher (`tfbfl.training.REPLAY` names its flags).
+TRAIN_LAUNCHER = Replay("python -m launchers.train")
 
 
 class RunStoppedError(RuntimeError):
@@ -488,6 +306,11 @@ class ExperimentRunner:
       `--resume` (a checkpoint of another configuration is refused).
     round_hook: optional `fn(round_num, metrics_dict)` called after each round
       (e.g. communication accounting adds columns).
+    replay: the launcher command and flags `flags.txt` and the interrupt message
+      name (default `TRAIN_LAUNCHER`).
+    outputs: what the run writes (`tfbfl.run_outputs.RunOutput`s, called in
+      order); None: `standard_outputs(self)`, the files of the module
+      docstring and the progress lines.
   """
 
   def __init__(self,
@@ -495,7 +318,9 @@ class ExperimentRunner:
                data: FederatedData,
                config: RunConfig,
                flags: Optional[Dict[str, Any]] = None,
-               round_hook: Optional[Callable[[int, Dict[str, Any]], None]] = None):
+               round_hook: Optional[Callable[[int, Dict[str, Any]], None]] = None,
+               replay: Replay = TRAIN_LAUNCHER,
+               outputs: Optional[Sequence[run_outputs.RunOutput]] = None):
     config = config.resolved(len(data.client_ids))
     config.validate(len(data.client_ids))
     if not isinstance(algorithm, FederatedAlgorithm):
@@ -508,16 +333,19 @@ class ExperimentRunner:
     self.algorithm, self.data, self.config = algorithm, data, config
     self.flags = dict(flags or {})
     self.round_hook = round_hook
+    self.replay = replay
     self.client_ids = list(data.client_ids)
     self._train = [data.train[c] for c in self.client_ids]
     self._test = [data.test[c] for c in self.client_ids]
     self.rows: List[Dict[str, Any]] = []
     self.client_rows: List[Dict[str, Any]] = []
-    self.state: Optional[Dict[str, Any]] = None
-    self._tb_writer = None
+    self.state: Optional[checkpoint.RunState] = None
+    self.outputs = None if outputs is None else list(outputs)
+    self._lock = None
     self._diagnostic_keys: set = set()  # factor_diagnostics columns (TensorBoard group)
     self._round_in_progress: Optional[int] = None
     self._rounds_done = 0
+    self._session_outputs: List[run_outputs.RunOutput] = []
     # Streamed evaluation: client index -> its last MT sums (valid until the
     # client trains again), and how many clients' MT / S each call computed.
     self._mt_cache: Dict[int, Dict[str, Any]] = {}
@@ -530,65 +358,22 @@ class ExperimentRunner:
                                          if cfg.output_dir else None)
     return client_store_lib.make_client_store(cfg.client_store, directory)
 
-  def _fresh_state(self):
+  def _fresh_state(self) -> checkpoint.RunState:
     clients = self._new_client_store()
     clients.clear()  # a fresh run in a used directory starts from no states
-    return dict(round=0,
-                server_state=self.algorithm.initial_server_state(),
-                clients=clients,
-                rows=[],
-                client_rows=[],
-                wall_time_s=0.0)
+    return checkpoint.RunState(round=0,
+                               server_state=self.algorithm.initial_server_state(),
+                               clients=clients)
 
-  def _client_state(self, state, index):
-    if index not in state["clients"]:
-      state["clients"][index] = self.algorithm.initial_client_state(index)
-    return state["clients"][index]
-
-  def _checkpoint_path(self):
-    return os.path.join(self.config.output_dir, CHECKPOINT)
+  def _client_state(self, state: checkpoint.RunState, index: int):
+    if index not in state.clients:
+      state.clients[index] = self.algorithm.initial_client_state(index)
+    return state.clients[index]
 
   def _data_fingerprint(self) -> str:
     if self.config.data_fingerprint is None:
       self.config.data_fingerprint = run_dir_lib.data_fingerprint(self.data)
     return self.config.data_fingerprint
-
-  def _save_checkpoint(self, state):
-    """Writes `checkpoint.npz` atomically (`tfbfl.state_io`: arrays + a JSON
-    manifest with the flags, the data fingerprint and per-array checksums).
-    A disk client store is saved as a hard-linked snapshot directory that the
-    checkpoint names; older snapshots are pruned only after the checkpoint
-    that replaces them is on disk."""
-    tree = {k: v for k, v in state.items() if k != "clients"}
-    snapshot = None
-    if isinstance(state["clients"], client_store_lib.DiskClientStore):
-      snapshot = client_store_lib.save_snapshot(state["clients"], self.config.output_dir,
-                                                state["round"])
-      tree["client_snapshot"] = snapshot
-    else:
-      tree["clients"] = dict(state["clients"])
-    meta = dict(kind="checkpoint",
-                round=int(state["round"]),
-                flags=self._checkpoint_flags(),
-                data_fingerprint=self._data_fingerprint(),
-                client_store=getattr(state["clients"], "kind", "memory"))
-    state_io.save(self._checkpoint_path(), tree, meta=meta)
-    self._checkpoint_round = int(state["round"])
-    if snapshot is not None:
-      client_store_lib.prune_snapshots(self.config.output_dir, keep=snapshot)
-
-  def _checkpoint_flags(self):
-    return self._comparable_flags(self.flags)
-
-  @staticmethod
-  def _comparable_flags(flags):
-    """The flags a checkpoint must share with a run that resumes it."""
-    ignore = {
-        "rounds", "resume", "overwrite", "checkpoint_every", "output_dir", "eval_every", "executor",
-        "workers", "call_timeout_s", "verbose", "eval_chunk", "clients_per_group", "export",
-        "export_samples"
-    }
-    return {k: _plain_flag(v) for k, v in flags.items() if k not in ignore}
 
   @classmethod
   def check_resumable(cls, output_dir: str, flags: Dict[str, Any], data_fingerprint: str) -> int:
@@ -600,74 +385,27 @@ class ExperimentRunner:
     Raises:
       FileNotFoundError, ValueError: one line naming the checkpoint.
     """
-    path = os.path.join(output_dir, CHECKPOINT)
-    cls._refuse_legacy(output_dir, path)
-    try:
-      meta = state_io.read_meta(path)
-    except FileNotFoundError:
-      raise FileNotFoundError(f"--resume: no checkpoint at {path}.") from None
-    except ValueError as e:
-      raise ValueError(f"--resume: {e}") from None
-    cls._check_meta(path, meta, cls._comparable_flags(flags), data_fingerprint)
+    meta = checkpoint.read_meta(output_dir, flags=flags, data_fingerprint=data_fingerprint,
+                                resume=True)
     return int(meta["round"])
 
-  @staticmethod
-  def _refuse_legacy(output_dir, path):
-    legacy = os.path.join(output_dir, LEGACY_CHECKPOINT)
-    if not os.path.exists(path) and os.path.exists(legacy):
-      raise ValueError(
-          f"--resume: {legacy} is a pickle checkpoint of an older tfbfl, which is never "
-          "loaded (a pickle can execute code); start afresh with --overwrite.")
-
-  @staticmethod
-  def _check_meta(path, meta, want_flags, data_fingerprint):
-    if meta.get("kind") != "checkpoint" or not isinstance(meta.get("round"), int):
-      raise ValueError(f"--resume: {path} is a tfbfl state file but not a checkpoint.")
-    saved = meta.get("flags", {})
-    if saved != want_flags:
-      diff = sorted(k for k in set(saved) | set(want_flags) if saved.get(k) != want_flags.get(k))
-      raise ValueError(f"--resume: checkpoint {path} was written with other flags: {diff}.")
-    if meta.get("data_fingerprint") != data_fingerprint:
-      raise ValueError(
-          f"--resume: the data changed since checkpoint {path} was written (data fingerprint "
-          f"{str(meta.get('data_fingerprint'))[:12]}..., now {data_fingerprint[:12]}...); "
-          "pass --overwrite to start afresh on the new data.")
-
-  def _load_checkpoint(self):
-    """The state saved by `_save_checkpoint`, after checking (in this order)
-    the file (`tfbfl.state_io.load`: format, version, checksums, structure),
-    the flags and the data fingerprint; raises one `ValueError` line (or
-    `FileNotFoundError`) naming the checkpoint otherwise. Never unpickles."""
-    path = self._checkpoint_path()
-    self._refuse_legacy(self.config.output_dir, path)
-    if not os.path.exists(path):
-      raise FileNotFoundError(f"--resume: no checkpoint at {path}.")
-    try:
-      state, meta = state_io.load(path)
-    except ValueError as e:
-      raise ValueError(f"--resume: {e}") from None
-    self._check_meta(path, meta, self._checkpoint_flags(), self._data_fingerprint())
-    if (not isinstance(state, dict) or state.get("round") != meta["round"] or
-        "server_state" not in state):
-      raise ValueError(f"--resume: {path} is a tfbfl state file but not a checkpoint.")
-    if "clients" in state:
-      state["clients"] = client_store_lib.MemoryClientStore(state["clients"])
-    snapshot = state.pop("client_snapshot", None)
-    if snapshot is not None:  # disk store: its files as of the checkpoint
-      if not isinstance(snapshot, str) or snapshot != client_store_lib.snapshot_name(
-          state["round"]):
-        raise ValueError(f"--resume: {path} names a bad client-state snapshot {snapshot!r:.60}.")
-      state["clients"] = self._new_client_store()
+  def _load_checkpoint(self) -> checkpoint.RunState:
+    """The state of the run's checkpoint, checked by `tfbfl.checkpoint.load`
+    (file, flags, data fingerprint, snapshot); a disk store's snapshot is
+    restored into this run's store. Never unpickles."""
+    saved = checkpoint.load(self.config.output_dir, flags=self.flags,
+                            data_fingerprint=self._data_fingerprint(), resume=True)
+    if saved.snapshot_dir is None:
+      clients = client_store_lib.MemoryClientStore(saved.clients)
+    else:  # disk store: its files as of the checkpoint
+      clients = self._new_client_store()
       try:
-        state["clients"].restore(os.path.join(self.config.output_dir, snapshot))
+        clients.restore(saved.snapshot_dir)
       except FileNotFoundError as e:
         raise FileNotFoundError(f"--resume: {e}") from None
       except ValueError as e:
         raise ValueError(f"--resume: {e}") from None
-    if "clients" not in state:
-      raise ValueError(f"--resume: {path} holds no client states.")
-    self._checkpoint_round = int(state["round"])
-    return state
+    return checkpoint.RunState.from_tree(saved.state, clients)
 
   def _start_state(self):
     """Takes `output_dir` for this run and returns the state to start from.
@@ -683,7 +421,7 @@ class ExperimentRunner:
     if not cfg.output_dir:
       return self._load_checkpoint() if cfg.resume else self._fresh_state()
     run_dir_lib.prepare(cfg.output_dir)
-    if getattr(self, "_lock", None) is None:
+    if self._lock is None:
       self._lock = run_dir_lib.RunLock(cfg.output_dir)
     self._lock.acquire(owner=self)
     try:
@@ -701,15 +439,14 @@ class ExperimentRunner:
       raise
 
   def close(self) -> None:
-    """Releases the lock on `output_dir` (idempotent). `training.run_training`
-    calls it when the run ends; the lock also goes with the runner object or
-    the process."""
-    writer, self._tb_writer = getattr(self, "_tb_writer", None), None
-    if writer is not None:
-      writer.close()
-    lock = getattr(self, "_lock", None)
-    if lock is not None:
-      lock.release()
+    """Closes the outputs and releases the lock on `output_dir` (idempotent).
+    `training.run_training` calls it when the run ends; the lock also goes with
+    the runner object or the process."""
+    outputs, self._session_outputs = self._session_outputs, []
+    for output in outputs:
+      output.close()
+    if self._lock is not None:
+      self._lock.release()
 
   @staticmethod
   def _rekey(selected, results, what="client states"):
@@ -744,18 +481,18 @@ class ExperimentRunner:
     """`algorithm.next`, or its `next_two_phase` under a multi-worker context."""
     from tfbfl import runtime  # pylint: disable=g-import-not-at-top
 
-    two_phase = getattr(self.algorithm, "next_two_phase", None)
-    if two_phase is not None and runtime.mergeable_context_active():
-      return two_phase
+    if isinstance(self.algorithm, base.SupportsTwoPhase) and runtime.mergeable_context_active():
+      return self.algorithm.next_two_phase
     return self.algorithm.next
 
   # ------------------------------------------------------------- evaluate
   def _streamed(self) -> bool:
-    return self.config.eval_chunk > 0 and all(
-        hasattr(self.algorithm, m) for m in ("evaluate_server", "evaluate_clients"))
+    return self.config.eval_chunk > 0 and isinstance(self.algorithm,
+                                                     base.SupportsStreamedEvaluation)
 
   def _mt_cacheable(self) -> bool:
-    return self.config.eval_cache and bool(getattr(self.algorithm, "mt_cacheable", False))
+    return (self.config.eval_cache and isinstance(self.algorithm, base.SupportsStreamedEvaluation)
+            and bool(self.algorithm.mt_cacheable))
 
   def evaluate(self, state) -> Dict[str, Any]:
     """S and MT over all K clients (see the module docstring).
@@ -770,10 +507,10 @@ class ExperimentRunner:
     `eval_chunk = 0`) send every client's state in one `algorithm.evaluate` call.
     """
     k = len(self.client_ids)
-    seeds = [client_seed(self.config.seed, -1 - state["round"], i) for i in range(k)]
+    seeds = [client_seed(self.config.seed, -1 - state.round, i) for i in range(k)]
     if not self._streamed():
       states = [self._client_state(state, i) for i in range(k)]
-      per_client = self.algorithm.evaluate(state["server_state"], states, seeds, self._test)
+      per_client = self.algorithm.evaluate(state.server_state, states, seeds, self._test)
       self.eval_counts["calls"] += 1
       self.eval_counts["mt_clients"] += k
       self.eval_counts["s_clients"] += k
@@ -782,14 +519,14 @@ class ExperimentRunner:
     chunks = lambda indices: [indices[j:j + chunk] for j in range(0, len(indices), chunk)]
     server_part: List[Dict[str, Any]] = []
     for ids in chunks(list(range(k))):
-      out = self.algorithm.evaluate_server(state["server_state"], ids, [seeds[i] for i in ids],
+      out = self.algorithm.evaluate_server(state.server_state, ids, [seeds[i] for i in ids],
                                            [self._test[i] for i in ids])
       server_part.extend(_plain_sums(r) for r in self._rekey(ids, out, "evaluation results"))
       self.eval_counts["calls"] += 1
       self.eval_counts["s_clients"] += len(ids)
     if not self._mt_cacheable():
       self._mt_cache = {}
-    clients = state["clients"]
+    clients = state.clients
     for ids in chunks([i for i in range(k) if i not in self._mt_cache]):
       states = []
       for i in ids:  # a never-trained client: its initial state, rebuilt, not stored
@@ -808,15 +545,33 @@ class ExperimentRunner:
     return aggregate_evaluation(per_client)
 
   # ------------------------------------------------------------------ run
+  def standard_outputs(self) -> List[run_outputs.RunOutput]:
+    """The files of the module docstring (with an `output_dir`) and the progress
+    lines (`verbose`), in the order they are written."""
+    cfg, out = self.config, self.config.output_dir
+    outputs: List[run_outputs.RunOutput] = []
+    if out:
+      outputs += [
+          run_outputs.FlagsFile(out, self.flags, self.replay.command, self.replay.flag_names),
+          run_outputs.MetricsFiles(out, self.client_ids),
+          run_outputs.TensorBoard(out, self.flags, self._diagnostic_keys),
+          run_outputs.Checkpoints(out, cfg.checkpoint_every, self.flags, self._data_fingerprint),
+          run_outputs.Curves(out, self.algorithm.name),
+          run_outputs.SummaryJson(out),
+      ]
+      if cfg.export:
+        outputs.append(
+            run_outputs.Export(out, self.algorithm, self.client_ids, samples=cfg.export_samples,
+                               seed=cfg.seed, raw_input=self.data.raw_input,
+                               verbose=cfg.verbose))
+    if cfg.verbose:
+      outputs.append(run_outputs.Progress(self.algorithm.name, cfg.rounds, cfg.clients_per_round))
+    return outputs
+
   def run(self) -> Dict[str, Any]:
     """Runs the rounds; the output directory's lock is released when it returns
     or raises. Each round adds a `metrics.csv` row and prints a progress line
-    (`verbose`); every `eval_every`-th round and the last are evaluated. With an
-    `output_dir`, the run ends by saving the final state (`checkpoint.npz`,
-    whatever `checkpoint_every`), then `summary.json`, `curves.png` and the
-    TensorBoard HParams, then `export/` (`RunConfig.export`; an export that
-    fails raises, the run's other outputs complete, and `launchers.export`
-    can redo it from the checkpoint).
+    (`RunConfig.verbose`); the outputs (`tfbfl.run_outputs`) write the rest.
 
     Raises:
       RunInterrupted: on Ctrl-C (see the class).
@@ -844,10 +599,10 @@ class ExperimentRunner:
     saved = None
     if cfg.output_dir:
       try:
-        saved = int(state_io.read_meta(self._checkpoint_path())["round"])
+        saved = int(state_io.read_meta(checkpoint.path_in(cfg.output_dir))["round"])
       except (OSError, ValueError, KeyError, TypeError):
         saved = None
-    command = "python -m launchers.train --flagfile=" + shlex.quote(
+    command = f"{self.replay.command} --flagfile=" + shlex.quote(
         os.path.join(cfg.output_dir or "", FLAGS_FILE))
     if saved:
       message = (f"interrupted {where}; the checkpoint has round {saved}; continue with: "
@@ -862,164 +617,116 @@ class ExperimentRunner:
   def _run(self) -> Dict[str, Any]:
     cfg = self.config
     state = self._start_state()  # lock, ownership of output_dir, checkpoint or fresh
-    self._rounds_done = state["round"]
-    if cfg.resume and self.config.verbose:
-      print(f"resumed from {self._checkpoint_path()} at round {state['round']}", flush=True)
-    if cfg.output_dir:
-      self._write_flags_file()
-      if cfg.resume:  # events of rounds after the checkpoint are written again
-        trim_tensorboard(os.path.join(cfg.output_dir, TB_DIR), state["round"])
+    self.state, self._rounds_done = state, state.round
+    if cfg.resume and cfg.verbose:
+      print(f"resumed from {checkpoint.path_in(cfg.output_dir)} at round {state.round}",
+            flush=True)
+    outputs = self._session_outputs = (self.standard_outputs()
+                                       if self.outputs is None else list(self.outputs))
+    for output in outputs:
+      output.on_start(state, cfg.resume)
     k = len(self.client_ids)
     self._mt_cache = {}  # a resumed run recomputes every client's MT once
-    start_round = state["round"] + 1
-    clock = time.time() - state["wall_time_s"]
-    session_start, session_rounds = time.time(), 0
+    clock = time.time() - state.wall_time_s
     round_fn = self._round_fn()
-    if cfg.verbose and start_round <= cfg.rounds:
+    if cfg.verbose and state.round < cfg.rounds:
       print(
-          f"[{self.algorithm.name}] rounds {start_round}-{cfg.rounds}, {cfg.clients_per_round} of "
-          f"{k} clients each" + (f", outputs in {cfg.output_dir}" if cfg.output_dir else "") +
+          f"[{self.algorithm.name}] rounds {state.round + 1}-{cfg.rounds}, "
+          f"{cfg.clients_per_round} of {k} clients each" +
+          (f", outputs in {cfg.output_dir}" if cfg.output_dir else "") +
           "; building computations (the first round traces them, ~20 s) ...",
           flush=True)
-    for r in range(start_round, cfg.rounds + 1):
+    for r in range(state.round + 1, cfg.rounds + 1):
       self._round_in_progress = r
-      selected = sample_clients(cfg.seed, r, k, cfg.clients_per_round)
-      states = [self._client_state(state, i) for i in selected]
-      seeds = [client_seed(cfg.seed, r, i) for i in selected]
-      data = [self._train[i] for i in selected]
-      server_state, new_states, metrics = round_fn(state["server_state"], states, seeds, data)
-      # Robust rounds: a non-finite server state stops the run before this round
-      # is stored anywhere (outputs and the last checkpoint stay as they were).
-      bad = non_finite_leaves(server_state)
-      if bad:
-        raise NonFiniteServerStateError(
-            f"[{self.algorithm.name}] round {r}: the server state became non-finite "
-            f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}); stopped without writing "
-            f"anything of round {r} (the last checkpoint is intact). "
-            "Try a smaller --client_lr or --server_lr.")
-      state["server_state"] = server_state
-      for i, s in zip(selected, self._rekey(selected, new_states)):
-        state["clients"][i] = s
-        self._mt_cache.pop(i, None)  # trained: its MT is recomputed at the next evaluation
-      state["round"] = self._rounds_done = r
-      session_rounds += 1
-      flat = _flatten_metrics(metrics)
-      if cfg.verbose and flat.get("clients_dropped", 0) >= len(selected):
-        print(
-            f"[{self.algorithm.name}] round {r}: all {len(selected)} client updates were dropped "
-            "(non-finite, or norm above --max_update_ratio); the server model is unchanged.",
-            flush=True)
-      round_bytes = getattr(self.algorithm, "round_bytes", None)
-      if round_bytes is not None:
-        up, down = round_bytes(len(selected), flat)
-        state["bytes_up_total"] = state.get("bytes_up_total", 0) + up
-        state["bytes_down_total"] = state.get("bytes_down_total", 0) + down
-        flat.update(bytes_up=up,
-                    bytes_down=down,
-                    bytes_up_total=state["bytes_up_total"],
-                    bytes_down_total=state["bytes_down_total"])
-      if self.round_hook is not None:
-        self.round_hook(r, flat)
-      state["wall_time_s"] = time.time() - clock
-      row = dict(round=r, **flat)
+      row = self._train_round(state, round_fn, r, clock)
       if r % cfg.eval_every == 0 or r == cfg.rounds:
         self._evaluate_into(state, row)
       row["wall_time_s"] = time.time() - clock
-      state["rows"].append(row)
-      self._write_outputs(state, row)
-      if cfg.output_dir and cfg.checkpoint_every and r % cfg.checkpoint_every == 0:
-        self._save_checkpoint(state)
-      self._report(r, row, session_start, session_rounds)  # after its outputs: Ctrl-C loses none
-      self._stop_if_all_dropped(state["rows"], r)
+      state.rows.append(row)
+      for output in outputs:  # the progress line last: a Ctrl-C after it loses nothing
+        output.on_round(state, row, row)
+      self._stop_if_all_dropped(state.rows, r)
     self._round_in_progress = None
-    rows = state["rows"]
-    if not rows or rows[-1]["round"] != state["round"] or not evaluated(rows[-1]):
-      # Resumed with no round left to run, from a checkpoint of a round without
-      # evaluation: the final state is evaluated now.
-      row = rows[-1] if rows and rows[-1]["round"] == state["round"] else None
-      new = row is None
-      row = dict(round=state["round"]) if new else row
-      before = dict(row)
-      self._evaluate_into(state, row)
-      if new:
-        row["wall_time_s"] = state["wall_time_s"]
-        rows.append(row)
-      self._write_outputs(state, {k2: v for k2, v in row.items() if k2 not in before or new})
-      self._report(state["round"], row, session_start, max(session_rounds, 1))
-    self.rows, self.client_rows = state["rows"], state["client_rows"]
-    self.state = state  # server state and every client's state, for analyses (Fig. 4)
+    self._evaluate_final_state(state, outputs)
+    self.rows, self.client_rows = state.rows, state.client_rows
     summary = self.summary(state)
-    if cfg.output_dir:
-      if self._saved_round() != state["round"]:
-        self._save_checkpoint(state)  # the final state, whatever checkpoint_every
-      self._write_final_outputs(state, summary)
-      if cfg.export:  # last: `python -m launchers.export` can redo it from the checkpoint
-        self._export(state)
+    for output in outputs:
+      output.on_end(state, summary)
     return summary
 
-  def _evaluate_into(self, state, row) -> None:
+  def _train_round(self, state: checkpoint.RunState, round_fn, r: int,
+                   clock: float) -> Dict[str, Any]:
+    """Round `r` on the clients it samples: the new states go into `state`;
+    returns the round's row (training metrics, bytes)."""
+    cfg = self.config
+    selected = sample_clients(cfg.seed, r, len(self.client_ids), cfg.clients_per_round)
+    states = [self._client_state(state, i) for i in selected]
+    seeds = [client_seed(cfg.seed, r, i) for i in selected]
+    data = [self._train[i] for i in selected]
+    server_state, new_states, metrics = round_fn(state.server_state, states, seeds, data)
+    # Robust rounds: a non-finite server state stops the run before this round
+    # is stored anywhere (outputs and the last checkpoint stay as they were).
+    bad = non_finite_leaves(server_state)
+    if bad:
+      raise NonFiniteServerStateError(
+          f"[{self.algorithm.name}] round {r}: the server state became non-finite "
+          f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}); stopped without writing "
+          f"anything of round {r} (the last checkpoint is intact). "
+          "Try a smaller --client_lr or --server_lr.")
+    state.server_state = server_state
+    for i, s in zip(selected, self._rekey(selected, new_states)):
+      state.clients[i] = s
+      self._mt_cache.pop(i, None)  # trained: its MT is recomputed at the next evaluation
+    state.round = self._rounds_done = r
+    flat = _flatten_metrics(metrics)
+    if cfg.verbose and flat.get("clients_dropped", 0) >= len(selected):
+      print(
+          f"[{self.algorithm.name}] round {r}: all {len(selected)} client updates were dropped "
+          "(non-finite, or norm above --max_update_ratio); the server model is unchanged.",
+          flush=True)
+    if isinstance(self.algorithm, base.ReportsRoundBytes):
+      up, down = self.algorithm.round_bytes(len(selected), flat)
+      state.bytes_up_total = (state.bytes_up_total or 0) + up
+      state.bytes_down_total = (state.bytes_down_total or 0) + down
+      flat.update(bytes_up=up,
+                  bytes_down=down,
+                  bytes_up_total=state.bytes_up_total,
+                  bytes_down_total=state.bytes_down_total)
+    if self.round_hook is not None:
+      self.round_hook(r, flat)
+    state.wall_time_s = time.time() - clock
+    return dict(round=r, **flat)
+
+  def _evaluate_final_state(self, state: checkpoint.RunState, outputs) -> None:
+    """A run resumed with no round left to run, from a checkpoint of a round
+    without evaluation (or of round 0): its final state is evaluated now, and the
+    outputs get the new values."""
+    rows = state.rows
+    if rows and rows[-1]["round"] == state.round and evaluated(rows[-1]):
+      return
+    row = rows[-1] if rows and rows[-1]["round"] == state.round else None
+    new = row is None
+    row = dict(round=state.round) if new else row
+    before = dict(row)
+    self._evaluate_into(state, row)
+    if new:
+      row["wall_time_s"] = state.wall_time_s
+      rows.append(row)
+    added = {k: v for k, v in row.items() if k not in before or new}
+    for output in outputs:
+      output.on_round(state, row, added)
+
+  def _evaluate_into(self, state: checkpoint.RunState, row) -> None:
     """Adds round `row["round"]`'s S and MT (and the algorithm's diagnostics) to
-    `row` and its per-client MT accuracy to `state["client_rows"]`."""
-    diagnostics = getattr(self.algorithm, "factor_diagnostics", None)
-    if diagnostics is not None:
-      extra = diagnostics(state["server_state"], state["clients"])
+    `row` and its per-client MT accuracy to `state.client_rows`."""
+    if isinstance(self.algorithm, base.ReportsDiagnostics):
+      extra = self.algorithm.factor_diagnostics(state.server_state, state.clients)
       self._diagnostic_keys.update(extra)
       row.update(extra)
     ev = self.evaluate(state)
     row.update({k: v for k, v in ev.items() if k != "client_mt_accuracy"})
-    state["client_rows"].append(
-        dict(round=row["round"],
-             **{
-                 c: a for c, a in zip(self.client_ids, ev["client_mt_accuracy"])
-             }))
-
-  def _saved_round(self) -> Optional[int]:
-    return getattr(self, "_checkpoint_round", None)
-
-  def _write_flags_file(self) -> None:
-    """`flags.txt`: the flags of `launchers.train` among `self.flags` (see
-    `tfbfl.run_dir.flagfile_text`)."""
-    from tfbfl import training  # pylint: disable=g-import-not-at-top  (imports this module)
-
-    out = self.config.output_dir
-    names = [n for n in ("algorithm", *training.DEFAULTS) if n != "verbose"]
-    path = os.path.join(out, FLAGS_FILE)
-    header = ("# The flags of this run. Continue it, or run it again:\n"
-              f"#   python -m launchers.train --flagfile={shlex.quote(path)} --resume\n"
-              f"#   python -m launchers.train --flagfile={shlex.quote(path)} --overwrite\n")
-    atomic_write_text(path, header + run_dir_lib.flagfile_text(self.flags, names))
-
-  def _export(self, state) -> None:
-    """`tfbfl.export.export_run` of the final state into `<output_dir>/export`,
-    with every client's state (a never-selected client: its initial state);
-    skipped, with a note, for an algorithm `tfbfl.export.supports_export` refuses."""
-    from tfbfl import export  # pylint: disable=g-import-not-at-top
-
-    supported = getattr(export, "supports_export", None)
-    if supported is not None and not supported(self.algorithm):
-      if self.config.verbose:
-        print(f"[{self.algorithm.name}] no export: the algorithm has no export hooks.", flush=True)
-      return
-    clients = state["clients"]
-
-    def client_items():
-      for index, client_id in enumerate(self.client_ids):
-        s = clients.get(index)
-        yield (str(client_id), index,
-               self.algorithm.initial_client_state(index) if s is None else s)
-
-    export.export_run(self.algorithm,
-                      state["server_state"],
-                      client_items(),
-                      os.path.join(self.config.output_dir, EXPORT_DIR),
-                      samples=self.config.export_samples,
-                      seed=self.config.seed,
-                      raw_input=self.data.raw_input)
-    if self.config.verbose:
-      print(
-          f"[{self.algorithm.name}] exported the server and {len(self.client_ids)} client "
-          f"models to {os.path.join(self.config.output_dir, EXPORT_DIR)}",
-          flush=True)
+    state.client_rows.append(
+        dict(round=row["round"], **dict(zip(self.client_ids, ev["client_mt_accuracy"]))))
 
   def _stop_if_all_dropped(self, rows, r):
     """Raises `AllClientsDroppedError` when the last `ALL_DROPPED_STOP_ROUNDS` rows
@@ -1028,7 +735,8 @@ class ExperimentRunner:
     c = self.config.clients_per_round
     if len(last) == ALL_DROPPED_STOP_ROUNDS and all(
         row.get("clients_dropped", 0) >= c for row in last):
-      ratio = getattr(getattr(self.algorithm, "config", None), "max_update_ratio", None)
+      config = getattr(self.algorithm, "config", None)  # the settings, not a hook
+      ratio = config.max_update_ratio if isinstance(config, base.ClientTraining) else None
       raise AllClientsDroppedError(
           f"[{self.algorithm.name}] rounds {r - ALL_DROPPED_STOP_ROUNDS + 1}-{r}: every client "
           f"update was dropped in {ALL_DROPPED_STOP_ROUNDS} rounds in a row (non-finite, or its "
@@ -1037,33 +745,13 @@ class ExperimentRunner:
           f"stopped after writing round {r}. Try a smaller --client_lr or --server_lr, or a "
           "larger --max_update_ratio.")
 
-  def _report(self, r, row, session_start, session_rounds):
-    if not self.config.verbose:
-      return
-    per_round = (time.time() - session_start) / max(session_rounds, 1)
-    eta = per_round * max(self.config.rounds - r, 0)
-    if evaluated(row):
-      scores = (f"S acc {row['server_accuracy']:.4f} loss {row['server_loss']:.4f}  "
-                f"MT acc {row['mt_accuracy']:.4f} loss {row['mt_loss']:.4f}  ")
-    else:
-      scores = "(not evaluated)  "
-    print(f"[{self.algorithm.name}] round {r}/{self.config.rounds}  " + scores +
-          f"train loss {row.get('train_loss', float('nan')):.4f}  " +
-          (f"dropped {int(row['clients_dropped'])}/{self.config.clients_per_round}  "
-           if "clients_dropped" in row else "") +
-          f"{per_round:.2f} s/round  ETA {int(eta // 60)}:{int(eta % 60):02d}",
-          file=sys.stdout,
-          flush=True)
-
-  def summary(self, state) -> Dict[str, Any]:
-    rows = [r for r in state["rows"] if evaluated(r)]  # S and MT: evaluated rounds
+  def summary(self, state: checkpoint.RunState) -> Dict[str, Any]:
+    rows = [r for r in state.rows if evaluated(r)]  # S and MT: evaluated rounds
     best = lambda key: max(r[key] for r in rows)
-    import tfbfl  # pylint: disable=g-import-not-at-top
-
     return dict(
         algorithm=self.algorithm.name,
         flags=self.flags,
-        rounds=state["round"],
+        rounds=state.round,
         best_server_accuracy=best("server_accuracy"),
         best_mt_accuracy=best("mt_accuracy"),
         best_global_accuracy=best("server_accuracy"),
@@ -1076,108 +764,10 @@ class ExperimentRunner:
         final_mt_nll=rows[-1]["mt_loss"],
         final_server_ece=rows[-1].get("server_ece"),
         final_mt_ece=rows[-1].get("mt_ece"),
-        wall_time_s=state["wall_time_s"],
-        bytes_up_total=state.get("bytes_up_total"),
-        bytes_down_total=state.get("bytes_down_total"),
+        wall_time_s=state.wall_time_s,
+        bytes_up_total=state.bytes_up_total,
+        bytes_down_total=state.bytes_down_total,
         tfbfl_version=tfbfl.__version__,
         git_commit=run_dir_lib.source_commit(),
         git_modified=run_dir_lib.source_modified(),
         data_fingerprint=self._data_fingerprint())
-
-  def _write_outputs(self, state, new_values):
-    """metrics.csv and client_metrics.csv as of `state`; `new_values` (a row,
-    or what was added to one) to TensorBoard."""
-    out = self.config.output_dir
-    if not out:
-      return
-    rows = state["rows"]
-    extra = sorted({k for r in rows for k in r} - set(BASE_COLUMNS))
-    write_csv(os.path.join(out, "metrics.csv"), rows, list(BASE_COLUMNS) + extra)
-    write_csv(os.path.join(out, "client_metrics.csv"), state["client_rows"],
-              ["round"] + self.client_ids)
-    self._write_tensorboard(int(rows[-1]["round"]), new_values)
-
-  def _write_final_outputs(self, state, summary):
-    out = self.config.output_dir
-    self._write_hparams()
-    plot_curves(os.path.join(out, "curves.png"), state["rows"], title=self.algorithm.name)
-    atomic_write_text(os.path.join(out, "summary.json"),
-                      json.dumps(strict_json(summary), indent=2, sort_keys=True, allow_nan=False))
-
-  def _tensorboard(self):
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
-    if self._tb_writer is None:
-      self._tb_writer = tf.summary.create_file_writer(os.path.join(self.config.output_dir, TB_DIR))
-    return tf, self._tb_writer
-
-  def _write_tensorboard(self, step: int, values: Dict[str, Any]) -> None:
-    """One scalar per numeric entry of `values` at `step` (grouped tags:
-    `tensorboard_tag`)."""
-    tf, writer = self._tensorboard()
-    with writer.as_default():
-      for key, value in values.items():
-        if key == "round" or isinstance(value, bool):
-          continue
-        if isinstance(value, (int, float, np.integer, np.floating)):
-          tf.summary.scalar(tensorboard_tag(key, self._diagnostic_keys), float(value), step=step)
-    writer.flush()
-
-  def _write_hparams(self) -> None:
-    """HParams of the run: the flags (`self.flags`) and, as metrics, the tags in
-    `HPARAMS_METRICS` (their last values: the final S/MT accuracy and loss)."""
-    from tensorboard.plugins.hparams import api as hp  # pylint: disable=g-import-not-at-top
-
-    values = {k: _hparam_value(v) for k, v in sorted(self.flags.items())}
-    values = {k: v for k, v in values.items() if v is not None}
-    tags = {tensorboard_tag(k, self._diagnostic_keys) for r in self.rows for k in r}
-    _, writer = self._tensorboard()
-    with writer.as_default():
-      hp.hparams_config(hparams=[hp.HParam(k) for k in values],
-                        metrics=[hp.Metric(t) for t in HPARAMS_METRICS if t in tags])
-      hp.hparams(values)
-    writer.flush()
-
-
-def strict_json(o):
-  """`o` as strict JSON values: numpy scalars as Python numbers, tuples and sets
-  as lists, non-finite floats as the strings "nan", "inf", "-inf" (JSON has no
-  NaN or Infinity), anything else unknown as its `str`."""
-  if isinstance(o, dict):
-    return {str(k): strict_json(v) for k, v in o.items()}
-  if isinstance(o, (list, tuple, set)):
-    return [strict_json(v) for v in o]
-  if isinstance(o, (bool, np.bool_)):
-    return bool(o)
-  if isinstance(o, (int, np.integer)):
-    return int(o)
-  if isinstance(o, (float, np.floating)):
-    v = float(o)
-    return v if np.isfinite(v) else ("nan" if np.isnan(v) else ("inf" if v > 0 else "-inf"))
-  if o is None or isinstance(o, str):
-    return o
-  return str(o)
-
-
-def json_default(o):
-  if isinstance(o, (np.integer,)):
-    return int(o)
-  if isinstance(o, (np.floating,)):
-    return float(o)
-  if isinstance(o, (tuple, set)):
-    return list(o)
-  return str(o)
-
-
-def _plain_flag(v):
-  """A flag value as plain Python (numpy scalars -> numbers, tuples -> lists),
-  as stored in a checkpoint's JSON manifest and compared on `--resume`."""
-  if isinstance(v, np.generic):
-    return v.item()
-  if isinstance(v, (list, tuple)):
-    return [_plain_flag(x) for x in v]
-  if isinstance(v, dict):
-    return {str(k): _plain_flag(x) for k, x in v.items()}
-  if v is None or isinstance(v, (bool, int, float, str)):
-    return v
-  return str(v)

@@ -1,6 +1,8 @@
 """tfbfl's algorithms as `tff.learning` processes over `tff.simulation` client data.
 
-`build_virtual_process`, `build_fola_process` and `build_fedavg_process` return a
+`build_process(name, source, **settings)` returns, for every algorithm that
+declares the hook `tfbfl.algorithms.base.SupportsLearningProcess` (VIRTUAL, FOLA,
+FedAvg, FedProx, FedPA; `build_virtual_process` etc. are shorthands), a
 `tff.learning.templates.LearningProcess` (so a `tff.templates.IterativeProcess`):
 
     state = process.initialize()                               # ProcessState @SERVER
@@ -10,8 +12,8 @@
 
 They are built from the algorithm classes' own TFF computations, not from a
 copy of their maths: `next` calls the algorithm's round computation
-(`VirtualAlgorithm.next_per_client`, `FolaAlgorithm.next`, `FedAvgAlgorithm.next`,
-signature `(server_state@SERVER, client_states@CLIENTS, seeds@CLIENTS,
+(its `learning_round`: `VirtualAlgorithm.next_per_client`, `FolaAlgorithm.next`,
+`FedAvgAlgorithm.next`, signature `(server_state@SERVER, client_states@CLIENTS, seeds@CLIENTS,
 data@CLIENTS)`) inside one federated computation that adds only what the driver
 (`tfbfl.experiment`) does outside TFF: the clients' seeds, their states, and
 turning a client's `tf.data.Dataset` into the `(x, y)` tensors the algorithms
@@ -96,13 +98,14 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
 from tfbfl.algorithms import base  # (importing the package registers every algorithm)
+from tfbfl.algorithms import fedavg
 from tfbfl.algorithms import registry
 from tfbfl.data import FederatedData
 
@@ -123,7 +126,6 @@ never-selected clients hold their initial state); stateless processes: `()`.
 
 DEFAULT_BATCH_SIZE = 32
 
-_SEED_STRIDE = 1_000_003  # `tfbfl.algorithms.base.client_seed`
 
 
 # --------------------------------------------------------------- structures
@@ -237,13 +239,14 @@ class TfbflLearningProcess(tff.learning.templates.LearningProcess):
   client_state_type: Any
 
 
-def _build_process(algorithm, round_comp, *, seed: int, num_clients: Optional[int], stateful: bool,
-                   get_weights: Callable, set_weights: Callable) -> TfbflLearningProcess:
-  """The learning process around `round_comp` (module docstring).
-
-  `get_weights(algorithm_state) -> ModelWeights` and `set_weights(algorithm_state,
-  ModelWeights) -> algorithm_state` are plain TF on the algorithm's server state
-  (Python containers of its type)."""
+def _build_process(algorithm) -> TfbflLearningProcess:
+  """The learning process around `algorithm.learning_round` (module docstring;
+  `base.SupportsLearningProcess`). The model weights are the algorithm's
+  `model_weights` / `with_model_weights`, plain TF on its server state."""
+  round_comp = algorithm.learning_round
+  seed = algorithm.config.seed
+  stateful = bool(algorithm.stateful_clients)
+  num_clients = algorithm.config.num_clients if stateful else None
   params = round_comp.type_signature.parameter
   server_type, client_state_type = params[0].member, params[1].member
   data_type = params[3].member
@@ -291,7 +294,8 @@ def _build_process(algorithm, round_comp, *, seed: int, num_clients: Optional[in
   def make_seed(index, rounds_done):
     """`base.client_seed(seed, rounds_done + 1, index)`."""
     r = tf.cast(rounds_done, tf.int64) + 1
-    return tf.stack([tf.constant(seed, tf.int64), r * _SEED_STRIDE + tf.cast(index, tf.int64)])
+    return tf.stack(
+        [tf.constant(seed, tf.int64), r * base.SEED_STRIDE + tf.cast(index, tf.int64)])
 
   @tff.tensorflow.computation(index_type)
   def increment(rounds_done):
@@ -400,7 +404,7 @@ def _build_process(algorithm, round_comp, *, seed: int, num_clients: Optional[in
   @tff.tensorflow.computation(state_type)
   def get_model_weights(state):
     state = _pack(state_type, _leaves(state))
-    return get_weights(state.algorithm)
+    return _model_weights(*algorithm.model_weights(state.algorithm))
 
   weights_type = get_model_weights.type_signature.result
 
@@ -408,7 +412,8 @@ def _build_process(algorithm, round_comp, *, seed: int, num_clients: Optional[in
   def set_model_weights(state, weights):
     state = _pack(state_type, _leaves(state))
     weights = _pack(weights_type, _leaves(weights))
-    algorithm_state = set_weights(state.algorithm, weights)
+    algorithm_state = algorithm.with_model_weights(state.algorithm, weights.trainable,
+                                                   weights.non_trainable)
     return _pack(state_type, _leaves(state._replace(algorithm=algorithm_state)))
 
   process = TfbflLearningProcess(initialize_fn, next_fn, get_model_weights, set_model_weights)
@@ -427,7 +432,7 @@ def _same_states(a, b) -> bool:
 
 
 # ----------------------------------------------------------------- builders
-def _algorithm(name: str, source, settings: Dict[str, Any], check: Callable[[Any], bool]):
+def _algorithm(name: str, source, settings: Dict[str, Any]):
   """The algorithm `name` from an algorithm object, its config, or a
   `FederatedData` plus config fields (`settings`; the data's shapes, K and
   `seed` are filled in as the launchers do, `registry.model_fields`)."""
@@ -446,7 +451,7 @@ def _algorithm(name: str, source, settings: Dict[str, Any], check: Callable[[Any
     raise TypeError(f"settings {sorted(settings)} are only taken with a FederatedData source.")
   if isinstance(source, spec.config_cls):
     return spec.build(None, source, None)
-  if check(source):
+  if spec.algorithm_cls is not None and isinstance(source, spec.algorithm_cls):
     return source
   raise TypeError(f"expected a FederatedData, a {spec.config_cls.__name__} or the algorithm "
                   f"object, got {type(source).__name__}.")
@@ -456,124 +461,61 @@ def _model_weights(trainable, non_trainable=()):
   return tff.learning.models.ModelWeights(list(trainable), list(non_trainable))
 
 
-def build_virtual_process(source, **settings) -> TfbflLearningProcess:
-  """VIRTUAL as a `tff.learning.templates.LearningProcess` (stateful clients).
+def build_process(name: str, source, **settings) -> TfbflLearningProcess:
+  """Algorithm `name` (`registry.names()`) as a `tff.learning.templates.LearningProcess`.
+
+  Any algorithm whose class provides `base.SupportsLearningProcess` has one
+  (today: VIRTUAL, FOLA and its offline variant, FedAvg, FedProx, FedPA); its
+  module declares the hook, nothing here names it.
 
   Args:
-    source: a `tfbfl.algorithms.virtual.VirtualAlgorithm`, a `VirtualConfig`,
-      or a `FederatedData` with `VirtualConfig` fields as `settings` (e.g.
-      `hidden_units=(32,)`, `epochs=2`, `clients_per_round=2`: the default
-      step is 1 / clients_per_round, as in the launchers; `seed` defaults to 0).
-    **settings: `VirtualConfig` fields (with a `FederatedData` only).
+    name: the algorithm's registered name.
+    source: the algorithm object, its config, or a `FederatedData` with config
+      fields as `settings` (e.g. `hidden_units=(32,)`, `epochs=2`,
+      `clients_per_round=2`; `seed` defaults to 0), as the launchers build it.
+    **settings: config fields (with a `FederatedData` only).
 
   Returns:
-    A `TfbflLearningProcess`. State: `ProcessState(algorithm=VIRTUAL's
-    ServerState(posterior, aggregator_state, round_num), clients=every client's
-    ClientState stacked over K (site factor, posterior, private network,
-    trained, client_index), round_num)`. `next(state, [ClientInput])` runs
-    `VirtualAlgorithm.next_per_client` on the selected clients' stored states
-    with the driver's seeds; metrics are that computation's. Model weights: the
-    server posterior's means (`eta1 / eta2`) as `ModelWeights(trainable, [])`;
-    `set_model_weights` sets the means, keeping the precisions (the posterior is
-    then no longer the product of the stored factors: `factor_gap`).
+    A `TfbflLearningProcess`. State: `ProcessState(algorithm=the algorithm's
+    server state, clients=every client's state stacked over K with stateful
+    clients (VIRTUAL) else (), round_num)`. `next(state, [ClientInput])` runs the
+    algorithm's `learning_round` on the selected clients with the driver's seeds;
+    metrics are that computation's. Model weights: the algorithm's
+    `model_weights` (VIRTUAL: the server posterior's means, whose
+    `set_model_weights` keeps the precisions; FOLA: mu_S, keeping the precision
+    and the penalty centre; FedAvg family: the server weights).
+
+  Raises:
+    TypeError: the algorithm has no `tff.learning` adapter, or `source` is not
+      one of the above.
   """
-  from tfbfl.algorithms import virtual  # pylint: disable=g-import-not-at-top
+  spec = registry.get(name)
+  if spec.algorithm_cls is None or base.SupportsLearningProcess not in spec.hooks:
+    able = [s.name for s in registry.specs() if base.SupportsLearningProcess in s.hooks]
+    raise TypeError(f"algorithm {name!r} has no tff.learning process (no "
+                    f"base.SupportsLearningProcess hooks); these have one: {able}.")
+  return _build_process(_algorithm(name, source, settings))
 
-  algorithm = _algorithm("virtual", source, settings,
-                         lambda a: isinstance(a, virtual.VirtualAlgorithm))
 
-  def get_weights(server):
-    return _model_weights([
-        tf.math.divide_no_nan(e1, e2)
-        for e1, e2 in zip(server.posterior.eta1, server.posterior.eta2)
-    ])
-
-  def set_weights(server, weights):
-    eta2 = list(server.posterior.eta2)
-    eta1 = [w * p for w, p in zip(weights.trainable, eta2)]
-    return server._replace(posterior=server.posterior._replace(eta1=eta1))
-
-  return _build_process(algorithm,
-                        algorithm.next_per_client,
-                        seed=algorithm.config.seed,
-                        num_clients=algorithm.config.num_clients,
-                        stateful=True,
-                        get_weights=get_weights,
-                        set_weights=set_weights)
+def build_virtual_process(source, **settings) -> TfbflLearningProcess:
+  """`build_process("virtual", ...)`: VIRTUAL with stateful clients (its state
+  `ProcessState(algorithm=ServerState(posterior, aggregator_state, round_num),
+  clients=every client's ClientState stacked over K, round_num)`)."""
+  return build_process("virtual", source, **settings)
 
 
 def build_fola_process(source, **settings) -> TfbflLearningProcess:
-  """FOLA (or its offline / identity-Fisher variants) as a learning process
-  with stateless clients.
-
-  Args:
-    source: a `tfbfl.algorithms.fola.FolaAlgorithm`, a `LaplaceConfig`, or a
-      `FederatedData` with `LaplaceConfig` fields as `settings` (e.g.
-      `hidden_units=(32,)`, `epochs=2`, `fisher="offline"`; `seed` defaults 0).
-    **settings: `LaplaceConfig` fields (with a `FederatedData` only).
-
-  Returns:
-    A `TfbflLearningProcess`. State: `ProcessState(algorithm=FolaServerState(
-    model=ServerModel(weights, precision, prior_mean, round_num),
-    aggregator_state), clients=(), round_num)`. `next` runs `FolaAlgorithm.next`;
-    client training does not read the client state, so the server state is the
-    driver's exactly; the clients' trained weights and Fishers (MT) are not
-    kept. Model weights: `mu_S` (`ServerModel.weights`); `set_model_weights`
-    replaces it, keeping the precision and the penalty centre `prior_mean`.
-  """
-  from tfbfl.algorithms import fola  # pylint: disable=g-import-not-at-top
-
-  algorithm = _algorithm("fola", source, settings, lambda a: isinstance(a, fola.FolaAlgorithm))
-
-  def get_weights(server):
-    return _model_weights(server.model.weights)
-
-  def set_weights(server, weights):
-    return server._replace(model=server.model._replace(weights=list(weights.trainable)))
-
-  return _build_process(algorithm,
-                        algorithm.next,
-                        seed=algorithm.config.seed,
-                        num_clients=None,
-                        stateful=False,
-                        get_weights=get_weights,
-                        set_weights=set_weights)
+  """`build_process("fola", ...)`: FOLA (or, by config, its offline / identity-
+  Fisher variants) with stateless clients."""
+  return build_process("fola", source, **settings)
 
 
 def build_fedavg_process(source, **settings) -> TfbflLearningProcess:
-  """tfbfl's FedAvg / FedProx (`tfbfl.algorithms.fedavg`, our client loop with
-  the driver's seeds) as a learning process with stateless clients.
-
-  Args:
-    source: a `FedAvgAlgorithm`, a `ModelConfig` / `FedAvgConfig` /
-      `FedProxConfig`, or a `FederatedData` with `FedAvgConfig` fields as `settings`.
-    **settings: `FedAvgConfig` fields (with a `FederatedData` only).
-
-  Returns:
-    A `TfbflLearningProcess`; state `ProcessState(algorithm=fedavg.ServerState(
-    model_weights, finalizer_state, aggregator_state, round_num), clients=(),
-    round_num)`; model weights: `ServerState.model_weights`.
-  """
-  from tfbfl.algorithms import fedavg  # pylint: disable=g-import-not-at-top
-
+  """`build_process("fedavg", ...)`: tfbfl's FedAvg / FedProx (by config) with
+  stateless clients; a plain `ModelConfig` is taken as FedAvg's."""
   if type(source) is fedavg.ModelConfig and not settings:  # pylint: disable=unidiomatic-typecheck
     source = fedavg.FedAvgAlgorithm(source)  # the spec's config is its subclass FedAvgConfig
-  algorithm = _algorithm("fedavg", source, settings,
-                         lambda a: isinstance(a, fedavg.FedAvgAlgorithm))
-
-  def get_weights(server):
-    return _model_weights(server.model_weights.trainable, server.model_weights.non_trainable)
-
-  def set_weights(server, weights):
-    return server._replace(model_weights=_model_weights(weights.trainable, weights.non_trainable))
-
-  return _build_process(algorithm,
-                        algorithm.next,
-                        seed=algorithm.config.seed,
-                        num_clients=None,
-                        stateful=False,
-                        get_weights=get_weights,
-                        set_weights=set_weights)
+  return build_process("fedavg", source, **settings)
 
 
 # --------------------------------------------------------------- evaluation
@@ -611,7 +553,7 @@ def evaluate(process: TfbflLearningProcess,
   rounds_done = int(np.asarray(state.round_num))
   seeds = [base.client_seed(process.seed, -1 - rounds_done, i) for i in range(k)]
   server_state = state.algorithm
-  if hasattr(algorithm, "evaluate_server"):
+  if isinstance(algorithm, base.SupportsStreamedEvaluation):
     per_client = algorithm.evaluate_server(server_state, list(range(k)), seeds, data)
   else:
     states = [algorithm.initial_client_state(i) for i in range(k)]
@@ -623,7 +565,7 @@ def evaluate(process: TfbflLearningProcess,
   out = dict(server_accuracy=total(per_client, "server_correct") / n,
              server_loss=total(per_client, "server_loss") / n,
              num_examples=n)
-  if process.stateful_clients and hasattr(algorithm, "evaluate_clients"):
+  if process.stateful_clients and isinstance(algorithm, base.SupportsStreamedEvaluation):
     own = algorithm.evaluate_clients(client_states(process, state), list(range(k)), seeds, data)
     out.update(mt_accuracy=total(own, "mt_correct") / n, mt_loss=total(own, "mt_loss") / n)
   return out

@@ -59,6 +59,8 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
+from tfbfl import files
+
 FORMAT = "tfbfl-state"
 VERSION = 1
 MANIFEST = "__manifest__"
@@ -256,18 +258,7 @@ def _sha256(a: np.ndarray) -> str:
   return hashlib.sha256(_contiguous(a).tobytes()).hexdigest()
 
 
-def fsync_dir(path: str) -> None:
-  """fsync a directory (makes a rename in it durable); best effort."""
-  try:
-    fd = os.open(path, os.O_RDONLY)
-  except OSError:
-    return
-  try:
-    os.fsync(fd)
-  except OSError:
-    pass
-  finally:
-    os.close(fd)
+fsync_dir = files.fsync_dir
 
 
 def save(path: str,
@@ -320,9 +311,7 @@ def save(path: str,
         f.flush()
         os.fsync(f.fileno())
     if mode is None:
-      umask = os.umask(0)
-      os.umask(umask)
-      mode = 0o666 & ~umask
+      mode = 0o666 & ~files.umask()
     os.chmod(tmp, mode)  # mkstemp makes 0600
     os.replace(tmp, path)
   except BaseException:

@@ -25,6 +25,7 @@ from tfbfl import algorithms  # noqa: F401  (registers every algorithm)
 from tfbfl import data as data_lib
 from tfbfl import experiment
 from tfbfl import options
+from tfbfl import run_dir
 from tfbfl import runtime as runtime_lib
 from tfbfl.algorithms import registry
 
@@ -58,6 +59,10 @@ DEFAULTS: Dict[str, Any] = dict(algorithm=DEFAULT_ALGORITHM,
                                 **{
                                     name: default for name, (default, _) in settings().items()
                                 })
+
+
+# `launchers.train` and its flags, for a run's `flags.txt`.
+REPLAY = experiment.Replay(experiment.TRAIN_LAUNCHER.command, ("algorithm", *DEFAULTS))
 
 
 def _bounds(kind):
@@ -193,8 +198,6 @@ def run_training(params: Dict[str, Any],
   before TensorFlow Federated starts, each failing with one `ValueError` /
   `FileNotFoundError` line naming the flag or file.
   """
-  from tfbfl import run_dir  # pylint: disable=g-import-not-at-top
-
   if data is not None:
     given = [
         n for n in options.option_fields(data_lib.DataSpec)
@@ -244,7 +247,8 @@ def run_training(params: Dict[str, Any],
   else:
     runtime_lib.set_local_runtime()
   algorithm = spec.build(fd, config, run)
-  runner = experiment.ExperimentRunner(algorithm, fd, run, flags=flags, round_hook=round_hook)
+  runner = experiment.ExperimentRunner(algorithm, fd, run, flags=flags, round_hook=round_hook,
+                                       replay=REPLAY)
   try:
     return runner.run()
   finally:

@@ -27,10 +27,15 @@ ARCHITECTURES = ("mlp", "conv", "lstm", "cnn")
 DEFAULT_MAX_UPDATE_RATIO = 100.0
 
 
+# The one seed rule (`client_seed`; `tfbfl.learning` applies it in TensorFlow).
+SEED_STRIDE = 1_000_003
+
+
 def client_seed(seed: int, round_num: int, client_index: int) -> np.ndarray:
-  """The stateless seed `[seed, round_num * 1_000_003 + k]` the driver gives client k in
-  round `round_num` (1-based); algorithms that draw on their own (Global) reuse it."""
-  return np.array([seed, round_num * 1_000_003 + client_index], dtype=np.int64)
+  """The stateless seed `[seed, round_num * SEED_STRIDE + k]` the driver gives client k
+  in round `round_num` (1-based; evaluation after r rounds uses `-1 - r`); algorithms
+  that draw on their own (Global) reuse it."""
+  return np.array([seed, round_num * SEED_STRIDE + client_index], dtype=np.int64)
 
 
 @runtime_checkable
@@ -41,12 +46,9 @@ class FederatedAlgorithm(Protocol):
   `client_states`, `seeds` and `data` hold the selected clients in one order, and a
   client's seed is `client_seed(run seed, round, k)`.
 
-  Optional members the driver uses when present:
-    `next_two_phase(...)`: same signature as `next`, used under multi-worker contexts;
-    `evaluate_server(server_state, test_data)` / `evaluate_clients(...)` and a true
-      `mt_cacheable`: streamed evaluation with the MT metric cached per client;
-    `round_bytes(num_selected, round_metrics) -> (up, down)`: communication counts;
-    `factor_diagnostics(server_state)`: extra columns for `metrics.csv`.
+  Optional hooks are the small protocols below (`OPTIONAL_HOOKS`); an algorithm
+  class that defines any member of one defines all of them, which
+  `check_hooks` verifies when the algorithm registers (`registry.register`).
   """
 
   def initial_server_state(self) -> Any:
@@ -128,3 +130,123 @@ class ClientTraining:
     if self.architecture not in supported:
       raise ValueError(f"--architecture must be one of {tuple(supported)} for {who}, "
                        f"got {self.architecture!r}.")
+
+
+# ------------------------------------------------------------------ optional hooks
+@runtime_checkable
+class SupportsTwoPhase(Protocol):
+  """`next` split for multi-worker contexts (`tfbfl.runtime.RemoteRuntime`): the
+  driver calls `next_two_phase` instead of `next` there (same signature)."""
+
+  def next_two_phase(self, server_state, client_states, seeds,
+                     data) -> Tuple[Any, Sequence[Any], Dict]:
+    ...
+
+
+@runtime_checkable
+class SupportsStreamedEvaluation(Protocol):
+  """Evaluation a chunk of clients at a time: S from the server state alone, MT
+  from the clients' states alone; with `mt_cacheable` true, a client's MT sums
+  stay valid until it trains again (the driver caches them)."""
+  mt_cacheable: bool
+
+  def evaluate_server(self, server_state, client_indices, seeds, test_data) -> Sequence[Mapping]:
+    """Per-client {server_loss, server_correct, num_examples}."""
+
+  def evaluate_clients(self, client_states, client_indices, seeds,
+                       test_data) -> Sequence[Mapping]:
+    """Per-client {mt_loss, mt_correct, num_examples}."""
+
+
+@runtime_checkable
+class ReportsRoundBytes(Protocol):
+  """Communication counts (`tfbfl.communication`): bytes up and down of a round
+  with `num_selected` clients, given its metrics; the driver adds `bytes_up`,
+  `bytes_down` and running totals to `metrics.csv` and `summary.json`."""
+
+  def round_bytes(self, num_selected: int, metrics) -> Tuple[int, int]:
+    ...
+
+
+@runtime_checkable
+class ReportsDiagnostics(Protocol):
+  """Extra per-round columns of `metrics.csv` (TensorBoard group `diagnostics/`),
+  from the server state and the client store."""
+
+  def factor_diagnostics(self, server_state, clients) -> Dict[str, float]:
+    ...
+
+
+@runtime_checkable
+class SupportsExport(Protocol):
+  """The models metrics S and MT evaluate, as `tfbfl.predictor.make_predictor`
+  modules (`tfbfl.export.export_run` writes them as SavedModels). `samples=None`:
+  what the evaluation computes; > 0: an MC predictive where the model is Bayesian.
+  With `export_server_needs_clients`, `server_predictor` also takes
+  `client_states=` (every client's state: Local's ensemble)."""
+  export_server_needs_clients: bool
+
+  def server_predictor(self, server_state, *, samples: Optional[int] = None, seed: int = 0):
+    ...
+
+  def client_predictor(self, server_state, client_state, *, samples: Optional[int] = None,
+                       seed: int = 0):
+    ...
+
+
+@runtime_checkable
+class SupportsLearningProcess(Protocol):
+  """What `tfbfl.learning.build_process` needs for a `tff.learning` process:
+
+    learning_round: the TFF computation of one round, `(server_state,
+      client_states, seeds, data) -> (server_state, client_states, metrics)`
+      with federated arguments (`next`, or VIRTUAL's `next_per_client`);
+    stateful_clients: whether the process keeps every client's state;
+    model_weights(server_state) -> (trainable, non_trainable): TF on the
+      server state, the model `get_model_weights` returns;
+    with_model_weights(server_state, trainable, non_trainable) -> server_state.
+  """
+  stateful_clients: bool
+
+  @property
+  def learning_round(self) -> Any:
+    ...
+
+  def model_weights(self, server_state) -> Tuple[Sequence[Any], Sequence[Any]]:
+    ...
+
+  def with_model_weights(self, server_state, trainable, non_trainable) -> Any:
+    ...
+
+
+OPTIONAL_HOOKS = (SupportsTwoPhase, SupportsStreamedEvaluation, ReportsRoundBytes,
+                  ReportsDiagnostics, SupportsExport, SupportsLearningProcess)
+
+
+def _members(protocol) -> Tuple[str, ...]:
+  names = set(getattr(protocol, "__annotations__", {}))
+  names |= {n for n, v in vars(protocol).items()
+            if not n.startswith("_") and (callable(v) or isinstance(v, property))}
+  return tuple(sorted(names))
+
+
+def hook_members(protocol) -> Tuple[str, ...]:
+  """The members an algorithm defines to provide `protocol`."""
+  return _members(protocol)
+
+
+def check_hooks(algorithm_cls: type) -> Tuple[type, ...]:
+  """The optional hooks `algorithm_cls` provides (class attributes, methods or
+  properties); raises `TypeError` naming the missing members where it defines
+  only part of one. (The four members of the contract may be set per instance;
+  the driver checks them on the object.)"""
+  provided = []
+  for protocol in OPTIONAL_HOOKS:
+    members = _members(protocol)
+    have = [m for m in members if hasattr(algorithm_cls, m)]
+    if have and len(have) < len(members):
+      raise TypeError(f"{algorithm_cls.__name__} defines {have} of {protocol.__name__} but not "
+                      f"{sorted(set(members) - set(have))}.")
+    if have:
+      provided.append(protocol)
+  return tuple(provided)

@@ -96,16 +96,17 @@ import numpy as np
 
 from tfbfl import _lazy
 from tfbfl import options
+from tfbfl import predictor as predictor_lib
 from tfbfl.algorithms import base
 from tfbfl.algorithms import registry
 
 # TensorFlow and the modules built on it load when an algorithm is built (`tfbfl._lazy`).
 tf = _lazy.load("tensorflow")
 tff = _lazy.load("tensorflow_federated")
-architectures = _lazy.load("tfbfl.architectures")
+conv_nets = _lazy.load("tfbfl.networks.conv")
 communication = _lazy.load("tfbfl.communication")
 metrics_lib = _lazy.load("tfbfl.metrics")
-models = _lazy.load("tfbfl.models")
+mlp_nets = _lazy.load("tfbfl.networks.mlp")
 client_batch = _lazy.load("tfbfl.algorithms.client_batch")
 robust = _lazy.load("tfbfl.algorithms.robust")
 rounds = _lazy.load("tfbfl.algorithms.rounds")
@@ -139,8 +140,8 @@ OPTIMIZER_SETTINGS = tuple(OPTIMIZER_DEFAULTS)
 class ModelConfig(base.ClientTraining):
   """Settings of the deterministic-model algorithms (FedAvg, FedProx, Local, Global).
 
-  `architecture` is "mlp" (`models.build_deterministic_mlp`, inputs flattened) or
-  "conv" (`architectures.build_deterministic_conv`, VIRTUAL's FEMNIST conv net, on
+  `architecture` is "mlp" (`mlp_nets.build_deterministic_mlp`, inputs flattened) or
+  "conv" (`conv_nets.build_deterministic_conv`, VIRTUAL's FEMNIST conv net, on
   `image_shape` images; `filters` per conv stage). `mu` is FedProx's proximal
   strength (0 = FedAvg); the server step is `server_lr` (None: 1.0, plain model
   averaging) with `server_optimizer` ("sgd" with `server_momentum`, or "adam" with
@@ -308,7 +309,7 @@ class ModelComputations:
 
   Attributes:
     initial_weights: `tff.learning.models.ModelWeights` of numpy arrays, the
-      seeded initial model (`models.build_deterministic_mlp(seed=config.seed)`,
+      seeded initial model (`mlp_nets.build_deterministic_mlp(seed=config.seed)`,
       or the conv net).
     weights_type, seed_type, data_type: TFF types of the arguments below.
     client_update: `tff.tensorflow.computation(weights, seed, (x, y)) ->
@@ -361,17 +362,30 @@ class ModelComputations:
     self.x_type = x_type
     self.client_update, self.score, self.predict_proba = client_update, score, predict_proba
 
-  def build_client_update(self, delta_fn=None):
+  def build_client_update(self, delta_fn=None, *, with_round: bool = False):
     """`client_update` (see the class docstring), its upload given by `delta_fn`.
 
     Args:
       delta_fn: None: `update = w^(t) - w_last` (FedAvg, FedProx). Otherwise a
-        graph function `(w0, means) -> update` of lists over the trainable
+        graph function `(w0, means, w_last) -> update` of lists over the trainable
         weights: `w0[j]` the start `w^(t)`, `means[j]` of shape `[E, *w0[j].shape]`
         with `means[j][e]` = the mean of the iterates after each SGD step of
-        epoch e (IASG samples; `w0` for a client without examples). The loop
-        then also carries these per-epoch sums (E copies of the weights).
+        epoch e (IASG samples; `w0` for a client without examples), `w_last[j]`
+        the last iterate. The loop then also carries these per-epoch sums (E
+        copies of the weights).
+      with_round: the computation takes a fourth argument, the server's round
+        counter (int32, rounds done), passed to `delta_fn` as `round_num=`
+        (`build_next(..., with_round=True)` broadcasts it).
     """
+    if with_round:
+
+      @tff.tensorflow.computation(self.weights_type, self.seed_type, self.data_type,
+                                  tff.TensorType(np.int32))
+      def client_update_at(weights, seed, data, round_num):
+        delta = lambda w0, means, w_last: delta_fn(w0, means, w_last, round_num=round_num)
+        return self._train(_as_model_weights(weights), seed, *data, delta_fn=delta)
+
+      return client_update_at
 
     @tff.tensorflow.computation(self.weights_type, self.seed_type, self.data_type)
     def client_update(weights, seed, data):
@@ -383,7 +397,7 @@ class ModelComputations:
   def _model(self) -> tf.keras.Model:
     c = self.config
     if c.architecture == "conv":
-      return architectures.build_deterministic_conv(input_shape=tuple(c.image_shape or
+      return conv_nets.build_deterministic_conv(input_shape=tuple(c.image_shape or
                                                                       c.example_shape),
                                                     num_classes=c.num_classes,
                                                     hidden_units=tuple(c.hidden_units),
@@ -391,7 +405,7 @@ class ModelComputations:
                                                     filters=tuple(c.filters),
                                                     activation=c.activation,
                                                     data_shape=c.example_shape)
-    return models.build_deterministic_mlp(c.input_dim,
+    return mlp_nets.build_deterministic_mlp(c.input_dim,
                                           c.num_classes,
                                           tuple(c.hidden_units),
                                           activation=c.activation,
@@ -472,7 +486,7 @@ class ModelComputations:
             tf.where(n > 0, s[0] / count, tf.broadcast_to(w0[None], s[0].shape))
             for s, w0 in zip(sums, weights.trainable)
         ]
-        update = list(delta_fn(list(weights.trainable), means))
+        update = list(delta_fn(list(weights.trainable), means, list(new_weights.trainable)))
       # Robust rounds: drop a non-finite or outlying update (robust.check_update).
       ok, ratio = robust.check_update(update,
                                       weights.trainable,
@@ -603,9 +617,7 @@ class ModelComputations:
     """`weights` (`ModelWeights`) as a `tfbfl.export` predictor computing what
     `score` computes: the model's logits on `x` (flattened for the MLP),
     probabilities `softmax(logits)`, predictions `argmax(logits)`."""
-    from tfbfl import export  # pylint: disable=g-import-not-at-top
-
-    with export.eager_scope():  # Keras functional models (see there)
+    with predictor_lib.eager_scope():  # Keras functional models (see there)
       model = self._model()
     self._assign(model, _as_model_weights(weights))  # exact copies
 
@@ -613,7 +625,7 @@ class ModelComputations:
       logits = model(self._flat(x), training=False)
       return tf.nn.softmax(logits), tf.argmax(logits, -1, output_type=tf.int32)
 
-    return export.make_predictor(forward,
+    return predictor_lib.make_predictor(forward,
                                  variables=model.variables,
                                  **self._export_kwargs(info, name))
 
@@ -624,15 +636,13 @@ class ModelComputations:
     models are stacked (one variable per layer parameter, `[K, ...]`) and
     applied in a `tf.while_loop` with the ops of Keras' `Dense` (graph size
     independent of K); other architectures hold K Keras models."""
-    from tfbfl import export  # pylint: disable=g-import-not-at-top
-
     cfg = self.config
     weights_list = [_as_model_weights(w) for w in weights_list]
     k = len(weights_list)
     if k == 0:
       raise ValueError("an ensemble needs at least one model.")
     if cfg.architecture == "mlp":
-      with export.eager_scope():  # Keras functional models (see there)
+      with predictor_lib.eager_scope():  # Keras functional models (see there)
         template = self._model()
       dense = [l for l in template.layers if isinstance(l, tf.keras.layers.Dense)]
       if len(template.trainable_weights) != 2 * len(dense) or any(
@@ -666,7 +676,7 @@ class ModelComputations:
     else:
       members = []
       for w in weights_list:
-        with export.eager_scope():  # Keras functional models (see there)
+        with predictor_lib.eager_scope():  # Keras functional models (see there)
           m = self._model()
         self._assign(m, w)
         members.append(m)
@@ -682,7 +692,7 @@ class ModelComputations:
 
       variables = [v for m in members for v in m.variables]
     info = dict(info or {}, members=k)
-    return export.make_predictor(forward, variables=variables, **self._export_kwargs(info, name))
+    return predictor_lib.make_predictor(forward, variables=variables, **self._export_kwargs(info, name))
 
 
 class FedAvgAlgorithm:
@@ -729,10 +739,12 @@ class FedAvgAlgorithm:
     self._evaluate = comps.build_evaluate()
     self._evaluate_server_fn, self._evaluate_clients_fn = comps.build_streamed_evaluate()
 
-  def build_next(self, client_update):
+  def build_next(self, client_update, *, with_round: bool = False):
     """The round computation `next` (see the class docstring) with `client_update`
     (a `ModelComputations.client_update`-typed computation) as the client work;
-    FedPA's hook (`tfbfl.algorithms.fedpa`): the same server step on another upload."""
+    FedPA's hook (`tfbfl.algorithms.fedpa`): the same server step on another upload.
+    `with_round`: `client_update` also takes the server's round counter
+    (`ModelComputations.build_client_update(..., with_round=True)`)."""
     comps, weights_type = self.computations, self.computations.weights_type
     distributor, aggregation, finalizer = self._distributor, self._aggregation, self._finalizer
     server_state_type = tff.to_type(
@@ -748,7 +760,11 @@ class FedAvgAlgorithm:
       # Every selected client starts from the server model; a dropped one keeps
       # its previous state (deployed model).
       dist = distributor.next(distributor.initialize(), server_state.model_weights)
-      out = tff.federated_map(client_update, (dist.result, seeds, data))
+      if with_round:
+        round_num = tff.federated_broadcast(server_state.round_num)
+        out = tff.federated_map(client_update, (dist.result, seeds, data, round_num))
+      else:
+        out = tff.federated_map(client_update, (dist.result, seeds, data))
       kept = tff.federated_map(keep_previous_if_dropped,
                                (out.dropped, out.model_weights, client_states))
       agg = aggregation.next(server_state.aggregator_state, out.update, out.num_examples)
@@ -795,9 +811,27 @@ class FedAvgAlgorithm:
     size = self.computations.dense_bytes()
     return num_selected * size, num_selected * size
 
+  # ------------------------------------------------- tff.learning process
+  # `base.SupportsLearningProcess`: stateless clients; the model is w^(t).
+  stateful_clients = False
+
+  @property
+  def learning_round(self):
+    return self.next
+
+  def model_weights(self, server_state):
+    weights = server_state.model_weights
+    return weights.trainable, weights.non_trainable
+
+  def with_model_weights(self, server_state, trainable, non_trainable):
+    return server_state._replace(
+        model_weights=tff.learning.models.ModelWeights(list(trainable), list(non_trainable)))
+
   # ------------------------------------------------------------- export
   # Hooks of `tfbfl.export.export_run` (deterministic models: `samples` and
   # `seed` are not used).
+  export_server_needs_clients = False
+
   def server_predictor(self, server_state, *, samples: Optional[int] = None, seed: int = 0):
     """The model metric S evaluates: the server weights w^(t)."""
     del samples, seed
@@ -825,8 +859,10 @@ class FedAvgAlgorithm:
 registry.register(
     registry.AlgorithmSpec(
         "fedavg", FedAvgConfig, lambda data, config, run: FedAvgAlgorithm(config, name="fedavg"),
-        "FedAvg (McMahan et al., 2017): server SGD on the mean client model delta."))
+        "FedAvg (McMahan et al., 2017): server SGD on the mean client model delta.",
+        algorithm_cls=FedAvgAlgorithm))
 registry.register(
     registry.AlgorithmSpec(
         "fedprox", FedProxConfig, lambda data, config, run: FedAvgAlgorithm(config, name="fedprox"),
-        "FedProx (Li et al., 2020): FedAvg with the proximal term mu/2 ||w - w_server||^2."))
+        "FedProx (Li et al., 2020): FedAvg with the proximal term mu/2 ||w - w_server||^2.",
+        algorithm_cls=FedAvgAlgorithm))

@@ -223,10 +223,12 @@ class FedPAAlgorithm(fedavg.FedAvgAlgorithm):
     self._fedavg_next = self.next
     self._fedpa_next = self.build_next(self.computations.build_client_update(self._delta))
     self.next = self._next
+    self._learning_round = None
 
-  def _delta(self, w0, means):
+  def _delta(self, w0, means, w_last):
     """The client upload: `posterior_delta` over the flattened trainable weights,
     the first `fedpa_burn_in` epoch means dropped."""
+    del w_last
     cfg = self.config
     sizes = [w.shape.num_elements() for w in w0]
     x0 = tf.concat([tf.reshape(w, [-1]) for w in w0], 0)
@@ -243,6 +245,25 @@ class FedPAAlgorithm(fedavg.FedAvgAlgorithm):
     round_fn = self._fedavg_next if self.in_server_burn_in(server_state) else self._fedpa_next
     return round_fn(server_state, client_states, seeds, data)
 
+  # ------------------------------------------------- tff.learning process
+  # `base.SupportsLearningProcess`, inherited from FedAvg but for the round: the
+  # driver picks FedAvg's or FedPA's computation in Python from the round counter;
+  # a process needs one computation, so its clients get the counter and upload
+  # FedAvg's `w^(t) - w_last` during the server burn-in, `_delta` after (the
+  # same numbers as the driver's two computations).
+  @property
+  def learning_round(self):
+    if self._learning_round is None:
+
+      def delta(w0, means, w_last, round_num):
+        burn_in = round_num < self.config.fedpa_server_burn_in
+        return tf.cond(burn_in, lambda: [a - b for a, b in zip(w0, w_last)],
+                       lambda: self._delta(w0, means, w_last))
+
+      update = self.computations.build_client_update(delta, with_round=True)
+      self._learning_round = self.build_next(update, with_round=True)
+    return self._learning_round
+
 
 def build(data, config: FedPAConfig, run) -> FedPAAlgorithm:
   del data, run
@@ -253,4 +274,5 @@ registry.register(
     registry.AlgorithmSpec(
         "fedpa", FedPAConfig, build,
         "FedPA (Al-Shedivat et al., ICLR 2021): FedAvg's server step on client deltas "
-        "Sigma_i^-1 (w - mu_i) from IASG posterior samples with shrinkage covariances."))
+        "Sigma_i^-1 (w - mu_i) from IASG posterior samples with shrinkage covariances.",
+        algorithm_cls=FedPAAlgorithm))

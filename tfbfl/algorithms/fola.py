@@ -150,6 +150,7 @@ import numpy as np
 
 from tfbfl import _lazy
 from tfbfl import options
+from tfbfl import predictor as predictor_lib
 from tfbfl.algorithms import base
 from tfbfl.algorithms import registry
 
@@ -160,7 +161,8 @@ aggregators = _lazy.load("tfbfl.aggregators")
 communication = _lazy.load("tfbfl.communication")
 compression = _lazy.load("tfbfl.compression")
 gaussian = _lazy.load("tfbfl.gaussian")
-models = _lazy.load("tfbfl.models")
+conv_nets = _lazy.load("tfbfl.networks.conv")
+mlp_nets = _lazy.load("tfbfl.networks.mlp")
 client_batch = _lazy.load("tfbfl.algorithms.client_batch")
 robust = _lazy.load("tfbfl.algorithms.robust")
 rounds = _lazy.load("tfbfl.algorithms.rounds")
@@ -378,8 +380,8 @@ class _LaplaceBase:
   def _model(self):
     c = self.config
     if c.model == "cnn":
-      return models.build_mcmahan_cnn(c.image_shape, c.num_classes, seed=c.seed)
-    return models.build_deterministic_mlp(int(np.prod(c.input_shape)),
+      return conv_nets.build_mcmahan_cnn(c.image_shape, c.num_classes, seed=c.seed)
+    return mlp_nets.build_deterministic_mlp(int(np.prod(c.input_shape)),
                                           c.num_classes,
                                           tuple(c.hidden_units),
                                           seed=c.seed)
@@ -535,9 +537,7 @@ class _LaplaceBase:
     """`weights` as a `tfbfl.export` predictor computing what the evaluation
     computes: the model's logits on `x` reshaped to the model's input,
     probabilities `softmax(logits)`, predictions `argmax(logits)`."""
-    from tfbfl import export  # pylint: disable=g-import-not-at-top
-
-    with export.eager_scope():  # Keras functional models (see there)
+    with predictor_lib.eager_scope():  # Keras functional models (see there)
       model = self._model()
     for v, w in zip(model.trainable_variables, list(weights)):
       v.assign(w)  # exact copies
@@ -546,13 +546,15 @@ class _LaplaceBase:
       logits = model(self._reshape(x), training=False)
       return tf.nn.softmax(logits), tf.argmax(logits, -1, output_type=tf.int32)
 
-    return export.make_predictor(forward,
+    return predictor_lib.make_predictor(forward,
                                  input_shape=tuple(self.config.input_shape),
                                  input_dtype="float32",
                                  num_classes=self.config.num_classes,
                                  variables=model.variables,
                                  info=dict(info, samples=0),
                                  name=name)
+
+  export_server_needs_clients = False
 
   def server_predictor(self, server_state, *, samples: Optional[int] = None, seed: int = 0):
     """The model metric S evaluates: the server weights (FOLA: the product's mean
@@ -592,6 +594,23 @@ class FolaAlgorithm(_LaplaceBase):
     aggregator: weighted `GaussianProductFactory` (default: plain weighted mean).
     name: the algorithm's name in outputs.
   """
+
+  # ------------------------------------------------- tff.learning process
+  # `base.SupportsLearningProcess`: stateless clients (training does not read the
+  # client state); the model is mu_S; setting it keeps the precision and the
+  # penalty centre `prior_mean`.
+  stateful_clients = False
+
+  @property
+  def learning_round(self):
+    return self.next
+
+  def model_weights(self, server_state):
+    return server_state.model.weights, []
+
+  def with_model_weights(self, server_state, trainable, non_trainable):
+    del non_trainable
+    return server_state._replace(model=server_state.model._replace(weights=list(trainable)))
 
   def __init__(self,
                config: LaplaceConfig,
@@ -789,14 +808,17 @@ class FedCurvAlgorithm(_LaplaceBase):
 registry.register(
     registry.AlgorithmSpec(
         "fola", LaplaceConfig, lambda data, config, run: FolaAlgorithm(config),
-        "FOLA (Liu et al.): Gaussian-product aggregation of online Laplace approximations."))
+        "FOLA (Liu et al.): Gaussian-product aggregation of online Laplace approximations.",
+        algorithm_cls=FolaAlgorithm))
 registry.register(
     registry.AlgorithmSpec("laplace_offline",
                            LaplaceConfig,
                            lambda data, config, run: FolaAlgorithm(config),
                            "Gaussian product of offline Laplace approximations (FOLA's ablation).",
-                           fixed=dict(fisher="offline")))
+                           fixed=dict(fisher="offline"),
+                           algorithm_cls=FolaAlgorithm))
 registry.register(
     registry.AlgorithmSpec("fedcurv", LaplaceConfig,
                            lambda data, config, run: FedCurvAlgorithm(config),
-                           "FedCurv (Shoham et al., 2019): FedAvg with a Fisher-weighted penalty."))
+                           "FedCurv (Shoham et al., 2019): FedAvg with a Fisher-weighted penalty.",
+                           algorithm_cls=FedCurvAlgorithm))

@@ -1,7 +1,7 @@
 """Local and Global baselines on the deterministic model (VIRTUAL v1, Table 2).
 
 Both use the model and the client training of `tfbfl.algorithms.fedavg`
-(`ModelComputations`: `models.build_deterministic_mlp`, or the conv net with
+(`ModelComputations`: `tfbfl.networks.mlp.build_deterministic_mlp`, or the conv net with
 `--architecture=conv`; E epochs of plain SGD with the stateless per-epoch shuffle
 `fedavg.epoch_permutations`), so the four deterministic baselines differ only in
 who trains which model on what data.
@@ -238,6 +238,8 @@ class GlobalAlgorithm:
 
   # ------------------------------------------------------------- export
   # Hooks of `tfbfl.export.export_run`: S and MT both evaluate the pooled model.
+  export_server_needs_clients = False
+
   def server_predictor(self, server_state, *, samples: Optional[int] = None, seed: int = 0):
     """The model metrics S and MT evaluate: the model trained on the pooled data."""
     del samples, seed
@@ -261,8 +263,10 @@ class GlobalAlgorithm:
 registry.register(
     registry.AlgorithmSpec("local", fedavg.ModelConfig,
                            lambda data, config, run: LocalAlgorithm(config),
-                           "Local: one model per client on its own data (no communication)."))
+                           "Local: one model per client on its own data (no communication).",
+                           algorithm_cls=LocalAlgorithm))
 registry.register(
     registry.AlgorithmSpec("global", fedavg.ModelConfig,
                            lambda data, config, run: GlobalAlgorithm(config, data.pooled("train")),
-                           "Global: one model on the pooled data of all clients (reference)."))
+                           "Global: one model on the pooled data of all clients (reference).",
+                           algorithm_cls=GlobalAlgorithm))

@@ -13,15 +13,20 @@ run)` returns an object satisfying `tfbfl.algorithms.base.FederatedAlgorithm`, g
 the `FederatedData`, the config (flag values plus the data's shapes and the run's seed and C, see
 `model_fields`) and the driver's `RunConfig` (for settings derived from the run, such
 as VIRTUAL's step 1/clients_per_round). `fixed` pins config fields for this name
-(FedAvg is FedProx with `mu = 0`). This module imports no TensorFlow.
+(FedAvg is FedProx with `mu = 0`). `algorithm_cls` names the class `build`
+returns; its optional hooks (`base.OPTIONAL_HOOKS`) are checked here. This
+module imports no TensorFlow.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, Mapping, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import numpy as np
+
+from tfbfl import options
+from tfbfl.algorithms import base
 
 _SPECS: Dict[str, "AlgorithmSpec"] = {}
 
@@ -33,10 +38,16 @@ class AlgorithmSpec:
   build: Callable[[Any, Any, Any], Any]
   summary: str
   fixed: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  # The class `build` returns: its optional hooks are checked at registration
+  # (`base.check_hooks`) and listed by `hooks`.
+  algorithm_cls: Optional[type] = None
+
+  @property
+  def hooks(self) -> Tuple[type, ...]:
+    return () if self.algorithm_cls is None else base.check_hooks(self.algorithm_cls)
 
   def make_config(self, params: Mapping[str, Any], data):
     """The config from flag values `params` and `data`'s shapes (`model_fields`)."""
-    from tfbfl import options  # pylint: disable=g-import-not-at-top
     fixed = dict(model_fields(data, params), **self.fixed)
     return options.from_flags(self.config_cls, params, **fixed)
 
@@ -44,6 +55,7 @@ class AlgorithmSpec:
 def register(spec: AlgorithmSpec) -> AlgorithmSpec:
   if spec.name in _SPECS and _SPECS[spec.name] != spec:
     raise ValueError(f"algorithm {spec.name!r} is registered twice.")
+  spec.hooks  # pylint: disable=pointless-statement  (raises on a half-defined hook)
   _SPECS[spec.name] = spec
   return spec
 

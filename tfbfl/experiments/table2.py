@@ -7,7 +7,7 @@ the product of
 * VIRTUAL: the KL multipliers beta (`kl_weight`) {1e-6, 1e-5, 1e-4, 1e-3} x the
   paper's server step grid (`virtual_server_lrs`) {0.2, 0.4, 0.6, 0.8, 1.0}. The
   step is VIRTUAL's damped-EP step alpha, applied alike to the server posterior
-  and to the client factors (`tfbfl/algorithms/virtual.py`), so it lies in (0, 1];
+  and to the client factors (`tfbfl/algorithms/virtual/`), so it lies in (0, 1];
 * FedAvg, FedProx: server learning rates {0.2, 0.4, ..., 1.0};
 * FedProx: 5 log-spaced proximal strengths mu > 0 (mu = 0 is FedAvg);
 * FedPA (posterior averaging, `tfbfl.algorithms.fedpa`): FedAvg's grid, its own

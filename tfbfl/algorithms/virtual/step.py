@@ -1,20 +1,14 @@
-"""A lean, client-batched VIRTUAL step for the MLP: flat parameter vectors, analytic KL.
+"""VIRTUAL's lean client step for the MLP: flat parameter vectors, analytic KL, clients batched.
 
-`virtual.client_update` trains the Keras `VirtualNetworks` step by step through its
-layers: every step reads 40-odd variables, takes a softplus, a variance and a KL per
-parameter tensor and differentiates the KL value. This module runs the *same*
-objective and the *same* SGD trajectory on a few flat float32 vectors carried by the
-training loop instead:
+The objective (eq. 3), minibatches and noise of the Keras layers' step
+(`keras_step`), on a few flat float32 vectors `[C, P]` (C clients; `[P]` for one
+client unbatched):
 
 ```none
 mu_s, u_s    shared means and softplus-scales   [k_1, b_1, ..., k_L, b_L]
 mu_p, u_p    private means and softplus-scales  [client k_l, b_l]_l, [V_l, c_l, U_l, d_l]_l
 g            the lateral gates (point estimates) [g_1, ..., g_L]
 ```
-
-They are read from the network once, split into per-layer views with static
-`tf.split`/`tf.reshape` inside the step, and written back once after the loop, so
-`net.shared_posterior()` and `net.get_private_weights()` give the trained values.
 
 **Forward** (`forward`), exactly the layers' local reparameterization
 (`tfbfl.layers.BayesianDense`): per role one `sigma = softplus(u) + min_scale` and
@@ -24,12 +18,10 @@ one variance `sigma^2` over the flat vector; per layer
 m = x mu_W + mu_b,   v = x^2 sigma_W^2 + sigma_b^2,   y = m + sqrt(v + variance_epsilon) e
 ```
 
-with one standard normal `e` per pre-activation. The server layer applies its
-activation (all but the last), the lateral is `g * (U act(V h_s + c) + d)` and the
-client output is `act(client pre-activation + lateral)` but on the last layer.
-`draw_noise` draws every `e` from the seeds the Keras network uses
-(`stateless_split(seed, 3 L)`, each lateral's seed split in two for `V`, `U`), so
-with the same step seed both paths see the same noise (outside XLA).
+with one standard normal `e` per pre-activation (`draw_noise`, from the seeds the
+Keras network uses). The server layer applies its activation (all but the last),
+the lateral is `g * (U act(V h_s + c) + d)` and the client output is `act(client
+pre-activation + lateral)` but on the last layer.
 
 **Gradient.** Only the data loss is differentiated (`tf.GradientTape` over the flat
 vectors). The KL terms of eq. (3), `KL(q || t) = sum 1/2 [prec_t sigma^2 +
@@ -44,41 +36,24 @@ dKL/du  = (sigma prec_t - 1/sigma) * sigmoid(u)        (dsigma/du = sigmoid(u))
 
 and the total gradient is `grad data_loss + kl_scale * grad KL`, `kl_scale = beta/N_i`.
 
-**Update** (`sgd_step`), as `virtual.client_update`'s Keras step: the shared means
-take the implicit proximal step `mu_s -= lr g / (1 + lr kl_scale prec_t)`; the
-shared scales take SGD or, with `cfg.natural_precision_step`, the natural-gradient
-precision step (`natural_precision_update`); the private means, scales and gates
-take plain SGD (only with `cfg.private`; otherwise the client network is neither run
-nor trained). Minibatches are the masked fixed-size batches of the stateless
-per-epoch shuffles of `client_update`, in the same order from the same seed.
+**Update** (`sgd_step`, the reference), as the Keras step: the shared means take the
+implicit proximal step `mu_s -= lr g / (1 + lr kl_scale prec_t)`; the shared scales
+take SGD or, with `cfg.natural_precision_step`, the natural-gradient precision step
+(`natural_precision_update`); the private means, scales and gates take plain SGD
+(only with `cfg.private`; otherwise the client network is neither run nor trained).
+`fused_step` (`FusedPlan`'s packed vectors; the default without the natural
+precision step) takes the same step as `mu <- A mu + B - C g'` and `u <- u -
+sigmoid(u) (sigma (g_v + K1) - K2 / sigma)` with the per-round constants of
+`round_constants`.
 
-**Clients batched** (`train_clients`): every vector above carries a leading client
-axis `[C, P]`, the minibatches are `[C, B, ...]` and the matmuls batched
-(`tfbfl.algorithms.client_batch`): C clients train in one loop of `max_c S_c` steps,
-each on its own minibatches, seeds, KL target and `kl_scale = beta / N_c`, and each
-equals its one-client run up to float summation order. One client is `C = 1`.
+**Clients batched** (`train_clients`): every vector carries the client axis, the
+minibatches are `[C, B, ...]` and the matmuls batched (`client_batch`): C clients
+train in one loop of `max_c S_c` steps, each on its own minibatches, seeds, KL target
+and `kl_scale = beta / N_c`, and each equals its one-client run up to float
+summation order. One client is `C = 1`.
 
-**The fused step** (`fused_step`, what `train_clients` runs unless the natural
-precision step is on; issue 22). `sgd_step` above is the reference: written role by
-role, it makes ~25 passes over each role's parameters a step (softplus twice,
-sigmoid twice, the autodiff of the variance and the views, the KL gradient and the
-update). On the paper's MNIST MLP (219k parameter pairs) those passes, not the
-matmuls, were most of a step. The fused step keeps the same objective, minibatches
-and noise but
-
-* packs all Bayesian parameters into one `loc` and one `u` vector (`FusedPlan`),
-  grouped so layers that read the same input share one matmul (`x` feeds server and
-  client layer 1, `h_s^l` server layer `l + 1` and the adapter `V_l`), each bias the
-  last row of its group's block (the input gets a column of ones), every block
-  aligned to 64 bytes so the per-step views alias the vector;
-* differentiates only the data loss with respect to the means and the *variances*
-  (`2 lr` times it: the scale is folded into the constants), so autodiff stops at
-  the matmuls and one concat per vector;
-* computes once a round what changes once a round: the KL target's and the private
-  prior's natural parameters enter the update only through the per-entry constants
-  of `round_constants`, so a step is one softplus (`log1p(exp(u))`), one variance,
-  and the update `A mu + B - C g` / `u - sigmoid(u) (sigma (g_v + K1) - K2 / sigma)`:
-  13 passes over the packed vectors in all.
+Why flat vectors and how the fused step packs them (with measurements):
+docs/virtual.md, "The lean step".
 """
 
 from __future__ import annotations
@@ -87,18 +62,23 @@ import collections
 from typing import Callable, List, Optional, Sequence
 
 import numpy as np
-import tensorflow as tf
-import tensorflow_probability as tfp
 
-from tfbfl import gaussian
-from tfbfl.algorithms import client_batch
-from tfbfl.layers import BayesianDense
+from tfbfl import _lazy
+
+# TensorFlow and the modules built on it load when an algorithm is built (`tfbfl._lazy`).
+tf = _lazy.load("tensorflow")
+tfp = _lazy.load("tensorflow_probability")
+gaussian = _lazy.load("tfbfl.gaussian")
+layers = _lazy.load("tfbfl.layers")
+client_batch = _lazy.load("tfbfl.algorithms.client_batch")
 
 __all__ = [
     "Layout",
     "Parameters",
+    "data_loss_and_gradients",
     "draw_noise",
     "FusedPlan",
+    "flatten",
     "forward",
     "fused_step",
     "kl_gradients",
@@ -114,7 +94,7 @@ Parameters.__doc__ = """The trainable state as flat float32 vectors `[C, P]` (se
 module docstring for the order of each)."""
 
 
-def _flat(tensors, clients=None):
+def flatten(tensors, clients=None):
   """Concatenated flat values; with `clients`, each tensor's leading axis is kept."""
   if clients is None:
     return tf.concat([tf.reshape(tf.convert_to_tensor(t), [-1]) for t in tensors], 0)
@@ -129,7 +109,7 @@ def _per_entry(values, shapes):
 
 
 class Layout:
-  """Static description of a `models.VirtualNetworks` for the flat-vector step.
+  """Static description of a `tfbfl.networks.VirtualNetworks` for the flat-vector step.
 
   Holds, in flat-vector order, the Keras variables of each role (to read and write
   them in tests), the shapes for the per-layer views, the positions of each role's
@@ -138,7 +118,7 @@ class Layout:
   The step itself reads no variable.
 
   Args:
-    net: a built `models.VirtualNetworks` (every server, client and lateral layer a
+    net: a built `tfbfl.networks.VirtualNetworks` (every server, client and lateral layer a
       `BayesianDense` or a `LateralConnection` of them).
   """
 
@@ -148,7 +128,7 @@ class Layout:
     dense = list(net.server_layers) + list(net.client_layers)
     dense += [l for lat in net.laterals for l in (lat.adapter_in, lat.adapter_out)]
     for layer in dense:
-      if not isinstance(layer, BayesianDense):
+      if not isinstance(layer, layers.BayesianDense):
         raise ValueError(f"the lean step needs BayesianDense layers, got {type(layer).__name__}.")
     # Shared: server layers [kernel, bias] in order (= shared_posterior()'s order).
     self.server_layers = list(net.server_layers)
@@ -186,7 +166,7 @@ class Layout:
   def read_parameters(self) -> Parameters:
     """The network's trainable values as flat `[1, P]` vectors."""
     return Parameters(*[
-        tf.expand_dims(_flat(vs), 0)
+        tf.expand_dims(flatten(vs), 0)
         for vs in (self.shared_loc_vars, self.shared_u_vars, self.private_loc_vars,
                    self.private_u_vars, self.gate_vars)
     ])
@@ -207,12 +187,12 @@ class Layout:
     """`(eta1, eta2)` of the private layers' priors `p(phi)`, flat `[P]` (read once)."""
     eta1 = [getattr(l, f"{n}_prior_eta1") for l in self.private_layers for n in l.parameter_names]
     eta2 = [getattr(l, f"{n}_prior_eta2") for l in self.private_layers for n in l.parameter_names]
-    return _flat(eta1), _flat(eta2)
+    return flatten(eta1), flatten(eta2)
 
   def shared_prior(self):
     """`(eta1, eta2)` of the server layers' priors (the Keras path's KL target), flat `[P]`."""
     prior = self.net.shared_prior()
-    return _flat(prior.eta1), _flat(prior.eta2)
+    return flatten(prior.eta1), flatten(prior.eta2)
 
   # -- client states <-> flat vectors ------------------------------------------------
 
@@ -221,7 +201,7 @@ class Layout:
     axis, as `BayesianDense.set_posterior` assigns them (`u = softplus^-1(max(sigma
     - min_scale, tiny))`)."""
     locs, scales = gaussian.to_loc_scale(g)
-    loc, scale = _flat(locs, clients), _flat(scales, clients)
+    loc, scale = flatten(locs, clients), flatten(scales, clients)
     tiny = np.finfo(np.float32).tiny
     return loc, tfp.math.softplus_inverse(tf.maximum(scale - self.shared_min_scale, tiny))
 
@@ -236,7 +216,7 @@ class Layout:
   def private_from_list(self, private: Sequence, clients: int):
     """`(private_loc, private_u, gates)` `[C, P]` of a stacked `private` list."""
     return tuple(
-        _flat([private[j]
+        flatten([private[j]
                for j in self.private_index[role]], clients)
         for role in ("private_loc", "private_u", "gates"))
 
@@ -382,7 +362,7 @@ def kl_gradients(loc, u, min_scale, eta1_t, eta2_t):
 def natural_precision_update(u, grad_data_u, prior_precision, min_scale, rho, kl_scale):
   """The natural-gradient precision step of the shared scales, on tensors.
 
-  `virtual._natural_precision_step` with the *data* gradient `grad_data_u` of the
+  `keras_step.assign_natural_precision_step` with the *data* gradient `grad_data_u` of the
   softplus-scales (the lean step has it before the KL part is added, so nothing is
   subtracted): `g_sigma = grad_data_u / sigmoid(u)`, `h = g_sigma / sigma`,
 
@@ -415,7 +395,7 @@ def data_loss_and_gradients(cfg, layout: Layout, params: Parameters, xb, yb, mas
   `cfg.private`), the correct count of its head, and the gradient of each client's
   loss with respect to its own flat `params` (the clients are independent, so one
   tape over the sum gives them all; the private entries are `None` with
-  `private=False`). `data_loss(cfg, y, outputs, mask, axis)`: `virtual._data_loss`.
+  `private=False`). `data_loss(cfg, y, outputs, mask, axis)`: `model.data_loss`.
   """
   private = cfg.private
   sources = list(params) if private else [params.shared_loc, params.shared_u]
@@ -446,7 +426,7 @@ def sgd_step(cfg,
              private_prior,
              data_loss: Callable,
              noise=True):
-  """One SGD step of `virtual.client_update` for C clients on flat parameters.
+  """One SGD step of `client.client_update` for C clients on flat parameters.
 
   Args:
     cfg: the `VirtualConfig`.
@@ -457,7 +437,7 @@ def sgd_step(cfg,
     kl_scale: `[C, 1]`, `beta / N_c`.
     shared_prior: `(eta1, eta2)` `[C, P]`, each client's KL target `p^(1/K) cav_c`.
     private_prior: `(eta1, eta2)` `[P]`, the private prior.
-    data_loss: `virtual._data_loss`.
+    data_loss: `model.data_loss`.
     noise: `False` for the posterior-mean pass (no sampling; tests).
 
   Returns:
@@ -715,7 +695,7 @@ def fused_step(cfg, plan: FusedPlan, state, xb, yb, mask, step_seeds, constants,
   `state`: `(loc, u, gates)`; `constants`: `round_constants`. Per step: one softplus,
   one variance, the matmuls, one concat per gradient, then the update of
   `round_constants` in one expression per role: 3 + 4 + 6 passes over the packed
-  parameters (the layers' path and `sgd_step` take ~25 per role).
+  parameters (docs/virtual.md, "The fused step").
 
   Returns `(new state, data_loss * sum(mask), correct)`.
   """
@@ -756,7 +736,7 @@ def train_clients(cfg, layout: Layout, params: Parameters, shared_prior, x, y, n
     params: the clients' starting `Parameters` `[C, P]`.
     shared_prior: `(eta1, eta2)` `[C, P]`, each client's KL target.
     x, y, n: stacked data `[C, n_max, input_dim]`, `[C, n_max]` and sizes `[C]`.
-    seeds: `[C, 2]` client seeds. Minibatches are those of `virtual.client_update`
+    seeds: `[C, 2]` client seeds. Minibatches are those of `client.client_update`
       for each client alone (`client_batch.MinibatchSchedule`), step seeds
       `stateless_fold_in(seed_c, step)`.
     fused: the fused step (`fused_step`, packed parameters; default without the

@@ -1,0 +1,189 @@
+"""VIRTUAL's settings and state types; imports no TensorFlow.
+
+The damped-EP step alpha (`server_lr`) is taken by the server posterior,
+`s <- s * Delta^alpha`, and by every client factor, `s_i <- s_i * Delta_i^alpha`;
+unset, it is `default_step(C) = 1/C`. Why, and the measurements behind each
+default below: docs/virtual.md.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Optional, Sequence
+
+import numpy as np
+
+from tfbfl import options
+from tfbfl.algorithms import base
+
+# The state types keep the module name of the former `tfbfl/algorithms/virtual.py`:
+# `tfbfl.state_io` records a namedtuple as `module:qualname` and finds it in that
+# module on load (the package re-exports them), so checkpoints keep loading.
+_STATE_MODULE = "tfbfl.algorithms.virtual"
+
+ServerState = collections.namedtuple("ServerState", ["posterior", "aggregator_state", "round_num"],
+                                     module=_STATE_MODULE)
+# `client_index` travels with the state so the driver can re-key client outputs
+# (TFF's mergeable/remote contexts may return them in completion order).
+ClientState = collections.namedtuple(
+    "ClientState", ["shared_factor", "shared_posterior", "private", "trained", "client_index"],
+    module=_STATE_MODULE)
+ClientOutput = collections.namedtuple(
+    "ClientOutput", [
+        "delta", "client_state", "metrics", "num_examples", "delta_nonzeros", "cavity_floored",
+        "dropped", "update_ratio"
+    ],
+    module=_STATE_MODULE)
+
+
+def default_step(clients_per_round: int) -> float:
+  """VIRTUAL's default damped-EP step alpha = 1/C (server and client factors alike).
+
+  Measured stable where Algorithm 1's alpha = 1 was not (docs/virtual.md, "The
+  default step"); `--server_lr=1` is Algorithm 1.
+  """
+  return 1.0 / int(clients_per_round)
+
+
+@dataclasses.dataclass(frozen=True)
+class VirtualConfig(base.ClientTraining):
+  """Settings of VIRTUAL: `base.ClientTraining`'s plus those below (flags of the launchers).
+
+  `server_lr` is the damped-EP step alpha in (0, 1]; unset, it is
+  `default_step(clients_per_round)` (`clients_per_round` unset: `num_clients`).
+  """
+  input_dim: int
+  num_classes: int
+  num_clients: int
+  clients_per_round: Optional[int] = None  # the run's C; sets the default step
+  activation: str = "relu"
+  precision_step: float = options.real(
+      0.0, "VIRTUAL: natural-gradient step rho in [0, 1] of the shared posterior's "
+      "precisions (0: plain SGD on the softplus scales, as the paper).",
+      high=1.0)
+  # beta; the paper finds 1e-6..1e-3 harmless (Fig. 2)
+  kl_weight: float = options.real(1e-4, "VIRTUAL: KL multiplier beta.", high=options.MAX_WEIGHT)
+  prior_scale: float = options.real(1.0, "VIRTUAL: std of the N(0, s^2) priors.", low_open=True)
+  init_scale: float = options.real(0.05, "VIRTUAL: initial posterior std.", low_open=True)
+  fedavg_init: bool = options.boolean(False, "VIRTUAL + FedAvg init variant.")
+  # 0: the paper's eq. (3); 1 measured, see docs/virtual.md ("The objective")
+  server_loss_weight: float = options.real(
+      1.0,
+      "VIRTUAL: weight of the server network's own cross-entropy (0 = paper eq. 3).",
+      high=options.MAX_WEIGHT)
+  private: bool = True
+  likelihood: str = "categorical"  # or "gaussian" (regression, noise_scale)
+  noise_scale: float = 1.0
+  gate_init: float = options.real(1.0,
+                                  "VIRTUAL: initial lateral gate value.",
+                                  low=-options.MAX_RATE)
+  local_solver: str = "sgd"  # or "conjugate" (exact, linear-Gaussian models only)
+  # XLA for the client step function (the lean step's and the Keras layers' step) of
+  # plain-TF callers of client_update. TFF's worker binary has no XLA JIT, so under
+  # TFF it has no effect. Off: on the fused lean step XLA ran 0.86x in plain TF
+  # (issue 22), and its normals differ from TF's, so the noise and results change.
+  jit_compile: bool = False
+  # MLP + SGD: train on flat parameter vectors with the analytic KL gradient
+  # (`tfbfl.algorithms.virtual.step`: same objective, minibatches and noise); False:
+  # the Keras layers step by step (conv and lstm always take that path).
+  lean_step: bool = True
+  # With the lean step, this many of a round's clients are stacked into one TFF
+  # client computation and train batched (`client_batch`). 1 (each client alone) is
+  # the default because batching is slower on 2 CPU cores, also with the fused step
+  # (BUILD.md, "Performance"). Results equal the one-by-one run up to float summation
+  # order.
+  clients_per_group: int = options.integer(
+      1, "virtual (MLP): stack this many of a round's clients into one batched client "
+      "computation (1: one by one, the faster on CPU).",
+      low=1,
+      high=10**6)
+  kernel_size: int = 5
+  vocab_size: int = 88
+  embedding_dim: int = 8
+  lstm_units: Sequence[int] = options.int_list((100, 100), "lstm: units per LSTM layer.")
+  # zero Delta_i entries below this SNR percentile (IV-F)
+  prune_percentile: float = options.real(
+      0.0,
+      "VIRTUAL: zero Delta_i entries whose SNR is below this percentile (Sec. IV-F).",
+      high=100.0)
+  prune_per_layer: bool = options.boolean(
+      True, "VIRTUAL: percentile per weight tensor (else over all shared weights).")
+  eval_samples: int = options.integer(0,
+                                      "MC samples at evaluation (0: posterior mean).",
+                                      high=10**6)
+  input_shape: Optional[Sequence[int]] = None  # None: (input_dim,); images are flattened
+  # How the clients' natural-parameter deltas are summed (`tfbfl.aggregators.sum_factory`).
+  aggregator: str = options.choice(
+      "sum", ("sum", "secure_sum"), "VIRTUAL: sum of the clients' natural-parameter deltas: "
+      "sum (plain federated sum) or secure_sum (TFF's SecureSumFactory: each coordinate "
+      "clipped to [-secure_sum_bound, secure_sum_bound] and quantised to 32 bits; clients "
+      "then train one computation each).")
+  secure_sum_bound: Optional[float] = options.real(
+      None, "VIRTUAL --aggregator=secure_sum: clipping bound B of each summed coordinate "
+      "(error <= clients * B / (2^32 - 1); default tfbfl.aggregators.DEFAULT_SECURE_SUM_BOUND "
+      "= 2^16).",
+      low_open=True,
+      high=2.0**126,
+      none_ok=True)
+
+  @property
+  def example_shape(self):
+    return tuple(self.input_shape) if self.input_shape else (self.input_dim,)
+
+  def __post_init__(self):
+    super().__post_init__()
+    object.__setattr__(self, "lstm_units", tuple(int(u) for u in self.lstm_units or ()))
+    for name in ("input_dim", "num_classes", "num_clients"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}.")
+    if not (self.noise_scale > 0 and np.isfinite(self.noise_scale)):
+      raise ValueError(f"noise_scale must be finite and > 0, got {self.noise_scale}.")
+    if self.clients_per_round is not None and self.clients_per_round < 1:
+      raise ValueError(f"clients_per_round must be >= 1, got {self.clients_per_round}.")
+    if self.server_lr is not None and self.server_lr > 1.0:
+      raise ValueError(f"--server_lr (the EP step alpha) must be in (0, 1], got {self.server_lr}.")
+    if self.likelihood not in ("categorical", "gaussian"):
+      raise ValueError(f"likelihood must be 'categorical' or 'gaussian', got {self.likelihood!r}.")
+    if not 0.0 <= self.prune_percentile < 100.0:
+      raise ValueError(f"prune_percentile must be in [0, 100), got {self.prune_percentile}.")
+    self.check_architecture(("mlp", "conv", "lstm"), "VIRTUAL")
+    if self.aggregator != "sum" and self.clients_per_group > 1:
+      raise ValueError(f"--clients_per_group={self.clients_per_group} needs --aggregator=sum "
+                       "(a group uploads the plain sum of its clients' deltas).")
+    if self.local_solver not in ("sgd", "conjugate"):
+      raise ValueError(f"local_solver must be 'sgd' or 'conjugate', got {self.local_solver!r}.")
+    if self.local_solver == "conjugate" and not (self.likelihood == "gaussian" and not self.private
+                                                 and not tuple(self.hidden_units) and
+                                                 self.num_classes == 1 and self.kl_weight > 0):
+      raise ValueError(
+          "local_solver='conjugate' needs a linear-Gaussian model: likelihood='gaussian', "
+          "private=False, hidden_units=(), num_classes=1 and kl_weight > 0.")
+
+  @classmethod
+  def derived_defaults(cls, params):
+    """`server_lr` unset: `default_step(clients_per_round)`."""
+    out = super().derived_defaults(params)
+    if params.get("server_lr") is None:
+      out["server_lr"] = default_step(params["clients_per_round"])
+    return out
+
+  @property
+  def step(self) -> float:
+    """The damped-EP step alpha taken by the server posterior and the client
+    factor alike (Appendix D's damping gamma equals it; see docs/virtual.md)."""
+    if self.server_lr is not None:
+      return float(self.server_lr)
+    return default_step(self.clients_per_round or self.num_clients)
+
+  @property
+  def natural_precision_step(self) -> bool:
+    """Whether the shared scales take the natural-gradient precision step
+    (`precision_step > 0`; needs `kl_weight > 0`, else plain SGD)."""
+    return self.precision_step > 0 and self.kl_weight > 0
+
+
+def batched(cfg: VirtualConfig) -> bool:
+  """Whether clients train with the lean, client-batched step
+  (`tfbfl.algorithms.virtual.step`): the MLP with SGD and `lean_step`."""
+  return cfg.lean_step and cfg.architecture == "mlp" and cfg.local_solver == "sgd"

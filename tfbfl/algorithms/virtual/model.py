@@ -1,0 +1,98 @@
+"""VIRTUAL's model: the server + client networks, the initial states, the likelihood.
+
+Shared (server) weights `theta` have the posterior proxy `s(theta) = prod_i
+s_i(theta)`, private client weights `phi_i` the posterior `c_i(phi_i)`, all
+mean-field Gaussians in natural parameters (`tfbfl.gaussian`). Initially
+`s^(0) = N(mu_init, init_scale^2)` (Glorot means, seeded) and `s_i^(0) =
+s^(0)^(1/K)`, so that `s^(0) = prod_i s_i^(0)`. The data term of eq. (3) is the
+cross-entropy (`likelihood="categorical"`) or `(y - f(x))^2 / (2 noise_scale^2)`
+(`"gaussian"`). Design notes: docs/virtual.md.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tfbfl import _lazy
+from tfbfl.algorithms.virtual.config import ClientState
+from tfbfl.algorithms.virtual.config import VirtualConfig
+
+# TensorFlow and the modules built on it load when an algorithm is built (`tfbfl._lazy`).
+tf = _lazy.load("tensorflow")
+gaussian = _lazy.load("tfbfl.gaussian")
+networks = _lazy.load("tfbfl.networks")
+
+
+def data_loss(cfg: VirtualConfig, y, outputs, mask=None, axis=None):
+  """Summed (masked) negative log-likelihood and number of correct predictions,
+  over every example (`axis=None`) or along `axis` (per client of a batch)."""
+  if mask is None:
+    mask = tf.ones(tf.shape(outputs)[:-1], tf.float32)
+  if cfg.likelihood == "categorical":
+    nll = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=outputs)
+    hit = tf.cast(tf.equal(tf.argmax(outputs, -1, output_type=y.dtype), y), tf.float32)
+    return tf.reduce_sum(mask * nll, axis=axis), tf.reduce_sum(mask * hit, axis=axis)
+  err = tf.cast(y, outputs.dtype) - tf.squeeze(outputs, -1)
+  loss = tf.reduce_sum(mask * 0.5 * tf.square(err) / cfg.noise_scale**2, axis=axis)
+  return loss, tf.zeros_like(loss)
+
+
+def _architecture(cfg: VirtualConfig):
+  """(network class, initial shared posterior fn, initial private weights fn,
+  keyword arguments) of the configured architecture."""
+  common = dict(init_scale=cfg.init_scale)
+  if cfg.architecture == "conv":
+    kw = dict(input_shape=tuple(cfg.image_shape or cfg.example_shape),
+              num_classes=cfg.num_classes,
+              filters=tuple(cfg.filters),
+              kernel_size=cfg.kernel_size,
+              hidden_units=tuple(cfg.hidden_units),
+              **common)
+    return (networks.VirtualConvNetworks, networks.initial_shared_posterior_conv,
+            networks.initial_private_weights_conv, kw)
+  if cfg.architecture == "lstm":
+    kw = dict(vocab_size=cfg.vocab_size,
+              embedding_dim=cfg.embedding_dim,
+              lstm_units=tuple(cfg.lstm_units),
+              **common)
+    return (networks.VirtualLSTMNetworks, networks.initial_shared_posterior_lstm,
+            networks.initial_private_weights_lstm, kw)
+  kw = dict(input_dim=cfg.input_dim,
+            num_classes=cfg.num_classes,
+            hidden_units=tuple(cfg.hidden_units),
+            **common)
+  return (networks.VirtualNetworks, networks.initial_shared_posterior, networks.initial_private_weights,
+          kw)
+
+
+def initial_posterior(cfg: VirtualConfig) -> gaussian.NaturalGaussian:
+  """`s^(0) = N(mu_init, init_scale^2)` with seeded Glorot means."""
+  _, init_shared, _, kw = _architecture(cfg)
+  return init_shared(seed=cfg.seed, **kw)
+
+
+def initial_client_state(cfg: VirtualConfig, client_index: int,
+                         init_posterior: gaussian.NaturalGaussian) -> ClientState:
+  """`s_i^(0) = s^(0)^(1/K)`, posterior copy `s^(0)`, seeded private network."""
+  factor = gaussian.power(init_posterior, 1.0 / cfg.num_clients)
+  _, _, init_private, kw = _architecture(cfg)
+  private = init_private(gate_init=cfg.gate_init,
+                         seed=cfg.seed * 100003 + 7919 * (client_index + 1),
+                         **kw)
+  as_np = lambda s: tf.nest.map_structure(lambda t: np.asarray(t, np.float32), s)
+  return ClientState(gaussian.NaturalGaussian(*as_np(factor)),
+                     gaussian.NaturalGaussian(*as_np(init_posterior)),
+                     [np.asarray(w, np.float32) for w in private], np.bool_(False),
+                     np.int32(client_index))
+
+
+def build_networks(cfg: VirtualConfig):
+  """The configured server + client networks (unseeded: values are assigned)."""
+  network, _, _, kw = _architecture(cfg)
+  extra = dict(activation=cfg.activation) if cfg.architecture != "lstm" else {}
+  return network(prior_scale=cfg.prior_scale, gate_init=cfg.gate_init, seed=None, **extra, **kw)
+
+
+def flatten_for_mlp(cfg: VirtualConfig, x):
+  """`x` as `[n, input_dim]` rows for the MLP (images are flattened); as is otherwise."""
+  return tf.reshape(x, [tf.shape(x)[0], cfg.input_dim]) if cfg.architecture == "mlp" else x

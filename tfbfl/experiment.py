@@ -82,12 +82,13 @@ import numpy as np
 import tfbfl
 from tfbfl import checkpoint
 from tfbfl import client_store as client_store_lib
+from tfbfl import evaluation
 from tfbfl import files
 from tfbfl import options
 from tfbfl import run_dir as run_dir_lib
 from tfbfl import run_outputs
+from tfbfl import runtime
 from tfbfl import state_io
-from tfbfl import metrics as metrics_lib
 from tfbfl.algorithms import base
 from tfbfl.algorithms.base import FederatedAlgorithm
 from tfbfl.algorithms.base import client_seed  # noqa: F401  (the driver's seed rule)
@@ -108,6 +109,7 @@ curves_figure = run_outputs.curves_figure
 plot_curves = run_outputs.plot_curves
 strict_json = run_outputs.strict_json
 json_default = run_outputs.json_default
+aggregate_evaluation = evaluation.aggregate_evaluation
 
 
 def default_clients_per_round(num_clients: int) -> int:
@@ -189,34 +191,6 @@ class RunConfig:
 def sample_clients(seed: int, round_num: int, num_clients: int, per_round: int) -> List[int]:
   rng = np.random.default_rng([seed, round_num])
   return sorted(int(i) for i in rng.choice(num_clients, size=per_round, replace=False))
-
-
-def aggregate_evaluation(per_client: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
-  """Weights each client's sums by its test-set size."""
-  n = float(sum(float(c["num_examples"]) for c in per_client))
-  if n <= 0:
-    raise ValueError("evaluation needs at least one test example over all clients.")
-  total = lambda k: float(sum(float(c[k]) for c in per_client))
-  out = dict(server_accuracy=total("server_correct") / n,
-             server_loss=total("server_loss") / n,
-             mt_accuracy=total("mt_correct") / n,
-             mt_loss=total("mt_loss") / n,
-             client_mt_accuracy=[
-                 float(c["mt_correct"]) / max(float(c["num_examples"]), 1.0) for c in per_client
-             ])
-  # Calibration bins add over clients: the ECE of the pooled test set.
-  for key in ("server", "mt"):
-    if all(f"{key}_calibration" in c for c in per_client):
-      bins = sum(np.asarray(c[f"{key}_calibration"], np.float64) for c in per_client)
-      out[f"{key}_ece"] = metrics_lib.expected_calibration_error(bins)
-  return out
-
-
-def _plain_sums(result) -> Dict[str, Any]:
-  """One client's evaluation sums (a dict or a struct of tensors) as a dict of
-  numpy values, without `client_index`."""
-  items = result.items() if hasattr(result, "items") else result._asdict().items()
-  return {k: np.asarray(v) for k, v in items if k != "client_index"}
 
 
 def _flatten_metrics(metrics: Any) -> Dict[str, float]:
@@ -346,10 +320,8 @@ class ExperimentRunner:
     self._round_in_progress: Optional[int] = None
     self._rounds_done = 0
     self._session_outputs: List[run_outputs.RunOutput] = []
-    # Streamed evaluation: client index -> its last MT sums (valid until the
-    # client trains again), and how many clients' MT / S each call computed.
-    self._mt_cache: Dict[int, Dict[str, Any]] = {}
-    self.eval_counts = dict(mt_clients=0, s_clients=0, calls=0)
+    self.evaluator = evaluation.Evaluator(algorithm, self._test, seed=config.seed,
+                                          chunk=config.eval_chunk, cache=config.eval_cache)
 
   # ---------------------------------------------------------------- state
   def _new_client_store(self):
@@ -448,101 +420,23 @@ class ExperimentRunner:
     if self._lock is not None:
       self._lock.release()
 
-  @staticmethod
-  def _rekey(selected, results, what="client states"):
-    """Per-client `results` in `selected` order. Results that carry
-    `client_index` (an attribute, or a key of a dict) are matched by it
-    (multi-worker contexts return them in completion order); others are taken
-    in the order returned, which the local context keeps, and are refused under
-    a multi-worker context."""
-    results = list(results)
-    if len(results) != len(selected):
-      raise RuntimeError(f"{len(selected)} clients were selected but {len(results)} "
-                         f"{what} came back.")
-    index_of = lambda r: r.get("client_index") if isinstance(r, dict) else getattr(
-        r, "client_index", None)
-    indices = [index_of(r) for r in results]
-    if any(i is None for i in indices):
-      from tfbfl import runtime  # pylint: disable=g-import-not-at-top
-
-      if len(results) > 1 and runtime.mergeable_context_active():
-        raise RuntimeError(
-            f"{what} came back from a multi-worker context without `client_index`, so "
-            "they may be out of client order; this algorithm cannot run with "
-            "--executor=remote until its per-client outputs carry client_index.")
-      return results
-    by_index = {int(np.asarray(i)): r for i, r in zip(indices, results)}
-    missing = sorted(set(selected) - set(by_index))
-    if missing:
-      raise RuntimeError(f"{what} of clients {missing} did not come back.")
-    return [by_index[i] for i in selected]
-
   def _round_fn(self):
     """`algorithm.next`, or its `next_two_phase` under a multi-worker context."""
-    from tfbfl import runtime  # pylint: disable=g-import-not-at-top
-
     if isinstance(self.algorithm, base.SupportsTwoPhase) and runtime.mergeable_context_active():
       return self.algorithm.next_two_phase
     return self.algorithm.next
 
   # ------------------------------------------------------------- evaluate
-  def _streamed(self) -> bool:
-    return self.config.eval_chunk > 0 and isinstance(self.algorithm,
-                                                     base.SupportsStreamedEvaluation)
+  def evaluate(self, state: checkpoint.RunState) -> Dict[str, Any]:
+    """S and MT over all K clients of `state` (`tfbfl.evaluation.Evaluator`:
+    streamed `eval_chunk` clients per call where the algorithm allows it, MT
+    cached per client where exact)."""
+    return self.evaluator(state.server_state, state.clients, state.round)
 
-  def _mt_cacheable(self) -> bool:
-    return (self.config.eval_cache and isinstance(self.algorithm, base.SupportsStreamedEvaluation)
-            and bool(self.algorithm.mt_cacheable))
-
-  def evaluate(self, state) -> Dict[str, Any]:
-    """S and MT over all K clients (see the module docstring).
-
-    Algorithms with `evaluate_server` and `evaluate_clients` are evaluated
-    streamed, `eval_chunk` clients per call: S from the server state and the
-    clients' test data alone; MT from each client's state alone, loaded from
-    the store one chunk at a time (a client never trained is evaluated with
-    `initial_client_state`, which is not stored) and cached per client when the
-    algorithm says MT is a function of the state (`mt_cacheable`): only clients
-    trained since their last evaluation are recomputed. Others (and
-    `eval_chunk = 0`) send every client's state in one `algorithm.evaluate` call.
-    """
-    k = len(self.client_ids)
-    seeds = [client_seed(self.config.seed, -1 - state.round, i) for i in range(k)]
-    if not self._streamed():
-      states = [self._client_state(state, i) for i in range(k)]
-      per_client = self.algorithm.evaluate(state.server_state, states, seeds, self._test)
-      self.eval_counts["calls"] += 1
-      self.eval_counts["mt_clients"] += k
-      self.eval_counts["s_clients"] += k
-      return aggregate_evaluation(self._rekey(list(range(k)), per_client, "evaluation results"))
-    chunk = self.config.eval_chunk
-    chunks = lambda indices: [indices[j:j + chunk] for j in range(0, len(indices), chunk)]
-    server_part: List[Dict[str, Any]] = []
-    for ids in chunks(list(range(k))):
-      out = self.algorithm.evaluate_server(state.server_state, ids, [seeds[i] for i in ids],
-                                           [self._test[i] for i in ids])
-      server_part.extend(_plain_sums(r) for r in self._rekey(ids, out, "evaluation results"))
-      self.eval_counts["calls"] += 1
-      self.eval_counts["s_clients"] += len(ids)
-    if not self._mt_cacheable():
-      self._mt_cache = {}
-    clients = state.clients
-    for ids in chunks([i for i in range(k) if i not in self._mt_cache]):
-      states = []
-      for i in ids:  # a never-trained client: its initial state, rebuilt, not stored
-        s = clients.get(i)
-        states.append(self.algorithm.initial_client_state(i) if s is None else s)
-      out = self.algorithm.evaluate_clients(states, ids, [seeds[i] for i in ids],
-                                            [self._test[i] for i in ids])
-      del states  # disk store: one chunk of states in memory at a time
-      for i, r in zip(ids, self._rekey(ids, out, "evaluation results")):
-        self._mt_cache[i] = _plain_sums(r)
-      self.eval_counts["calls"] += 1
-      self.eval_counts["mt_clients"] += len(ids)
-    per_client = [{**server_part[i], **self._mt_cache[i]} for i in range(k)]
-    if not self._mt_cacheable():
-      self._mt_cache = {}
-    return aggregate_evaluation(per_client)
+  @property
+  def eval_counts(self) -> Dict[str, int]:
+    """Clients whose S and MT were computed, and algorithm calls, so far."""
+    return self.evaluator.counts
 
   # ------------------------------------------------------------------ run
   def standard_outputs(self) -> List[run_outputs.RunOutput]:
@@ -626,7 +520,7 @@ class ExperimentRunner:
     for output in outputs:
       output.on_start(state, cfg.resume)
     k = len(self.client_ids)
-    self._mt_cache = {}  # a resumed run recomputes every client's MT once
+    self.evaluator.reset()  # a resumed run recomputes every client's MT once
     clock = time.time() - state.wall_time_s
     round_fn = self._round_fn()
     if cfg.verbose and state.round < cfg.rounds:
@@ -674,9 +568,9 @@ class ExperimentRunner:
           f"anything of round {r} (the last checkpoint is intact). "
           "Try a smaller --client_lr or --server_lr.")
     state.server_state = server_state
-    for i, s in zip(selected, self._rekey(selected, new_states)):
+    for i, s in zip(selected, evaluation.rekey(selected, new_states)):
       state.clients[i] = s
-      self._mt_cache.pop(i, None)  # trained: its MT is recomputed at the next evaluation
+      self.evaluator.trained(i)
     state.round = self._rounds_done = r
     flat = _flatten_metrics(metrics)
     if cfg.verbose and flat.get("clients_dropped", 0) >= len(selected):

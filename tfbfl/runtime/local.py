@@ -17,11 +17,11 @@ import threading
 from typing import Optional
 
 from tfbfl import _lazy
+from tfbfl.runtime import worker_context
 from tfbfl.runtime.worker_process import WorkerProcess
 
 # TensorFlow and TFF load on `start()`, not when the runtime is imported.
 tff = _lazy.load("tensorflow_federated")
-aggregators = _lazy.load("tfbfl.aggregators")
 
 
 class LocalRuntime:
@@ -78,25 +78,14 @@ class LocalRuntime:
     # TFF's event-loop thread.
     self.worker = WorkerProcess(**self._options)
 
-    def stack_fn(cardinalities):
+    def stub():
       with self._lock:
         if self.worker is None:
           raise RuntimeError("tfbfl runtime was shut down; call start() again.")
         self.worker.check_alive()
-        stub = self.worker.stub
-      if cardinalities.get(tff.CLIENTS) is None:
-        cardinalities[tff.CLIENTS] = self.default_num_clients
-      executor = tff.framework.RemoteExecutor(stub)
-      executor.set_cardinalities(cardinalities)
-      return executor
+        return self.worker.stub
 
-    factory = tff.framework.ResourceManagingExecutorFactory(executor_stack_fn=stack_fn)
-    self.context = tff.framework.SyncExecutionContext(
-        executor_fn=factory,
-        compiler_fn=aggregators.worker_compiler,  # secure sums lowered (see there)
-        transform_args=tff.tensorflow.transform_args,
-        transform_result=tff.tensorflow.transform_result,
-    )
+    self.context = worker_context.sync_worker_context(stub, lambda: self.default_num_clients)
     self._previous_context = tff.framework.get_context_stack().current
     tff.framework.set_default_context(self.context)
     return self

@@ -21,6 +21,7 @@ import grpc
 
 from tfbfl import _lazy
 from tfbfl.runtime import channels
+from tfbfl.runtime import worker_context
 
 # TensorFlow and TFF load when a runtime or stub is built, not when this is imported.
 tff = _lazy.load("tensorflow_federated")
@@ -352,19 +353,7 @@ class RemoteRuntime:
     return self
 
   def _worker_context(self, stub):
-    def stack_fn(cardinalities):
-      if cardinalities.get(tff.CLIENTS) is None:
-        cardinalities[tff.CLIENTS] = self.default_num_clients
-      executor = tff.framework.RemoteExecutor(stub)
-      executor.set_cardinalities(cardinalities)
-      return executor
-
-    factory = tff.framework.ResourceManagingExecutorFactory(executor_stack_fn=stack_fn)
-    return tff.framework.SyncExecutionContext(
-        executor_fn=factory,
-        compiler_fn=aggregators.worker_compiler,  # secure sums lowered (see there)
-        transform_args=tff.tensorflow.transform_args,
-        transform_result=tff.tensorflow.transform_result)
+    return worker_context.sync_worker_context(lambda: stub, lambda: self.default_num_clients)
 
   def close(self) -> None:
     """Closes the connections (the workers keep serving) and, if this runtime's

@@ -24,6 +24,7 @@ from tfbfl import experiment
 from tfbfl import export
 from tfbfl import predictor as predictor_lib
 from tfbfl import restore
+from tfbfl import run_outputs
 from tfbfl import runtime
 from tfbfl import training
 
@@ -53,7 +54,7 @@ EXPORT_TIMES = {}
 
 def _driver_exports() -> bool:
   """Whether the round driver writes `<output_dir>/export` itself."""
-  return any("export_run" in inspect.getsource(m) for m in (experiment, training))
+  return any("export_run" in inspect.getsource(m) for m in (experiment, training, run_outputs))
 
 
 def _launch(module, *args, timeout=300):
@@ -229,9 +230,12 @@ def test_virtual_export_reproduces_summary(virtual_run, virtual_outputs):
 
 @pytest.mark.parametrize("algorithm, pooled_server, launcher", [("fedavg", False, True),
                                                                 ("fola", False, False),
-                                                                ("local", True, False)])
+                                                                ("local", True, False),
+                                                                ("fedpa", False, False)])
 def test_export_reproduces_summary(algorithm, pooled_server, launcher, tmp_path):
-  _train(dict(SMALL, algorithm=algorithm), tmp_path, launcher=launcher)
+  # FedPA: one burn-in epoch of two, FedAvg's round 1 then posterior averaging.
+  extra = dict(fedpa_burn_in=1, fedpa_server_burn_in=1) if algorithm == "fedpa" else {}
+  _train(dict(SMALL, algorithm=algorithm, **extra), tmp_path, launcher=launcher)
   _check_reproduces(str(tmp_path), pooled_server)
   manifest = export.read_manifest(os.path.join(tmp_path, "export"))
   assert manifest["algorithm"] == algorithm

@@ -47,8 +47,9 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if F.report and F.list:
     raise ValueError("--report and --list: give one of them.")
+  selected = lambda records: reproduce.select(reproduce.catalogue(records, F.catalogue), F.cells)
   records = reproduce.read_records(F.results_dir)
-  cells = reproduce.select(reproduce.catalogue(records, F.catalogue), F.cells)
+  cells = selected(records)
   readme = F.readme or None
   if readme is not None and not os.path.isfile(readme):
     raise FileNotFoundError(f"--readme={readme}: no such file (empty --readme writes none).")
@@ -58,7 +59,8 @@ def main(argv):
   if not F.report:
     try:
       reproduce.run(cells, results_dir=F.results_dir, work_dir=F.work_dir,
-                    data_root=F.data_root, max_cells=F.max_cells, max_hours=F.max_hours)
+                    data_root=F.data_root, max_cells=F.max_cells, max_hours=F.max_hours,
+                    refresh=selected)
     except reproduce.CellFailed as e:
       raise ValueError(str(e)) from None
   reproduce.write_report(F.results_dir, readme=readme)

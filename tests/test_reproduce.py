@@ -83,6 +83,41 @@ def test_tuned_cells_take_the_setting_with_the_best_validation_mt(tmp_path):
     assert c.flag_dict["rounds"] == reproduce.TABLE2_ROUNDS["final"]
 
 
+def test_one_invocation_runs_the_tuning_then_the_cells_waiting_on_it(tmp_path, monkeypatch):
+  """Tuned cells wait for their tuning; once the run's last tuning cell is recorded
+  they join the queue, at the setting with the best validation MT."""
+  names = ["virtual/tune/mnist/fedavg", "virtual/table2/mnist/fedavg"]
+  refresh = lambda records: reproduce.select(reproduce.catalogue(records), names)
+  cells = refresh({})
+  results, data_root = tmp_path / "results", tmp_path / "data"
+  (data_root / "mnist").mkdir(parents=True)
+  lrs = reproduce.TABLE2_TUNING["fedavg"]["client_lr"]
+  best_lr = lrs[1]
+  ran = []
+
+  def fake_run_cell(cell, **kw):
+    del kw
+    ran.append(cell.name)
+    lr = cell.flag_dict.get("client_lr")
+    rec = _record(cell, dict(mt_accuracy=[0.5, 0.9 if lr == best_lr else 0.6]))
+    _write(str(results), rec)
+    return rec
+
+  monkeypatch.setattr(reproduce, "run_cell", fake_run_cell)
+  reproduce.run(cells, results_dir=str(results), work_dir=str(tmp_path / "work"),
+                data_root=str(data_root), log=lambda line: None, refresh=refresh)
+  tuning = [n for n in ran if "/tune/" in n]
+  tuned = [n for n in ran if "/table2/" in n]
+  assert len(tuning) == len(lrs) and len(tuned) == 3 and ran[:len(lrs)] == tuning
+  records = reproduce.read_records(str(results))
+  assert all(records[n]["flags"]["client_lr"] == best_lr for n in tuned)
+  # Without `refresh` the waiting cells stay waiting.
+  ran.clear()
+  reproduce.run(refresh({}), results_dir=str(tmp_path / "again"), work_dir=str(tmp_path / "w2"),
+                data_root=str(data_root), log=lambda line: None)
+  assert ran and all("/tune/" in n for n in ran)
+
+
 def test_select_and_status():
   cells = reproduce.catalogue({})
   pfnm = reproduce.select(cells, ["pfnm/j_sweep/homogeneous"])

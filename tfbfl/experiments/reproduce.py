@@ -532,9 +532,15 @@ def measured_seconds(cell: Cell, records: Mapping[str, Mapping[str, Any]]) -> fl
 
 def run(cells: Sequence[Cell], *, results_dir: str, work_dir: str, data_root: str,
         max_cells: Optional[int] = None, max_hours: Optional[float] = None,
-        log: Callable[[str], None] = _runs.log_line) -> List[str]:
+        log: Callable[[str], None] = _runs.log_line,
+        refresh: Optional[Callable[[Mapping[str, Any]], Sequence[Cell]]] = None) -> List[str]:
   """Runs the selected cells that are not done (`status` 'todo' or 'stale'), one at a
   time, cheapest first (catalogue order among equal estimates); returns the names run.
+
+  `refresh(records)`: the selected cells as the catalogue builds them from `records`;
+  given, a waiting (tuned) cell whose tuning a finished cell completed joins the
+  queue at its chosen setting, so one invocation runs the tuning and then the cells
+  that wait on it.
 
   Prints the plan and its cost estimate first. Cells whose data folder is missing
   under `data_root` are skipped with a line naming it; `waiting` cells are listed.
@@ -563,7 +569,10 @@ def run(cells: Sequence[Cell], *, results_dir: str, work_dir: str, data_root: st
   if len(waiting) > 5:
     log(f"  ... and {len(waiting) - 5} more waiting")
   ran, start = [], time.time()
-  for i, (c, _) in enumerate(todo, 1):
+  queue = [c for c, _ in todo]
+  while queue:
+    c = queue.pop(0)
+    i, total = len(ran) + 1, len(ran) + 1 + len(queue)
     if max_cells is not None and len(ran) >= max_cells:
       log(f"reproduce: stopped after --max_cells={max_cells}")
       break
@@ -571,12 +580,24 @@ def run(cells: Sequence[Cell], *, results_dir: str, work_dir: str, data_root: st
       log(f"reproduce: next cell {c.name} (~{est[c.name] / 60:.0f} min) would pass "
           f"--max_hours={max_hours:g}; stopping")
       break
-    log(f"cell {i}/{len(todo)} {c.name} (~{_duration(est[c.name])}) ...")
+    log(f"cell {i}/{total} {c.name} (~{_duration(est[c.name])}) ...")
     rec = run_cell(c, results_dir=results_dir, work_dir=work_dir, data_root=data_root, log=log)
     ran.append(c.name)
-    left = sum(est[n.name] for n, _ in todo[i:])
-    log(f"cell {i}/{len(todo)} {c.name}: {headline(rec)} ({rec['wall_time_s']:.0f} s; "
-        f"~{_duration(left)} left)")
+    # Tuned cells whose tuning this cell completed join the queue (cheapest first),
+    # as the catalogue now builds them (at the chosen setting).
+    records = read_records(results_dir)
+    fresh = {f.name: f for f in (refresh(records) if refresh is not None and waiting else ())}
+    ready = [fresh[w.name] for w in waiting
+             if w.name in fresh and status(fresh[w.name], records) in ("todo", "stale")]
+    if ready:
+      waiting = [w for w in waiting if w.name not in {r.name for r in ready}]
+      est.update({w.name: measured_seconds(w, records) for w in ready})
+      queue = sorted(queue + ready, key=lambda x: est[x.name])
+      log(f"reproduce: tuning done for {len(ready)} waiting cell(s): "
+          f"{', '.join(w.name for w in ready[:3])}{' ...' if len(ready) > 3 else ''}")
+    left = sum(est[n.name] for n in queue)
+    log(f"cell {i}/{len(ran) + len(queue)} {c.name}: {headline(rec)} "
+        f"({rec['wall_time_s']:.0f} s; ~{_duration(left)} left)")
   return ran
 
 

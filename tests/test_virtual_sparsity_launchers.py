@@ -331,10 +331,12 @@ def test_flags_pass_through_to_training():
   p = training.resolve_params(dict(params, algorithm="virtual"))
   assert p["rounds"] == 3 and p["hidden_units"] == (8, 4) and p["kl_weight"] == 0.5
   assert p["partition"] == "homogeneous" and p["server_lr"] == pytest.approx(0.1)
-  # server_lr and clients_per_round are derived when unset (1/C; min(10, K)).
+  # server_lr, clients_per_round and init_scale are derived when unset (1/C; min(10, K);
+  # by network: 0.05 for the MLP).
+  assert p["init_scale"] == 0.05
   for name in set(vx.PASS_THROUGH) - {
       "rounds", "hidden_units", "kl_weight", "partition", "server_lr", "clients_per_round",
-      "filters", "lstm_units"
+      "filters", "lstm_units", "init_scale"
   }:
     assert p[name] == training.DEFAULTS[name], name
   assert fv.output_dir is None and fv.fedprox_client_lr is None

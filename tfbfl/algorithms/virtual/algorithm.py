@@ -55,6 +55,14 @@ def _as_client_state(state) -> ClientState:
                      np.asarray(state.client_index))
 
 
+def as_client_state(struct) -> ClientState:
+  """A `ClientState` from the structure a TFF computation receives (its factors as
+  `NaturalGaussian`s again)."""
+  return ClientState(gaussian.NaturalGaussian(*struct.shared_factor),
+                     gaussian.NaturalGaussian(*struct.shared_posterior), list(struct.private),
+                     struct.trained, struct.client_index)
+
+
 class VirtualAlgorithm:
   """Builds VIRTUAL's TFF computations and its initial states.
 
@@ -161,9 +169,7 @@ class VirtualAlgorithm:
 
     @tff.tensorflow.computation(posterior_type, client_state_type, seed_type, data_type)
     def client_update_comp(server_posterior, state, seed, data):
-      state = ClientState(gaussian.NaturalGaussian(*state.shared_factor),
-                          gaussian.NaturalGaussian(*state.shared_posterior), list(state.private),
-                          state.trained, state.client_index)
+      state = as_client_state(state)
       return client_update(cfg, gaussian.NaturalGaussian(*server_posterior), state, seed, *data)
 
     @tff.tensorflow.computation(server_state_type.posterior, posterior_type,
@@ -235,9 +241,7 @@ class VirtualAlgorithm:
 
     @tff.tensorflow.computation(posterior_type, client_state_type, seed_type, data_type)
     def client_eval_comp(server_posterior, state, seed, data):
-      state = ClientState(gaussian.NaturalGaussian(*state.shared_factor),
-                          gaussian.NaturalGaussian(*state.shared_posterior), list(state.private),
-                          state.trained, state.client_index)
+      state = as_client_state(state)
       return evaluate_client(cfg, gaussian.NaturalGaussian(*server_posterior), state, seed, *data)
 
     @rounds.round_computation(server_state_type, client_state_type, seed_type, data_type)
@@ -257,9 +261,7 @@ class VirtualAlgorithm:
 
     @tff.tensorflow.computation(client_state_type, index_type, seed_type, data_type)
     def own_eval_comp(state, client_index, seed, data):
-      state = ClientState(gaussian.NaturalGaussian(*state.shared_factor),
-                          gaussian.NaturalGaussian(*state.shared_posterior), list(state.private),
-                          state.trained, client_index)
+      state = as_client_state(state)._replace(client_index=client_index)
       return evaluate_own_client(cfg, state, seed, *data)
 
     @rounds.round_computation(server_state_type, index_type, seed_type, data_type)

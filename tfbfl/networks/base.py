@@ -162,7 +162,7 @@ class LateralNetworks(tf.Module):
   Holds what does not depend on the architecture: building the layers of a plan,
   per-layer seeds, the one-pass forward of a plain chain of layers, the
   natural-parameter accessors and the variable partition. Subclasses build a plan
-  in `__init__`, set `_client_output` (e.g. the client's activation), and override
+  in `__init__`, override `client_output` (e.g. the client's activation) and
   `forward` and `server_logits` where the pass is not a plain chain of layers.
   """
 
@@ -201,10 +201,10 @@ class LateralNetworks(tf.Module):
       h_s = self.server_layers[l](h_s, seed=seeds[l])
       pre = self.client_layers[l](h_c, seed=seeds[depth + l]) + self.laterals[l](
           h_s, seed=seeds[2 * depth + l])
-      h_c = self._client_output(l, pre)
+      h_c = self.client_output(l, pre)
     return h_s, h_c
 
-  def _client_output(self, depth, pre):
+  def client_output(self, depth, pre):
     """The client's output at `depth` from its sum with the lateral term."""
     del depth
     return pre

@@ -169,7 +169,7 @@ class VirtualNetworks(LateralNetworks):
     self.activation = tf.keras.activations.get(activation)
     self._build_plan(plan)
 
-  def _client_output(self, depth, pre):
+  def client_output(self, depth, pre):
     return pre if depth == self._depth - 1 else self.activation(pre)
 
   def _parameter_layout(self):

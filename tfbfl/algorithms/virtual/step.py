@@ -334,7 +334,7 @@ def forward(layout: Layout, params: Parameters, x, noise=None, private: bool = T
     hidden = _activate(v_layer, _dense(v_layer, h_s[l + 1], p_loc[iv], p_var[iv], eps(2 * L + l)))
     lateral = gates[l][..., None, :] * _activate(
         u_layer, _dense(u_layer, hidden, p_loc[iu], p_var[iu], eps(3 * L + l)))
-    h_c = net._client_output(l, pre + lateral)  # pylint: disable=protected-access
+    h_c = net.client_output(l, pre + lateral)
   return h_s[-1], h_c
 
 
@@ -643,7 +643,7 @@ class FusedPlan:
       g_l = gate[l] if gate[l].shape.rank == 1 else gate[l][:, None, :]
       lateral = g_l * _activate(lat.adapter_out, out[("U", l)])
       pre = _activate(net.client_layers[l], out[("C", l)])
-      h_c = net._client_output(l, pre + lateral)  # pylint: disable=protected-access
+      h_c = net.client_output(l, pre + lateral)
     return h_s[-1], h_c
 
 

@@ -55,6 +55,15 @@ def _as_client_state(state) -> ClientState:
                      np.asarray(state.client_index))
 
 
+def upload(output) -> collections.OrderedDict:
+  """What a client sends the server: the fields of its `ClientOutput` (or of its
+  TFF type) but its new state."""
+  return collections.OrderedDict(
+      (name, getattr(output, name))
+      for name in ("delta", "metrics", "num_examples", "delta_nonzeros", "cavity_floored",
+                   "dropped", "update_ratio"))
+
+
 def as_client_state(struct) -> ClientState:
   """A `ClientState` from the structure a TFF computation receives (its factors as
   `NaturalGaussian`s again)."""
@@ -223,14 +232,7 @@ class VirtualAlgorithm:
           (tff.federated_broadcast(server_state.posterior), client_states, seeds, data))
 
     out_type = client_update_comp.type_signature.result
-    upload_type = tff.to_type(
-        collections.OrderedDict(delta=out_type.delta,
-                                metrics=out_type.metrics,
-                                num_examples=out_type.num_examples,
-                                delta_nonzeros=out_type.delta_nonzeros,
-                                cavity_floored=out_type.cavity_floored,
-                                dropped=out_type.dropped,
-                                update_ratio=out_type.update_ratio))
+    upload_type = tff.to_type(upload(out_type))
 
     @tff.federated_computation(tff.FederatedType(server_state_type, tff.SERVER),
                                tff.FederatedType(upload_type, tff.CLIENTS))
@@ -421,15 +423,7 @@ class VirtualAlgorithm:
     as `next` up to float summation order; client states come back in
     completion order, each with its `client_index`."""
     outputs = self.client_phase(server_state, client_states, seeds, data)
-    uploads = [
-        collections.OrderedDict(delta=o.delta,
-                                metrics=o.metrics,
-                                num_examples=o.num_examples,
-                                delta_nonzeros=o.delta_nonzeros,
-                                cavity_floored=o.cavity_floored,
-                                dropped=o.dropped,
-                                update_ratio=o.update_ratio) for o in outputs
-    ]
+    uploads = [upload(o) for o in outputs]
     server_state, metrics = self.server_phase(server_state, uploads)
     return server_state, [o.client_state for o in outputs], metrics
 

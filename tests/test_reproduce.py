@@ -83,6 +83,33 @@ def test_tuned_cells_take_the_setting_with_the_best_validation_mt(tmp_path):
     assert c.flag_dict["rounds"] == reproduce.TABLE2_ROUNDS["final"]
 
 
+def test_a_row_can_shrink_its_grid_and_a_fixed_axis_is_no_edge(tmp_path):
+  """PMNIST's VIRTUAL cells tune the lr at the default beta; the report marks a choice
+  on the lr grid's edge, never one on an axis of a single value."""
+  cells = reproduce.catalogue({})
+  pmnist = [c for c in cells if c.experiment == "tune" and c.row == "pmnist" and
+            c.algorithm == "virtual"]
+  mnist = [c for c in cells if c.experiment == "tune" and c.row == "mnist" and
+           c.algorithm == "virtual"]
+  lrs = reproduce.TABLE2_TUNING["virtual"]["client_lr"]
+  assert sorted(c.flag_dict["client_lr"] for c in pmnist) == sorted(lrs)
+  assert {c.flag_dict["kl_weight"] for c in pmnist} == {1e-4}
+  assert len(mnist) == len(lrs) * len(reproduce.TABLE2_TUNING["virtual"]["kl_weight"])
+  results = str(tmp_path / "results")
+  inner = lrs[1]
+  for c in pmnist:
+    _write(results, _record(c, dict(mt_accuracy=[0.5, 0.9 if c.flag_dict["client_lr"] == inner
+                                                 else 0.8])))
+  text = "\n".join(reproduce.table2_markdown(reproduce.read_records(results)))
+  chosen = f"**client_lr={inner:g},kl_weight=0.0001: 90.0**"
+  assert chosen in text and chosen + " †" not in text
+  for c in pmnist:  # now the top lr wins: on the edge
+    top = c.flag_dict["client_lr"] == max(lrs)
+    _write(results, _record(c, dict(mt_accuracy=[0.5, 0.95 if top else 0.8])))
+  text = "\n".join(reproduce.table2_markdown(reproduce.read_records(results)))
+  assert f"**client_lr={max(lrs):g},kl_weight=0.0001: 95.0** †" in text
+
+
 def test_one_invocation_runs_the_tuning_then_the_cells_waiting_on_it(tmp_path, monkeypatch):
   """Tuned cells wait for their tuning; once the run's last tuning cell is recorded
   they join the queue, at the setting with the best validation MT."""

@@ -210,6 +210,12 @@ def test_report_judges_the_claims_from_records_alone(tmp_path):
   assert "- mnist: VIRTUAL's MT above fedavg's: held (MT 97.6 vs 97.1" in text
   assert "- mnist: S comparable to fedavg's (within 1 pp or above): not held (S 96.6 vs 97.9)" in text
   assert "- pmnist, VIRTUAL vs fedavg: pending (0 and 0 of 3 seeds recorded)." in text
+  # One seed recorded: its value, no spread of "± 0.0".
+  one = next(c for c in reproduce.catalogue({})
+             if c.row == "pmnist" and c.experiment == "table2" and c.algorithm == "fedavg")
+  _write(results, _record(one, dict(mt_accuracy=[0.5, 0.861], server_accuracy=[0.3, 0.483])))
+  text = reproduce.write_report(results)
+  assert "| pmnist | fedavg | 48.3 | 48.3 | 48.3 | 85.9 | 86.1 | 86.1 |" in text
   assert os.path.exists(os.path.join(results, "figures", "table2_curves.png"))
   body = readme.read_text()
   assert "OLD-BLOCK" not in body and body.endswith("tail\n") and "96.6 ± 0.1" in body

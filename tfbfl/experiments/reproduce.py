@@ -663,6 +663,8 @@ def _pm(values: Sequence[float], scale: float = 100.0, digits: int = 1) -> str:
   m, s, n = _mean_std(values, scale)
   if n == 0:
     return "—"
+  if n == 1:  # no spread to show: the seeds column says 1
+    return f"{m:.{digits}f}"
   return f"{m:.{digits}f} ± {s:.{digits}f}"
 
 

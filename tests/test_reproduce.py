@@ -210,6 +210,16 @@ def test_report_judges_the_claims_from_records_alone(tmp_path):
   assert "- mnist: VIRTUAL's MT above fedavg's: held (MT 97.6 vs 97.1" in text
   assert "- mnist: S comparable to fedavg's (within 1 pp or above): not held (S 96.6 vs 97.9)" in text
   assert "- pmnist, VIRTUAL vs fedavg: pending (0 and 0 of 3 seeds recorded)." in text
+  # MT means 0.05 pp apart with a spread of 0.2 pp over the seeds: a tie, not held.
+  fem = [c for c in reproduce.catalogue({}) if c.row == "femnist_mlp" and c.experiment == "table2"]
+  for c in fem:
+    spread = 0.002 * (c.seed - 1)
+    mt_best = 0.9725 if c.algorithm == "virtual" else 0.972
+    _write(results, _record(c, dict(mt_accuracy=[0.5, mt_best + spread],
+                                    server_accuracy=[0.5, 0.95])))
+  tie = reproduce.write_report(results)
+  assert "- femnist_mlp: VIRTUAL's MT above fedavg's: not held (MT 97.2 vs 97.2" in tie
+  assert "difference +0.05 pp, standard error 0.16" in tie
   # One seed recorded: its value, no spread of "± 0.0".
   one = next(c for c in reproduce.catalogue({})
              if c.row == "pmnist" and c.experiment == "table2" and c.algorithm == "fedavg")

@@ -53,6 +53,7 @@ import numpy as np
 from tfbfl import experiment
 from tfbfl import presets
 from tfbfl import run_dir
+from tfbfl.algorithms.virtual import config as virtual_config
 from tfbfl.experiments import _runs
 
 RECORD_VERSION = 1
@@ -96,8 +97,10 @@ TABLE2_TUNING = {
 }
 # Per-row departures from TABLE2_TUNING: PMNIST's VIRTUAL cells tune the lr alone, at
 # the default beta (why, measured: the README's "Reproduction on the papers' data").
+_DEFAULT_BETA = next(f.default for f in dataclasses.fields(virtual_config.VirtualConfig)
+                     if f.name == "kl_weight")
 TABLE2_ROW_TUNING = {
-    ("pmnist", "virtual"): dict(client_lr=TABLE2_LRS, kl_weight=(1e-4,)),
+    ("pmnist", "virtual"): dict(client_lr=TABLE2_LRS, kl_weight=(_DEFAULT_BETA,)),
 }
 TABLE2_ROUNDS = {"tune": 30, "final": 100}
 VALIDATION_FRACTION = 0.2
@@ -250,7 +253,7 @@ def tuning_axes(row: str, algorithm: str) -> Mapping[str, Sequence[Any]]:
 
 
 def _hparams(cell: Cell, algorithm: str) -> List[Tuple[str, Any]]:
-  return [(k, v) for k, v in cell.flags if k in TABLE2_TUNING[algorithm]]
+  return [(k, v) for k, v in cell.flags if k in tuning_axes(cell.row, algorithm)]
 
 
 def choose_setting(records: Sequence[Optional[Mapping[str, Any]]],
@@ -686,7 +689,7 @@ def table2_summary(records: Mapping[str, Mapping[str, Any]]) -> Dict[Tuple[str, 
       for key in ("server_loss", "mt_loss", "server_ece", "mt_ece"):
         m[f"final_{key}"] = [_final(r, key) for r in recs]
       m["rounds"] = sorted({r["flags"].get("rounds") for r in recs})
-      m["setting"] = ({k: v for k, v in recs[0]["flags"].items() if k in TABLE2_TUNING[alg]}
+      m["setting"] = ({k: v for k, v in recs[0]["flags"].items() if k in tuning_axes(row, alg)}
                       if recs else {})
       m["hours"] = sum(float(r["wall_time_s"]) for r in recs) / 3600
       out[(row, alg)] = m

@@ -25,8 +25,9 @@ from tfbfl import flags as tfbfl_flags
 from tfbfl.experiments import reproduce
 
 F = flags.FLAGS
-flags.DEFINE_list("cells", ["*"], "Cell names or shell patterns (a name also selects the cells "
-                  "below it, e.g. virtual/table2/mnist).")
+flags.DEFINE_list("cells", ["*"], "Cell names as `--list` prints them, or shell patterns, "
+                  "comma-separated (a name also selects the cells below it, e.g. "
+                  "virtual/table2/mnist).")
 flags.DEFINE_enum("catalogue", "papers", sorted(reproduce.CATALOGUES),
                   "Which cells: the papers' campaign, or three quick digits cells (smoke).")
 flags.DEFINE_string("results_dir", "results", "Where the records (and the report) live.")

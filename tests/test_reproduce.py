@@ -150,6 +150,12 @@ def test_select_and_status():
   pfnm = reproduce.select(cells, ["pfnm/j_sweep/homogeneous"])
   assert pfnm and all(c.name.startswith("pfnm/j_sweep/homogeneous/") for c in pfnm)
   assert len(reproduce.select(cells, ["fola/*/alpha=0.01/*"])) == 6
+  # A name `--list` prints holds commas, and absl's list flag splits on them.
+  tune = [c for c in cells if "," in c.name]
+  assert tune
+  pieces = tune[0].name.split(",") + [pfnm[0].name]
+  assert [c.name for c in reproduce.select(cells, pieces)] == sorted(
+      [tune[0].name, pfnm[0].name], key=[c.name for c in cells].index)
   with pytest.raises(ValueError, match="--cells"):
     reproduce.select(cells, ["nothing/like/this"])
   c = pfnm[0]

@@ -329,11 +329,26 @@ def catalogue(records: Mapping[str, Mapping[str, Any]], name: str = "papers") ->
   return CATALOGUES[name](records)
 
 
+def _rejoin_settings(pieces: Sequence[str]) -> List[str]:
+  joined: List[str] = []
+  for piece in pieces:
+    if joined and "=" in piece.strip().split("/", 1)[0]:
+      joined[-1] += "," + piece.strip()
+    else:
+      joined.append(piece)
+  return joined
+
+
 def select(cells: Sequence[Cell], patterns: Sequence[str]) -> List[Cell]:
   """The cells whose name matches one of the shell-style `patterns` (a pattern without
-  a wildcard also matches everything below it: `virtual/table2` = `virtual/table2/*`)."""
+  a wildcard also matches everything below it: `virtual/table2` = `virtual/table2/*`).
+
+  `patterns` may come from a comma-split flag: a piece whose first path segment is a
+  `key=value` setting cannot begin a cell name, so it is joined back to the piece before
+  it (`...client_lr=0.1`, `kl_weight=1e-05/seed0` is the one name `--list` printed).
+  """
   pats = []
-  for p in patterns:
+  for p in _rejoin_settings(patterns):
     p = p.strip().strip("/")
     if p:
       pats += [p] if any(ch in p for ch in "*?[") else [p, p + "/*"]

@@ -11,6 +11,8 @@
 * `pyplot` / `save_figure`: matplotlib on the Agg backend; a figure saved as PNG
   atomically (`tfbfl.experiment.atomic_write_bytes`) and closed.
 * `md_row` / `md_table`: pipe-table lines (`| a | b |`, `|---|---|`).
+* `mean_difference` / `beyond_error`: the claims' rule, shared by the Table II
+  reports: a difference of two seed means counts only beyond its standard error.
 * `flag_help`: the help text of a training setting (`tfbfl.training.settings()`),
   with an experiment's note ("paper: 32") appended, for launcher flags that keep
   their own defaults.
@@ -23,9 +25,10 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
 import sys
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from tfbfl import experiment
 
@@ -123,6 +126,28 @@ def save_figure(fig, path: str, *, dpi: int = 100, tight: bool = False) -> None:
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   plt.close(fig)
   experiment.atomic_write_bytes(path, buf.getvalue())
+
+
+# --------------------------------------------------------------------- claims
+# A VIRTUAL mean S at most this many percentage points below a baseline's is "comparable".
+S_COMPARABLE_PP = 1.0
+
+
+def mean_difference(a: Tuple[float, float, int], b: Tuple[float, float, int]) -> Tuple[float, float]:
+  """`(m_a - m_b, sqrt(s_a^2 / n_a + s_b^2 / n_b))` from two `(mean, sample std, seeds)`.
+
+  The second number is the standard error of the difference of the two means over
+  independent seeds (Welch's); with one seed each it is 0.
+  """
+  (ma, sa, na), (mb, sb, nb) = a, b
+  if na < 1 or nb < 1:
+    raise ValueError(f"a difference of means needs a seed on each side, got {na} and {nb}.")
+  return ma - mb, math.sqrt(sa**2 / na + sb**2 / nb)
+
+
+def beyond_error(diff: float, se: float) -> int:
+  """+1 when `diff > se` (above over these seeds), -1 when `diff < -se`, else 0 (a tie)."""
+  return 1 if diff > se else -1 if diff < -se else 0
 
 
 # ------------------------------------------------------------------- markdown

@@ -727,20 +727,18 @@ def table2_claims(summary: Mapping[Tuple[str, str], Mapping[str, Any]]) -> List[
       if vn < 3 or bn < 3:
         lines.append(f"- {row}, VIRTUAL vs {base}: pending ({vn} and {bn} of 3 seeds recorded).")
         continue
-      # A difference within one standard error of itself is a tie over these seeds.
-      se = math.sqrt(vsd**2 / vn + bsd**2 / bn)
-      diff = vm - bm
+      diff, se = _runs.mean_difference((vm, vsd, vn), (bm, bsd, bn))
       margin = f"difference {diff:+.2f} pp, standard error {se:.2f}"
       if row == "pmnist":
-        held = diff < -se
+        held = _runs.beyond_error(diff, se) < 0
         lines.append(f"- {row}: the paper's exception (VIRTUAL's MT below {base}'s): "
                      f"{'held' if held else 'not held'} (MT {vm:.1f} vs {bm:.1f}; {margin}).")
       else:
-        held = diff > se
+        held = _runs.beyond_error(diff, se) > 0
         lines.append(f"- {row}: VIRTUAL's MT above {base}'s: {'held' if held else 'not held'} "
                      f"(MT {vm:.1f} vs {bm:.1f}, best over rounds, mean of {vn} seeds; {margin}).")
-      comparable = vs >= bs - 1.0
-      lines.append(f"- {row}: S comparable to {base}'s (within 1 pp or above): "
+      comparable = vs >= bs - _runs.S_COMPARABLE_PP
+      lines.append(f"- {row}: S comparable to {base}'s (within {_runs.S_COMPARABLE_PP:g} pp or above): "
                    f"{'held' if comparable else 'not held'} (S {vs:.1f} vs {bs:.1f}).")
   return lines
 

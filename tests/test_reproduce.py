@@ -232,6 +232,14 @@ def test_report_judges_the_claims_from_records_alone(tmp_path):
   _write(results, _record(one, dict(mt_accuracy=[0.5, 0.861], server_accuracy=[0.3, 0.483])))
   text = reproduce.write_report(results)
   assert "| pmnist | fedavg | 48.3 | 48.3 | 48.3 | 85.9 | 86.1 | 86.1 |" in text
+  # Convergence: the last 10 rounds' mean against the 10 before (MT +0.1 pp a round).
+  prox = next(c for c in reproduce.catalogue({})
+              if c.row == "pmnist" and c.experiment == "table2" and c.algorithm == "fedprox")
+  _write(results, _record(prox, dict(mt_accuracy=[0.8 + 0.001 * i for i in range(30)],
+                                     server_accuracy=[0.4] * 30)))
+  text = reproduce.write_report(results)
+  assert "| pmnist | fedprox | 0.00 | 1.00 |" in text
+  assert "| pmnist | fedavg | — | — |" in text  # 2 rounds: too short to say
   assert os.path.exists(os.path.join(results, "figures", "table2_curves.png"))
   body = readme.read_text()
   assert "OLD-BLOCK" not in body and body.endswith("tail\n") and "96.6 ± 0.1" in body

@@ -670,6 +670,20 @@ def _final(rec: Mapping[str, Any], key: str) -> float:
   return float(vals[-1]) if vals else float("nan")
 
 
+# The windows `_late_rise` compares: the last LATE_WINDOW evaluated rounds against
+# the LATE_WINDOW before them.
+LATE_WINDOW = 10
+
+
+def _late_rise(rec: Mapping[str, Any], key: str) -> float:
+  """Mean of curve `key` over the last `LATE_WINDOW` evaluated rounds minus its mean
+  over the `LATE_WINDOW` before them (nan when the curve is shorter than both)."""
+  vals = [v for v in rec["result"]["curves"].get(key, []) if v is not None]
+  if len(vals) < 2 * LATE_WINDOW:
+    return float("nan")
+  return float(np.mean(vals[-LATE_WINDOW:]) - np.mean(vals[-2 * LATE_WINDOW:-LATE_WINDOW]))
+
+
 def _mean_std(values: Sequence[float], scale: float = 1.0) -> Tuple[float, float, int]:
   v = np.array([x for x in values if x is not None and math.isfinite(x)], dtype=float) * scale
   if not len(v):
@@ -701,6 +715,7 @@ def table2_summary(records: Mapping[str, Mapping[str, Any]]) -> Dict[Tuple[str, 
       for key in ("server_accuracy", "mt_accuracy"):
         m[f"best_{key}"] = [_best(r, key) for r in recs]
         m[f"final_{key}"] = [_final(r, key) for r in recs]
+        m[f"late_rise_{key}"] = [_late_rise(r, key) for r in recs]
       for key in ("server_loss", "mt_loss", "server_ece", "mt_ece"):
         m[f"final_{key}"] = [_final(r, key) for r in recs]
       m["rounds"] = sorted({r["flags"].get("rounds") for r in recs})
@@ -760,6 +775,12 @@ def table2_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
   lines = ["### VIRTUAL Table II (accuracy %, mean ± std over seeds)", ""]
   lines += _runs.md_table(header, rows)
   lines += ["", "Claims:", ""] + table2_claims(summary)
+  lines += ["", f"Still rising at the last round? Mean accuracy over the last {LATE_WINDOW} "
+            f"rounds minus the mean over the {LATE_WINDOW} before them, pp (mean ± std over "
+            "seeds; near 0: converged, > 0: still rising):", ""]
+  lines += _runs.md_table(("row", "algorithm", "S", "MT"), [
+      (row, alg, _pm(m["late_rise_server_accuracy"], 100, 2), _pm(m["late_rise_mt_accuracy"], 100, 2))
+      for (row, alg), m in summary.items() if m["seeds"]])
   lines += ["", "Tuning (seed 0, validation split of each client's training data, "
             f"{TABLE2_ROUNDS['tune']} rounds; best-round validation MT accuracy %; the chosen "
             "setting in bold, † where a value sits on its grid's edge):", ""]

@@ -241,6 +241,18 @@ def test_report_judges_the_claims_from_records_alone(tmp_path):
   assert "| pmnist | fedprox | 0.00 | 1.00 |" in text
   assert "| pmnist | fedavg | — | — |" in text  # 2 rounds: too short to say
   assert os.path.exists(os.path.join(results, "figures", "table2_curves.png"))
+  assert not os.path.exists(os.path.join(results, "figures", "fola_curves.png"))
+  # FOLA's learning curves (Fig. 3a): a table of the best GA and a figure.
+  fola = [c for c in reproduce.catalogue({}) if c.paper == "fola" and c.experiment == "curves"]
+  for c in fola[:2]:
+    methods = {m: dict(curves=dict(round=[1, 2, 3], server_accuracy=[0.3, g, g + 0.01]))
+               for m, g in (("fola", 0.8), ("fedavg", 0.6))}
+    rec = reproduce.make_record(c, c.command("out", "/data"), dict(methods=methods), 10.0,
+                                time.time())
+    _write(results, rec)
+  text = reproduce.write_report(results)
+  assert "| fedavg | 61.0 ± 0.0 | 2 |" in text and "| fola | 81.0 ± 0.0 | 2 |" in text
+  assert os.path.exists(os.path.join(results, "figures", "fola_curves.png"))
   body = readme.read_text()
   assert "OLD-BLOCK" not in body and body.endswith("tail\n") and "96.6 ± 0.1" in body
   assert "](results/figures/table2_curves.png)" in body

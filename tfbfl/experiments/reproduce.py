@@ -873,6 +873,11 @@ def fola_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
     f, g = np.mean(acc[(a, "fola")]), np.mean(acc[(a, "fedavg")])
     claims.append(f"- alpha = {_fmt(a)}: FOLA's first-round GA above FedAvg's: "
                   f"{'held' if f > g else 'not held'} ({100 * f:.1f} vs {100 * g:.1f}).")
+  if all(acc.get((a, "fedcurv")) == acc.get((a, "fedavg")) for a in FOLA_ALPHAS) and acc:
+    lines += ["", "FedCurv's first round is FedAvg's: its penalty is weighted by the other "
+              "clients' Fisher information from earlier rounds, zero before round 1 (floored "
+              "at 1e-30), so the two columns agree; they part from round 2 (the learning "
+              "curves)."]
   curves = [r for r in records.values() if r["cell"]["experiment"] == "curves"]
   if curves:
     lines += ["", f"Learning curves (alpha = 0.01, N = 20, E = 5, lr = 0.01, "
@@ -884,6 +889,16 @@ def fola_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
     lines += _runs.md_table(("method", "best GA", "repeats"),
                             [(m, _pm(v), len(v)) for m, v in sorted(best.items())])
   return lines + ["", "Claims:", ""] + (claims or ["- pending (no records)."])
+
+
+def _mean_curve(curves: Sequence[Mapping[str, Any]], key: str) -> Tuple[np.ndarray, np.ndarray]:
+  """(rounds, mean of `key` over `curves`) on the rounds every curve reached, the
+  rounds without an evaluation (`--eval_every`) left out."""
+  values = [[np.nan if v is None else v for v in c[key]] for c in curves]
+  n = min(len(v) for v in values)
+  mean = np.nanmean(np.array([v[:n] for v in values], dtype=float), axis=0)
+  ok = np.isfinite(mean)
+  return np.array(curves[0]["round"][:n])[ok], mean[ok]
 
 
 def plot_table2_curves(path: str, records: Mapping[str, Mapping[str, Any]]) -> bool:
@@ -902,12 +917,8 @@ def plot_table2_curves(path: str, records: Mapping[str, Mapping[str, Any]]) -> b
       if not recs:
         continue
       for i, key in enumerate(("server_accuracy", "mt_accuracy")):
-        curves = [[np.nan if v is None else v for v in r["result"]["curves"][key]] for r in recs]
-        n = min(len(c) for c in curves)
-        mean = np.nanmean(np.array([c[:n] for c in curves], dtype=float), axis=0)
-        rounds = recs[0]["result"]["curves"]["round"][:n]
-        ok = np.isfinite(mean)
-        axes[i][j].plot(np.array(rounds)[ok], mean[ok], label=f"{alg} ({len(recs)} seeds)")
+        axes[i][j].plot(*_mean_curve([r["result"]["curves"] for r in recs], key),
+                        label=f"{alg} ({len(recs)} seeds)")
     for i, label in enumerate(("S accuracy", "MT accuracy")):
       axes[i][j].set_title(f"{row}: {label}")
       axes[i][j].set_xlabel("round")
@@ -967,8 +978,31 @@ def plot_fola(path: str, records: Mapping[str, Mapping[str, Any]]) -> bool:
   return True
 
 
+def plot_fola_curves(path: str, records: Mapping[str, Mapping[str, Any]]) -> bool:
+  """FOLA's Fig. 3a: global accuracy per round at alpha 0.01, one line per method
+  (mean over repeats). False if there is nothing to plot."""
+  by_method: Dict[str, List[Mapping[str, Any]]] = {}
+  for r in records.values():
+    if r["cell"]["paper"] == "fola" and r["cell"]["experiment"] == "curves":
+      for m, res in r["result"]["methods"].items():
+        by_method.setdefault(m, []).append(res["curves"])
+  if not by_method:
+    return False
+  plt = _runs.pyplot()
+  fig, ax = plt.subplots(figsize=(5.5, 4))
+  for m, curves in sorted(by_method.items()):
+    ax.plot(*_mean_curve(curves, "server_accuracy"), label=f"{m} ({len(curves)} repeats)")
+  ax.set_xlabel("round")
+  ax.set_ylabel("global accuracy")
+  ax.set_title("FOLA Fig. 3a, MNIST-MLP, alpha = 0.01")
+  ax.grid(alpha=0.3)
+  ax.legend()
+  _runs.save_figure(fig, path, tight=True)
+  return True
+
+
 FIGURES = (("table2_curves.png", plot_table2_curves), ("pfnm_j_sweep.png", plot_pfnm),
-           ("fola_first_round.png", plot_fola))
+           ("fola_first_round.png", plot_fola), ("fola_curves.png", plot_fola_curves))
 README_BEGIN = "<!-- reproduction:begin (written by `python -m launchers.reproduce --report`) -->"
 README_END = "<!-- reproduction:end -->"
 

@@ -298,3 +298,33 @@ def test_a_killed_cell_is_redone_and_the_others_are_not(tmp_path):
   listing = subprocess.run(_runner(tmp_path, "--list"), cwd=ROOT, env=env, capture_output=True,
                            text=True, timeout=120)
   assert [l.split()[0] for l in listing.stdout.splitlines()] == ["done"] * 3
+
+
+def test_ablation_cells_change_one_knob_of_the_tuned_setting_and_report_the_difference(tmp_path):
+  waiting = [c for c in reproduce.catalogue({}) if c.experiment == "ablate"]
+  assert waiting and all(c.depends for c in waiting)  # MNIST's VIRTUAL tuning not recorded
+  results = str(tmp_path / "results")
+  tuning = [c for c in reproduce.catalogue({}) if c.experiment == "tune" and c.row == "mnist"
+            and c.algorithm == "virtual"]
+  best = tuning[-1].flag_dict
+  for c in tuning:
+    _write(results, _record(c, dict(mt_accuracy=[0.5, 0.9 if c is tuning[-1] else 0.8])))
+  records = reproduce.read_records(results)
+  cells = [c for c in reproduce.catalogue(records) if c.experiment == "ablate"]
+  assert len(cells) == len(reproduce.ABLATIONS) * len(reproduce.ABLATION_SEEDS)
+  knobs = dict(reproduce.ABLATIONS)
+  for c in cells:
+    assert not c.depends and c.flag_dict["validation_fraction"] == reproduce.VALIDATION_FRACTION
+    want = dict(best, seed=c.seed, **knobs[c.setting])
+    assert c.flag_dict == want, c.name  # the tuned setting, one knob changed
+  # The report: each knob's MT beside "tuned", with the difference and its standard error.
+  mt = {"tuned": 0.90, "server_lr=0.2": 0.93}
+  for c in cells:
+    if c.setting in mt:
+      _write(results, _record(c, dict(mt_accuracy=[0.5, mt[c.setting] + 0.01 * c.seed],
+                                      server_accuracy=[0.5, 0.9], mt_loss=[1.0, 0.3],
+                                      mt_ece=[0.1, 0.02])))
+  text = "\n".join(reproduce.ablation_markdown(reproduce.read_records(results)))
+  assert "| tuned | 90.0 ± 0.0 | 90.5 ± 0.7 | — | 0.300 ± 0.000 | 0.020 ± 0.000 | 2 |" in text
+  assert "| server_lr=0.2 | 90.0 ± 0.0 | 93.5 ± 0.7 | +3.00 ± 0.71 |" in text
+  assert "| gate_init=0 | — | — | — | — | — | 0 |" in text

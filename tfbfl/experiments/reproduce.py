@@ -104,6 +104,20 @@ TABLE2_ROW_TUNING = {
 }
 TABLE2_ROUNDS = {"tune": 30, "final": 100}
 VALIDATION_FRACTION = 0.2
+# VIRTUAL's own knobs (issue 21, item 4), each changed alone from the row's tuned
+# setting, on the tuning protocol (validation split, TABLE2_ROUNDS["tune"] rounds):
+# the damped-EP step (default 1/C = 0.1), the lateral gate's start, the natural-
+# gradient precision step and the Monte Carlo predictive. "tuned" is the reference.
+ABLATION_ROWS = ("mnist",)
+ABLATIONS = (
+    ("tuned", {}),
+    ("server_lr=0.05", dict(server_lr=0.05)),
+    ("server_lr=0.2", dict(server_lr=0.2)),
+    ("gate_init=0", dict(gate_init=0.0)),
+    ("precision_step=0.05", dict(precision_step=0.05)),
+    ("eval_samples=10", dict(eval_samples=10)),
+)
+ABLATION_SEEDS = (0, 1)
 
 PFNM_J = (2, 5, 10, 15, 20, 25, 30)
 PFNM_PARTITIONS = ("homogeneous", "class_dirichlet")
@@ -201,9 +215,8 @@ ROW_SCALE = {"mnist": 1.0, "pmnist": 1.0, "femnist_mlp": 0.2}
 
 def _table2_flags(row: str, algorithm: str, hparams: Mapping[str, Any], rounds: int,
                   seed: int, tune: bool) -> Tuple[Tuple[str, Any], ...]:
-  data = "femnist" if row.startswith("femnist") else "mnist"
   flags = presets.preset(row)
-  flags.update(data_dir=_data(data), algorithm=algorithm, rounds=rounds, seed=seed, eval_every=1,
+  flags.update(data_dir=_data(_row_data(row)), algorithm=algorithm, rounds=rounds, seed=seed, eval_every=1,
                export=False)
   if tune:
     flags["validation_fraction"] = VALIDATION_FRACTION
@@ -219,31 +232,62 @@ def _grid(axes: Mapping[str, Sequence[Any]]) -> List[Dict[str, Any]]:
   return combos
 
 
+def _tuning_cells(row: str, algorithm: str) -> List[Cell]:
+  """The tuning grid's cells of one Table II row and algorithm (seed 0, validation split)."""
+  rounds = TABLE2_ROUNDS["tune"]
+  per_round = TRAIN_SECONDS_PER_ROUND[algorithm] * ROW_SCALE[row]
+  return [
+      Cell("virtual", "tune", row, algorithm, setting_name(hp), 0, "train",
+           _table2_flags(row, algorithm, hp, rounds, 0, True),
+           TRAIN_STARTUP_S + rounds * per_round * (1 - VALIDATION_FRACTION), (_row_data(row),))
+      for hp in _grid(tuning_axes(row, algorithm))
+  ]
+
+
+def _row_data(row: str) -> str:
+  return "femnist" if row.startswith("femnist") else "mnist"
+
+
+def tuned_setting(records: Mapping[str, Mapping[str, Any]], row: str,
+                  algorithm: str) -> Tuple[Optional[Dict[str, Any]], str]:
+  """`choose_setting` over the row's tuning cells for `algorithm`."""
+  tuning = _tuning_cells(row, algorithm)
+  return choose_setting([records.get(c.name) for c in tuning],
+                        [dict(_hparams(c, algorithm)) for c in tuning])
+
+
 def table2_cells(records: Mapping[str, Mapping[str, Any]]) -> List[Cell]:
   """VIRTUAL Table II: tuning cells, then tuned cells at the chosen settings."""
   cells = []
   for row in TABLE2_ROWS:
-    data = "femnist" if row.startswith("femnist") else "mnist"
     for algorithm in TABLE2_ALGORITHMS:
-      per_round = TRAIN_SECONDS_PER_ROUND[algorithm] * ROW_SCALE[row]
-      tuning = []
-      for hp in _grid(tuning_axes(row, algorithm)):
-        rounds = TABLE2_ROUNDS["tune"]
-        tuning.append(
-            Cell("virtual", "tune", row, algorithm, setting_name(hp), 0, "train",
-                 _table2_flags(row, algorithm, hp, rounds, 0, True),
-                 TRAIN_STARTUP_S + rounds * per_round * (1 - VALIDATION_FRACTION), (data,)))
-      cells += tuning
-      chosen, why = choose_setting([records.get(c.name) for c in tuning],
-                                   [dict(_hparams(c, algorithm)) for c in tuning])
+      cells += _tuning_cells(row, algorithm)
+      chosen, why = tuned_setting(records, row, algorithm)
       for seed in TABLE2_SEEDS:
         rounds = TABLE2_ROUNDS["final"]
-        hp = chosen if chosen is not None else {}
         cells.append(
             Cell("virtual", "table2", row, algorithm, "tuned", seed, "train",
-                 _table2_flags(row, algorithm, hp, rounds, seed, False),
-                 TRAIN_STARTUP_S + rounds * per_round, (data,),
-                 depends="" if chosen is not None else why))
+                 _table2_flags(row, algorithm, chosen or {}, rounds, seed, False),
+                 TRAIN_STARTUP_S + rounds * TRAIN_SECONDS_PER_ROUND[algorithm] * ROW_SCALE[row],
+                 (_row_data(row),), depends="" if chosen is not None else why))
+  return cells
+
+
+def ablation_cells(records: Mapping[str, Mapping[str, Any]]) -> List[Cell]:
+  """VIRTUAL's knobs (`ABLATIONS`) beside its tuned setting, on the tuning protocol."""
+  cells = []
+  rounds = TABLE2_ROUNDS["tune"]
+  for row in ABLATION_ROWS:
+    chosen, why = tuned_setting(records, row, "virtual")
+    per_round = TRAIN_SECONDS_PER_ROUND["virtual"] * ROW_SCALE[row] * (1 - VALIDATION_FRACTION)
+    for name, knob in ABLATIONS:
+      samples = knob.get("eval_samples", 1) or 1
+      for seed in ABLATION_SEEDS:
+        cells.append(
+            Cell("virtual", "ablate", row, "virtual", name, seed, "train",
+                 _table2_flags(row, "virtual", dict(chosen or {}, **knob), rounds, seed, True),
+                 TRAIN_STARTUP_S + rounds * per_round * (1 + 0.1 * (samples - 1)),
+                 (_row_data(row),), depends="" if chosen is not None else why))
   return cells
 
 
@@ -318,7 +362,8 @@ def smoke_cells() -> List[Cell]:
   return cells
 
 
-CATALOGUES = {"papers": lambda records: table2_cells(records) + pfnm_cells() + fola_cells(),
+CATALOGUES = {"papers": lambda records: (table2_cells(records) + ablation_cells(records) +
+                                         pfnm_cells() + fola_cells()),
               "smoke": lambda records: smoke_cells()}
 
 
@@ -806,6 +851,36 @@ def table2_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
   return lines
 
 
+def ablation_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
+  """VIRTUAL's knobs beside its tuned setting: best validation S and MT, final MT NLL
+  and ECE, and the MT difference to "tuned" with its standard error over the seeds."""
+  lines = []
+  for row in ABLATION_ROWS:
+    by_name = {name: [records[c.name] for c in ablation_cells(records)
+                      if c.row == row and c.setting == name and c.name in records]
+               for name, _ in ABLATIONS}
+    if not any(by_name.values()):
+      continue
+    ref = _mean_std([_best(r, "mt_accuracy") for r in by_name["tuned"]], 100)
+    rows = []
+    for name, recs in by_name.items():
+      mt = _mean_std([_best(r, "mt_accuracy") for r in recs], 100)
+      diff = "—"
+      if name != "tuned" and mt[2] and ref[2]:
+        d, se = _runs.mean_difference(mt, ref)
+        diff = f"{d:+.2f} ± {se:.2f}"
+      rows.append((name, _pm([_best(r, "server_accuracy") for r in recs]),
+                   _pm([_best(r, "mt_accuracy") for r in recs]), diff,
+                   _pm([_final(r, "mt_loss") for r in recs], 1, 3),
+                   _pm([_final(r, "mt_ece") for r in recs], 1, 3), len(recs)))
+    lines += [f"### VIRTUAL's knobs on {row} (validation split, {TABLE2_ROUNDS['tune']} rounds, "
+              "each changed alone from the tuned setting; accuracy %)", ""]
+    lines += _runs.md_table(("knob", "S (max)", "MT (max)", "MT − tuned, pp (± s.e.)",
+                             "MT NLL final", "MT ECE final", "seeds"), rows)
+    lines.append("")
+  return lines
+
+
 def pfnm_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
   acc: Dict[Tuple[str, int, str], List[float]] = {}
   for r in records.values():
@@ -1021,6 +1096,7 @@ def report_markdown(records: Mapping[str, Mapping[str, Any]], figures: Iterable[
       "cell's command.", ""
   ]
   lines += table2_markdown(records) + [""]
+  lines += ablation_markdown(records)
   lines += pfnm_markdown(records) + [""]
   lines += fola_markdown(records) + [""]
   for name in figures:

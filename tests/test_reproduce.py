@@ -91,10 +91,11 @@ def test_a_row_can_shrink_its_grid_and_a_fixed_axis_is_no_edge(tmp_path):
             c.algorithm == "virtual"]
   mnist = [c for c in cells if c.experiment == "tune" and c.row == "mnist" and
            c.algorithm == "virtual"]
-  lrs = reproduce.TABLE2_TUNING["virtual"]["client_lr"]
+  lrs = reproduce.TABLE2_BASELINE_LRS
   assert sorted(c.flag_dict["client_lr"] for c in pmnist) == sorted(lrs)
   assert {c.flag_dict["kl_weight"] for c in pmnist} == {1e-4}
-  assert len(mnist) == len(lrs) * len(reproduce.TABLE2_TUNING["virtual"]["kl_weight"])
+  assert len(mnist) == (len(reproduce.TABLE2_TUNING["virtual"]["client_lr"]) *
+                        len(reproduce.TABLE2_TUNING["virtual"]["kl_weight"]))
   results = str(tmp_path / "results")
   inner = lrs[1]
   for c in pmnist:

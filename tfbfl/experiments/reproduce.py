@@ -96,11 +96,13 @@ TABLE2_TUNING = {
     "fedpa": dict(client_lr=TABLE2_BASELINE_LRS),
 }
 # Per-row departures from TABLE2_TUNING: PMNIST's VIRTUAL cells tune the lr alone, at
-# the default beta (why, measured: the README's "Reproduction on the papers' data").
+# the default beta (why, measured: the README's "Reproduction on the papers' data"),
+# up to the baselines' 0.5 (added when lr 0.2, the grid's top, won: 83.9 against 83.8
+# at 0.1).
 _DEFAULT_BETA = next(f.default for f in dataclasses.fields(virtual_config.VirtualConfig)
                      if f.name == "kl_weight")
 TABLE2_ROW_TUNING = {
-    ("pmnist", "virtual"): dict(client_lr=TABLE2_LRS, kl_weight=(_DEFAULT_BETA,)),
+    ("pmnist", "virtual"): dict(client_lr=TABLE2_BASELINE_LRS, kl_weight=(_DEFAULT_BETA,)),
 }
 TABLE2_ROUNDS = {"tune": 30, "final": 100}
 VALIDATION_FRACTION = 0.2

@@ -285,6 +285,8 @@ def ablation_cells(records: Mapping[str, Mapping[str, Any]]) -> List[Cell]:
     for name, knob in ABLATIONS:
       samples = knob.get("eval_samples", 1) or 1
       for seed in ABLATION_SEEDS:
+        if name == "tuned" and seed == 0:
+          continue  # that run is the chosen tuning cell (`ablation_records`)
         cells.append(
             Cell("virtual", "ablate", row, "virtual", name, seed, "train",
                  _table2_flags(row, "virtual", dict(chosen or {}, **knob), rounds, seed, True),
@@ -853,14 +855,26 @@ def table2_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
   return lines
 
 
+def ablation_records(records: Mapping[str, Mapping[str, Any]],
+                     row: str) -> Dict[str, List[Mapping[str, Any]]]:
+  """Knob name -> its recorded runs; "tuned" at seed 0 is the chosen tuning cell's."""
+  by_name: Dict[str, List[Mapping[str, Any]]] = {name: [] for name, _ in ABLATIONS}
+  chosen, _ = tuned_setting(records, row, "virtual")
+  for c in _tuning_cells(row, "virtual"):
+    if chosen is not None and dict(_hparams(c, "virtual")) == chosen:
+      by_name["tuned"].append(records[c.name])
+  for c in ablation_cells(records):
+    if c.row == row and c.name in records:
+      by_name[c.setting].append(records[c.name])
+  return by_name
+
+
 def ablation_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
   """VIRTUAL's knobs beside its tuned setting: best validation S and MT, final MT NLL
   and ECE, and the MT difference to "tuned" with its standard error over the seeds."""
   lines = []
   for row in ABLATION_ROWS:
-    by_name = {name: [records[c.name] for c in ablation_cells(records)
-                      if c.row == row and c.setting == name and c.name in records]
-               for name, _ in ABLATIONS}
+    by_name = ablation_records(records, row)
     if not any(by_name.values()):
       continue
     ref = _mean_std([_best(r, "mt_accuracy") for r in by_name["tuned"]], 100)
@@ -870,7 +884,7 @@ def ablation_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
       diff = "—"
       if name != "tuned" and mt[2] and ref[2]:
         d, se = _runs.mean_difference(mt, ref)
-        diff = f"{d:+.2f} ± {se:.2f}"
+        diff = f"{d:+.2f} ± {se:.2f}" if min(mt[2], ref[2]) > 1 else f"{d:+.2f} (1 seed: no s.e.)"
       rows.append((name, _pm([_best(r, "server_accuracy") for r in recs]),
                    _pm([_best(r, "mt_accuracy") for r in recs]), diff,
                    _pm([_final(r, "mt_loss") for r in recs], 1, 3),

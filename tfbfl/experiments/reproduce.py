@@ -1060,13 +1060,19 @@ def plot_fola(path: str, records: Mapping[str, Mapping[str, Any]]) -> bool:
     if pts:
       ax.plot(*zip(*pts), marker="o", label=m)
   ax.set_xscale("log")
-  ax.set_xlabel("alpha (Dirichlet concentration)")
-  ax.set_ylabel("first-round global accuracy")
-  ax.set_title("FOLA Fig. 2a, MNIST-MLP")
+  _save_single(fig, ax, path, "alpha (Dirichlet concentration)", "first-round global accuracy",
+               "FOLA Fig. 2a, MNIST-MLP")
+  return True
+
+
+def _save_single(fig, ax, path: str, xlabel: str, ylabel: str, title: str) -> None:
+  """Labels, grid and legend of a one-panel figure, then writes it to `path`."""
+  ax.set_xlabel(xlabel)
+  ax.set_ylabel(ylabel)
+  ax.set_title(title)
   ax.grid(alpha=0.3)
   ax.legend()
   _runs.save_figure(fig, path, tight=True)
-  return True
 
 
 def plot_fola_curves(path: str, records: Mapping[str, Mapping[str, Any]]) -> bool:
@@ -1083,12 +1089,7 @@ def plot_fola_curves(path: str, records: Mapping[str, Mapping[str, Any]]) -> boo
   fig, ax = plt.subplots(figsize=(5.5, 4))
   for m, curves in sorted(by_method.items()):
     ax.plot(*_mean_curve(curves, "server_accuracy"), label=f"{m} ({len(curves)} repeats)")
-  ax.set_xlabel("round")
-  ax.set_ylabel("global accuracy")
-  ax.set_title("FOLA Fig. 3a, MNIST-MLP, alpha = 0.01")
-  ax.grid(alpha=0.3)
-  ax.legend()
-  _runs.save_figure(fig, path, tight=True)
+  _save_single(fig, ax, path, "round", "global accuracy", "FOLA Fig. 3a, MNIST-MLP, alpha = 0.01")
   return True
 
 

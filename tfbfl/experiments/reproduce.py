@@ -234,14 +234,21 @@ def _grid(axes: Mapping[str, Sequence[Any]]) -> List[Dict[str, Any]]:
   return combos
 
 
+def _train_estimate_s(row: str, algorithm: str, rounds: int, validation: bool,
+                      cost: float = 1.0) -> float:
+  """A training cell's estimated seconds (`validation`: trains on 1 - VALIDATION_FRACTION
+  of the data; `cost`: a factor for extra evaluation work)."""
+  per_round = TRAIN_SECONDS_PER_ROUND[algorithm] * ROW_SCALE[row]
+  return TRAIN_STARTUP_S + rounds * per_round * (1 - VALIDATION_FRACTION * validation) * cost
+
+
 def _tuning_cells(row: str, algorithm: str) -> List[Cell]:
   """The tuning grid's cells of one Table II row and algorithm (seed 0, validation split)."""
   rounds = TABLE2_ROUNDS["tune"]
-  per_round = TRAIN_SECONDS_PER_ROUND[algorithm] * ROW_SCALE[row]
   return [
       Cell("virtual", "tune", row, algorithm, setting_name(hp), 0, "train",
            _table2_flags(row, algorithm, hp, rounds, 0, True),
-           TRAIN_STARTUP_S + rounds * per_round * (1 - VALIDATION_FRACTION), (_row_data(row),))
+           _train_estimate_s(row, algorithm, rounds, True), (_row_data(row),))
       for hp in _grid(tuning_axes(row, algorithm))
   ]
 
@@ -270,7 +277,7 @@ def table2_cells(records: Mapping[str, Mapping[str, Any]]) -> List[Cell]:
         cells.append(
             Cell("virtual", "table2", row, algorithm, "tuned", seed, "train",
                  _table2_flags(row, algorithm, chosen or {}, rounds, seed, False),
-                 TRAIN_STARTUP_S + rounds * TRAIN_SECONDS_PER_ROUND[algorithm] * ROW_SCALE[row],
+                 _train_estimate_s(row, algorithm, rounds, False),
                  (_row_data(row),), depends="" if chosen is not None else why))
   return cells
 
@@ -281,7 +288,6 @@ def ablation_cells(records: Mapping[str, Mapping[str, Any]]) -> List[Cell]:
   rounds = TABLE2_ROUNDS["tune"]
   for row in ABLATION_ROWS:
     chosen, why = tuned_setting(records, row, "virtual")
-    per_round = TRAIN_SECONDS_PER_ROUND["virtual"] * ROW_SCALE[row] * (1 - VALIDATION_FRACTION)
     for name, knob in ABLATIONS:
       samples = knob.get("eval_samples", 1) or 1
       for seed in ABLATION_SEEDS:
@@ -290,7 +296,7 @@ def ablation_cells(records: Mapping[str, Mapping[str, Any]]) -> List[Cell]:
         cells.append(
             Cell("virtual", "ablate", row, "virtual", name, seed, "train",
                  _table2_flags(row, "virtual", dict(chosen or {}, **knob), rounds, seed, True),
-                 TRAIN_STARTUP_S + rounds * per_round * (1 + 0.1 * (samples - 1)),
+                 _train_estimate_s(row, "virtual", rounds, True, 1 + 0.1 * (samples - 1)),
                  (_row_data(row),), depends="" if chosen is not None else why))
   return cells
 
@@ -706,16 +712,21 @@ def _pct(v: Any) -> str:
 
 
 # --------------------------------------------------------------------- report
+def _values(rec: Mapping[str, Any], key: str) -> List[float]:
+  """A training record's curve `key` on its evaluated rounds."""
+  return [v for v in rec["result"]["curves"].get(key, []) if v is not None]
+
+
 def _best(rec: Optional[Mapping[str, Any]], key: str) -> float:
   """Max over evaluated rounds of a training record's curve `key` (nan if none)."""
   if rec is None:
     return float("nan")
-  vals = [v for v in rec["result"]["curves"].get(key, []) if v is not None]
+  vals = _values(rec, key)
   return float(max(vals)) if vals else float("nan")
 
 
 def _final(rec: Mapping[str, Any], key: str) -> float:
-  vals = [v for v in rec["result"]["curves"].get(key, []) if v is not None]
+  vals = _values(rec, key)
   return float(vals[-1]) if vals else float("nan")
 
 
@@ -727,7 +738,7 @@ LATE_WINDOW = 10
 def _late_rise(rec: Mapping[str, Any], key: str) -> float:
   """Mean of curve `key` over the last `LATE_WINDOW` evaluated rounds minus its mean
   over the `LATE_WINDOW` before them (nan when the curve is shorter than both)."""
-  vals = [v for v in rec["result"]["curves"].get(key, []) if v is not None]
+  vals = _values(rec, key)
   if len(vals) < 2 * LATE_WINDOW:
     return float("nan")
   return float(np.mean(vals[-LATE_WINDOW:]) - np.mean(vals[-2 * LATE_WINDOW:-LATE_WINDOW]))
@@ -964,7 +975,7 @@ def fola_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
     f, g = np.mean(acc[(a, "fola")]), np.mean(acc[(a, "fedavg")])
     claims.append(f"- alpha = {_fmt(a)}: FOLA's first-round GA above FedAvg's: "
                   f"{'held' if f > g else 'not held'} ({100 * f:.1f} vs {100 * g:.1f}).")
-  if all(acc.get((a, "fedcurv")) == acc.get((a, "fedavg")) for a in FOLA_ALPHAS) and acc:
+  if acc and all(acc.get((a, "fedcurv")) == acc.get((a, "fedavg")) for a in FOLA_ALPHAS):
     lines += ["", "FedCurv's first round is FedAvg's: its penalty is weighted by the other "
               "clients' Fisher information from earlier rounds, zero before round 1 (floored "
               "at 1e-30), so the two columns agree; they part from round 2 (the learning "

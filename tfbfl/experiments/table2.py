@@ -642,9 +642,10 @@ def paper_claims(rows: Sequence[Dict[str, Any]], baseline: str = "fedavg") -> Li
 
   def numbers(v, b, metrics):
     parts = [f"{metric} {_pm(v, metric)} vs {base_label} {_pm(b, metric)}" for metric in metrics]
-    diff, se = difference(v, b, "MT")
-    return (f"{'; '.join(parts)} (%, mean ± std over {v['num_seeds']} vs {b['num_seeds']} seeds"
-            + (f"; MT difference {diff:+.1f} pp, standard error {se:.1f})" if "MT" in metrics else ")"))
+    text = f"{'; '.join(parts)} (%, mean ± std over {v['num_seeds']} vs {b['num_seeds']} seeds"
+    if "MT" in metrics:
+      text += "; MT difference {:+.1f} pp, standard error {:.1f}".format(*difference(v, b, "MT"))
+    return text + ")"
 
   def verdict(ok):
     return "held" if ok else "not held"

@@ -115,6 +115,7 @@ ABLATIONS = (
     ("tuned", {}),
     ("server_lr=0.05", dict(server_lr=0.05)),
     ("server_lr=0.2", dict(server_lr=0.2)),
+    ("server_lr=0.4", dict(server_lr=0.4)),
     ("gate_init=0", dict(gate_init=0.0)),
     ("precision_step=0.05", dict(precision_step=0.05)),
     ("eval_samples=10", dict(eval_samples=10)),

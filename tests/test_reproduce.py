@@ -335,3 +335,65 @@ def test_ablation_cells_change_one_knob_of_the_tuned_setting_and_report_the_diff
   assert "| tuned | 90.0 ± 0.0 | 90.5 ± 0.7 | — | 0.300 ± 0.000 | 0.020 ± 0.000 | 2 |" in text
   assert "| server_lr=0.2 | 90.0 ± 0.0 | 93.5 ± 0.7 | +3.00 ± 0.71 |" in text
   assert "| gate_init=0 | — | — | — | — | — | 0 |" in text
+
+
+def test_the_server_step_stage_tunes_virtuals_step_after_its_grid(tmp_path):
+  """MNIST's VIRTUAL picks the server step among the grid's cell (step 1/C) and the
+  `STEP_STAGE` ablation cells at seed 0; a step other than the default keeps the grid's
+  setting at the default step on Table II's protocol beside it, reported side by side."""
+  results = str(tmp_path / "results")
+  tuning = [c for c in reproduce.catalogue({}) if c.experiment == "tune" and c.row == "mnist"
+            and c.algorithm == "virtual"]
+  for c in tuning:
+    _write(results, _record(c, dict(mt_accuracy=[0.5, 0.9 if c is tuning[-1] else 0.8])))
+  grid = dict(reproduce._hparams(tuning[-1], "virtual"))
+  records = reproduce.read_records(results)
+
+  def mnist_virtual(records, experiment):
+    return [c for c in reproduce.catalogue(records)
+            if c.experiment == experiment and c.row == "mnist" and c.algorithm == "virtual"]
+
+  tuned = mnist_virtual(records, "table2")
+  assert all("server step" in c.depends for c in tuned)
+  # A record from before the stage existed waits too; it is not re-run at no setting.
+  old = _record(tuned[0], dict(mt_accuracy=[0.5, 0.97]))
+  assert reproduce.status(tuned[0], {tuned[0].name: old}) == "waiting"
+  stage = [c for c in mnist_virtual(records, "ablate")
+           if c.setting in reproduce.STEP_STAGE and c.seed == 0]
+  assert sorted(c.flag_dict["server_lr"] for c in stage) == [0.05, 0.2, 0.4]
+  scores = {"server_lr=0.05": 0.85, "server_lr=0.2": 0.93, "server_lr=0.4": 0.92}
+  for c in stage:
+    _write(results, _record(c, dict(mt_accuracy=[0.5, scores[c.setting]])))
+  records = reproduce.read_records(results)
+  for c in mnist_virtual(records, "table2"):
+    assert not c.depends and c.flag_dict["server_lr"] == 0.2
+    assert {k: c.flag_dict[k] for k in grid} == grid
+  beside = mnist_virtual(records, "default_step")
+  assert [c.seed for c in beside] == list(reproduce.TABLE2_SEEDS)
+  assert all("server_lr" not in c.flag_dict and c.flag_dict["rounds"] == 100 for c in beside)
+  # The ablations keep the grid's setting (step 1/C) as their reference.
+  for c in mnist_virtual(records, "ablate"):
+    assert c.flag_dict.get("server_lr") == dict(reproduce.ABLATIONS)[c.setting].get("server_lr")
+  # Other rows' VIRTUAL and the baselines have no step stage.
+  assert not [c for c in reproduce.catalogue(records) if c.experiment == "default_step"
+              and c.row != "mnist"]
+  for c, mt in [(c, 0.970) for c in beside] + [(c, 0.975) for c in mnist_virtual(records, "table2")]:
+    _write(results, _record(c, dict(mt_accuracy=[0.5, mt + 0.002 * c.seed],
+                                    server_accuracy=[0.5, 0.97], mt_loss=[1.0, 0.2],
+                                    mt_ece=[0.1, 0.02])))
+  text = reproduce.write_report(results)
+  assert "tuned step: 0.2" in text
+  assert "| tuned step | 97.0 ± 0.0 | 97.7 ± 0.2 | +0.50 ± 0.16 |" in text
+  assert "| mnist | virtual: server step | default: 90.0; server_lr=0.05: 85.0; " \
+         "**server_lr=0.2: 93.0**; server_lr=0.4: 92.0 |" in text
+  assert "server_lr=0.2" in next(l for l in text.splitlines() if l.startswith("| mnist | virtual | 97.8"))
+  # The step on the stage's edge is marked; the default winning needs no cells beside it.
+  for c in stage:
+    _write(results, _record(c, dict(mt_accuracy=[0.5, 0.95 if c.setting == "server_lr=0.4"
+                                                 else 0.5])))
+  assert "**server_lr=0.4: 95.0** †" in reproduce.write_report(results)
+  for c in stage:
+    _write(results, _record(c, dict(mt_accuracy=[0.5, 0.5])))
+  records = reproduce.read_records(results)
+  assert not mnist_virtual(records, "default_step")
+  assert all("server_lr" not in c.flag_dict for c in mnist_virtual(records, "table2"))

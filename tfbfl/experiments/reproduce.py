@@ -121,6 +121,10 @@ ABLATIONS = (
     ("eval_samples=10", dict(eval_samples=10)),
 )
 ABLATION_SEEDS = (0, 1)
+# The server step's stage of VIRTUAL's tuning (App. D tunes the server step too): on
+# the ablation rows, the step is chosen at the grid's setting from these knobs' seed-0
+# cells beside the grid's own cell (the default step 1/C), by validation MT.
+STEP_STAGE = ("server_lr=0.05", "server_lr=0.2", "server_lr=0.4")
 
 PFNM_J = (2, 5, 10, 15, 20, 25, 30)
 PFNM_PARTITIONS = ("homogeneous", "class_dirichlet")
@@ -258,12 +262,45 @@ def _row_data(row: str) -> str:
   return "femnist" if row.startswith("femnist") else "mnist"
 
 
-def tuned_setting(records: Mapping[str, Mapping[str, Any]], row: str,
-                  algorithm: str) -> Tuple[Optional[Dict[str, Any]], str]:
-  """`choose_setting` over the row's tuning cells for `algorithm`."""
+def grid_setting(records: Mapping[str, Mapping[str, Any]], row: str,
+                 algorithm: str) -> Tuple[Optional[Dict[str, Any]], str]:
+  """`choose_setting` over the row's tuning grid for `algorithm` (the ablations' reference)."""
   tuning = _tuning_cells(row, algorithm)
   return choose_setting([records.get(c.name) for c in tuning],
                         [dict(_hparams(c, algorithm)) for c in tuning])
+
+
+def _grid_cell(row: str, algorithm: str, chosen: Mapping[str, Any]) -> Cell:
+  return next(c for c in _tuning_cells(row, algorithm)
+              if dict(_hparams(c, algorithm)) == dict(chosen))
+
+
+def step_stage(row: str, algorithm: str) -> bool:
+  """Whether the row's `algorithm` tunes the server step after its grid (`STEP_STAGE`)."""
+  return algorithm == "virtual" and row in ABLATION_ROWS
+
+
+def tuned_setting(records: Mapping[str, Mapping[str, Any]], row: str,
+                  algorithm: str) -> Tuple[Optional[Dict[str, Any]], str]:
+  """The grid's setting (`grid_setting`), then, where `step_stage` holds, the server
+  step with the best validation MT among the grid's cell and the `STEP_STAGE` cells."""
+  chosen, why = grid_setting(records, row, algorithm)
+  if chosen is None or not step_stage(row, algorithm):
+    return chosen, why
+  names = [_grid_cell(row, algorithm, chosen).name]
+  settings = [dict(chosen)]
+  knobs = dict(ABLATIONS)
+  for c in ablation_cells(records):
+    if c.row == row and c.seed == 0 and c.setting in STEP_STAGE:
+      names.append(c.name)
+      settings.append(dict(chosen, **knobs[c.setting]))
+  best, why = choose_setting([records.get(n) for n in names], settings)
+  return best, why and f"{why} (the server step's stage: {', '.join(STEP_STAGE)} at seed 0)"
+
+
+def setting_keys(row: str, algorithm: str) -> Tuple[str, ...]:
+  """The hyperparameters a row's tuning chooses for `algorithm`."""
+  return tuple(tuning_axes(row, algorithm)) + (("server_lr",) if step_stage(row, algorithm) else ())
 
 
 def table2_cells(records: Mapping[str, Mapping[str, Any]]) -> List[Cell]:
@@ -288,7 +325,7 @@ def ablation_cells(records: Mapping[str, Mapping[str, Any]]) -> List[Cell]:
   cells = []
   rounds = TABLE2_ROUNDS["tune"]
   for row in ABLATION_ROWS:
-    chosen, why = tuned_setting(records, row, "virtual")
+    chosen, why = grid_setting(records, row, "virtual")
     for name, knob in ABLATIONS:
       samples = knob.get("eval_samples", 1) or 1
       for seed in ABLATION_SEEDS:
@@ -299,6 +336,25 @@ def ablation_cells(records: Mapping[str, Mapping[str, Any]]) -> List[Cell]:
                  _table2_flags(row, "virtual", dict(chosen or {}, **knob), rounds, seed, True),
                  _train_estimate_s(row, "virtual", rounds, True, 1 + 0.1 * (samples - 1)),
                  (_row_data(row),), depends="" if chosen is not None else why))
+  return cells
+
+
+def default_step_cells(records: Mapping[str, Mapping[str, Any]]) -> List[Cell]:
+  """The grid's setting at the default server step on Table II's protocol (seeds as
+  Table II's), beside the tuned cells wherever the step stage may choose another step
+  (none once it has chosen the default: the tuned cells are then these)."""
+  cells = []
+  rounds = TABLE2_ROUNDS["final"]
+  for row in ABLATION_ROWS:
+    grid, _ = grid_setting(records, row, "virtual")
+    chosen, _ = tuned_setting(records, row, "virtual")
+    if grid is None or chosen == grid:
+      continue
+    for seed in TABLE2_SEEDS:
+      cells.append(
+          Cell("virtual", "default_step", row, "virtual", "default", seed, "train",
+               _table2_flags(row, "virtual", grid, rounds, seed, False),
+               _train_estimate_s(row, "virtual", rounds, False), (_row_data(row),)))
   return cells
 
 
@@ -373,7 +429,8 @@ def smoke_cells() -> List[Cell]:
   return cells
 
 
-CATALOGUES = {"papers": lambda records: (table2_cells(records) + ablation_cells(records) +
+CATALOGUES = {"papers": lambda records: (table2_cells(records) + default_step_cells(records) +
+                                         ablation_cells(records) +
                                          pfnm_cells() + fola_cells()),
               "smoke": lambda records: smoke_cells()}
 
@@ -432,7 +489,10 @@ def read_records(results_dir: str) -> Dict[str, Dict[str, Any]]:
 
 
 def status(cell: Cell, records: Mapping[str, Mapping[str, Any]]) -> str:
-  """'done', 'stale' (recorded with other flags), 'waiting' (tuning unfinished) or 'todo'."""
+  """'done', 'stale' (recorded with other flags), 'waiting' (tuning unfinished, even
+  where an earlier tuning's record exists: its setting is not known yet) or 'todo'."""
+  if cell.depends:
+    return "waiting"
   rec = records.get(cell.name)
   if rec is not None:
     if _runs.jsonable(cell.flag_dict) == rec.get("flags"):
@@ -780,7 +840,7 @@ def table2_summary(records: Mapping[str, Mapping[str, Any]]) -> Dict[Tuple[str, 
       for key in ("server_loss", "mt_loss", "server_ece", "mt_ece"):
         m[f"final_{key}"] = [_final(r, key) for r in recs]
       m["rounds"] = sorted({r["flags"].get("rounds") for r in recs})
-      m["setting"] = ({k: v for k, v in recs[0]["flags"].items() if k in tuning_axes(row, alg)}
+      m["setting"] = ({k: v for k, v in recs[0]["flags"].items() if k in setting_keys(row, alg)}
                       if recs else {})
       m["hours"] = sum(float(r["wall_time_s"]) for r in recs) / 3600
       out[(row, alg)] = m
@@ -863,22 +923,68 @@ def table2_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
             text = f"**{text}**" + (" †" if edge else "")
           cells.append(text)
         trows.append((row, alg, "; ".join(cells)))
+      if step_stage(row, alg):
+        trows += _step_stage_rows(records, row, alg)
   lines += _runs.md_table(("row", "algorithm", "setting: validation MT"), trows)
   return lines
+
+
+def _step_stage_rows(records: Mapping[str, Mapping[str, Any]], row: str,
+                     algorithm: str) -> List[Tuple[str, str, str]]:
+  """The server step's stage as a tuning-table row (the grid's cell is the default step)."""
+  by_name = ablation_records(records, row)
+  stage = [("default", by_name["tuned"][:1])] + [
+      (name, [r for r in by_name[name] if r["cell"]["seed"] == 0]) for name in STEP_STAGE]
+  stage = [(name, recs[0]) for name, recs in stage if recs]
+  if not stage:
+    return []
+  chosen, _ = tuned_setting(records, row, algorithm)
+  step = (chosen or {}).get("server_lr")  # None: the default step
+  knobs = dict(ABLATIONS)
+  steps = [knobs[name]["server_lr"] for name in STEP_STAGE]
+  cells = []
+  for name, rec in stage:
+    text = f"{name}: {100 * _best(rec, 'mt_accuracy'):.1f}"
+    if chosen is not None and rec["flags"].get("server_lr") == step:
+      text = f"**{text}**" + (" †" if step in (min(steps), max(steps)) else "")
+    cells.append(text)
+  return [(row, f"{algorithm}: server step", "; ".join(cells))]
 
 
 def ablation_records(records: Mapping[str, Mapping[str, Any]],
                      row: str) -> Dict[str, List[Mapping[str, Any]]]:
   """Knob name -> its recorded runs; "tuned" at seed 0 is the chosen tuning cell's."""
   by_name: Dict[str, List[Mapping[str, Any]]] = {name: [] for name, _ in ABLATIONS}
-  chosen, _ = tuned_setting(records, row, "virtual")
-  for c in _tuning_cells(row, "virtual"):
-    if chosen is not None and dict(_hparams(c, "virtual")) == chosen:
-      by_name["tuned"].append(records[c.name])
+  chosen, _ = grid_setting(records, row, "virtual")
+  if chosen is not None:
+    by_name["tuned"].append(records[_grid_cell(row, "virtual", chosen).name])
   for c in ablation_cells(records):
     if c.row == row and c.name in records:
       by_name[c.setting].append(records[c.name])
   return by_name
+
+
+def _difference_rows(by_name: Mapping[str, Sequence[Mapping[str, Any]]],
+                     ref: str) -> List[Tuple[Any, ...]]:
+  """One row per name: best S and MT, the MT difference to `ref` with its standard
+  error over the seeds, final MT NLL and ECE, and the number of seeds."""
+  ref_mt = _mean_std([_best(r, "mt_accuracy") for r in by_name[ref]], 100)
+  rows = []
+  for name, recs in by_name.items():
+    mt = _mean_std([_best(r, "mt_accuracy") for r in recs], 100)
+    diff = "—"
+    if name != ref and mt[2] and ref_mt[2]:
+      d, se = _runs.mean_difference(mt, ref_mt)
+      diff = f"{d:+.2f} ± {se:.2f}" if min(mt[2], ref_mt[2]) > 1 else f"{d:+.2f} (1 seed: no s.e.)"
+    rows.append((name, _pm([_best(r, "server_accuracy") for r in recs]),
+                 _pm([_best(r, "mt_accuracy") for r in recs]), diff,
+                 _pm([_final(r, "mt_loss") for r in recs], 1, 3),
+                 _pm([_final(r, "mt_ece") for r in recs], 1, 3), len(recs)))
+  return rows
+
+
+_DIFFERENCE_HEADER = ("S (max)", "MT (max)", "MT − {ref}, pp (± s.e.)", "MT NLL final",
+                      "MT ECE final", "seeds")
 
 
 def ablation_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
@@ -889,22 +995,33 @@ def ablation_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
     by_name = ablation_records(records, row)
     if not any(by_name.values()):
       continue
-    ref = _mean_std([_best(r, "mt_accuracy") for r in by_name["tuned"]], 100)
-    rows = []
-    for name, recs in by_name.items():
-      mt = _mean_std([_best(r, "mt_accuracy") for r in recs], 100)
-      diff = "—"
-      if name != "tuned" and mt[2] and ref[2]:
-        d, se = _runs.mean_difference(mt, ref)
-        diff = f"{d:+.2f} ± {se:.2f}" if min(mt[2], ref[2]) > 1 else f"{d:+.2f} (1 seed: no s.e.)"
-      rows.append((name, _pm([_best(r, "server_accuracy") for r in recs]),
-                   _pm([_best(r, "mt_accuracy") for r in recs]), diff,
-                   _pm([_final(r, "mt_loss") for r in recs], 1, 3),
-                   _pm([_final(r, "mt_ece") for r in recs], 1, 3), len(recs)))
     lines += [f"### VIRTUAL's knobs on {row} (validation split, {TABLE2_ROUNDS['tune']} rounds, "
-              "each changed alone from the tuned setting; accuracy %)", ""]
-    lines += _runs.md_table(("knob", "S (max)", "MT (max)", "MT − tuned, pp (± s.e.)",
-                             "MT NLL final", "MT ECE final", "seeds"), rows)
+              "each changed alone from the tuning grid's setting, whose step is the default "
+              "1/C; accuracy %)", ""]
+    header = ("knob",) + tuple(h.format(ref="tuned") for h in _DIFFERENCE_HEADER)
+    lines += _runs.md_table(header, _difference_rows(by_name, "tuned"))
+    lines.append("")
+  return lines
+
+
+def default_step_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
+  """Table II's VIRTUAL at the tuned server step beside the default step (test split)."""
+  lines = []
+  for row in ABLATION_ROWS:
+    by_name = {}
+    for exp, label in (("default_step", "default step 1/C"), ("table2", "tuned step")):
+      by_name[label] = sorted(
+          (r for r in records.values() if r["cell"]["experiment"] == exp and
+           r["cell"]["row"] == row and r["cell"]["algorithm"] == "virtual"),
+          key=lambda r: r["cell"]["seed"])
+    if not by_name["default step 1/C"]:
+      continue
+    step = by_name["tuned step"][0]["flags"].get("server_lr") if by_name["tuned step"] else None
+    lines += [f"### VIRTUAL's server step on {row}, Table II's protocol (test split, "
+              f"{TABLE2_ROUNDS['final']} rounds; tuned step: {_fmt(step) if step else '—'}; "
+              "accuracy %)", ""]
+    header = ("step",) + tuple(h.format(ref="default") for h in _DIFFERENCE_HEADER)
+    lines += _runs.md_table(header, _difference_rows(by_name, "default step 1/C"))
     lines.append("")
   return lines
 
@@ -1125,6 +1242,7 @@ def report_markdown(records: Mapping[str, Mapping[str, Any]], figures: Iterable[
       "cell's command.", ""
   ]
   lines += table2_markdown(records) + [""]
+  lines += default_step_markdown(records)
   lines += ablation_markdown(records)
   lines += pfnm_markdown(records) + [""]
   lines += fola_markdown(records) + [""]

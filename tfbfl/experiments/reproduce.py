@@ -821,17 +821,20 @@ def _pm(values: Sequence[float], scale: float = 100.0, digits: int = 1) -> str:
   return f"{m:.{digits}f} ± {s:.{digits}f}"
 
 
+def _cell_records(records: Mapping[str, Mapping[str, Any]], experiment: str, row: str,
+                  algorithm: str) -> List[Mapping[str, Any]]:
+  """The records of one experiment's row and algorithm, by seed."""
+  return sorted((r for r in records.values()
+                 if (r["cell"]["experiment"], r["cell"]["row"], r["cell"]["algorithm"]) ==
+                 (experiment, row, algorithm)), key=lambda r: r["cell"]["seed"])
+
+
 def table2_summary(records: Mapping[str, Mapping[str, Any]]) -> Dict[Tuple[str, str], Dict]:
   """(row, algorithm) -> the tuned cells' metrics lists over seeds, and their setting."""
   out = {}
   for row in TABLE2_ROWS:
     for alg in TABLE2_ALGORITHMS:
-      recs = [
-          r for r in records.values()
-          if r["cell"]["experiment"] == "table2" and r["cell"]["row"] == row and
-          r["cell"]["algorithm"] == alg
-      ]
-      recs.sort(key=lambda r: r["cell"]["seed"])
+      recs = _cell_records(records, "table2", row, alg)
       m = dict(records=recs, seeds=[r["cell"]["seed"] for r in recs])
       for key in ("server_accuracy", "mt_accuracy"):
         m[f"best_{key}"] = [_best(r, key) for r in recs]
@@ -908,9 +911,7 @@ def table2_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
   trows = []
   for row in TABLE2_ROWS:
     for alg in TABLE2_ALGORITHMS:
-      tun = sorted((r for r in records.values()
-                    if r["cell"]["experiment"] == "tune" and r["cell"]["row"] == row and
-                    r["cell"]["algorithm"] == alg), key=lambda r: r["cell"]["setting"])
+      tun = sorted(_cell_records(records, "tune", row, alg), key=lambda r: r["cell"]["setting"])
       if tun:
         chosen = tun[best_tuning_index(tun)]
         cells = []
@@ -987,20 +988,23 @@ _DIFFERENCE_HEADER = ("S (max)", "MT (max)", "MT − {ref}, pp (± s.e.)", "MT N
                       "MT ECE final", "seeds")
 
 
+def _difference_section(title: str, first: str, by_name: Mapping[str, Sequence[Mapping[str, Any]]],
+                        ref: str, ref_short: str) -> List[str]:
+  header = (first,) + tuple(h.format(ref=ref_short) for h in _DIFFERENCE_HEADER)
+  return [f"### {title}", ""] + _runs.md_table(header, _difference_rows(by_name, ref)) + [""]
+
+
 def ablation_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
   """VIRTUAL's knobs beside its tuned setting: best validation S and MT, final MT NLL
   and ECE, and the MT difference to "tuned" with its standard error over the seeds."""
   lines = []
   for row in ABLATION_ROWS:
     by_name = ablation_records(records, row)
-    if not any(by_name.values()):
-      continue
-    lines += [f"### VIRTUAL's knobs on {row} (validation split, {TABLE2_ROUNDS['tune']} rounds, "
-              "each changed alone from the tuning grid's setting, whose step is the default "
-              "1/C; accuracy %)", ""]
-    header = ("knob",) + tuple(h.format(ref="tuned") for h in _DIFFERENCE_HEADER)
-    lines += _runs.md_table(header, _difference_rows(by_name, "tuned"))
-    lines.append("")
+    if any(by_name.values()):
+      lines += _difference_section(
+          f"VIRTUAL's knobs on {row} (validation split, {TABLE2_ROUNDS['tune']} rounds, each "
+          "changed alone from the tuning grid's setting, whose step is the default 1/C; "
+          "accuracy %)", "knob", by_name, "tuned", "tuned")
   return lines
 
 
@@ -1008,21 +1012,15 @@ def default_step_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]
   """Table II's VIRTUAL at the tuned server step beside the default step (test split)."""
   lines = []
   for row in ABLATION_ROWS:
-    by_name = {}
-    for exp, label in (("default_step", "default step 1/C"), ("table2", "tuned step")):
-      by_name[label] = sorted(
-          (r for r in records.values() if r["cell"]["experiment"] == exp and
-           r["cell"]["row"] == row and r["cell"]["algorithm"] == "virtual"),
-          key=lambda r: r["cell"]["seed"])
-    if not by_name["default step 1/C"]:
-      continue
-    step = by_name["tuned step"][0]["flags"].get("server_lr") if by_name["tuned step"] else None
-    lines += [f"### VIRTUAL's server step on {row}, Table II's protocol (test split, "
-              f"{TABLE2_ROUNDS['final']} rounds; tuned step: {_fmt(step) if step else '—'}; "
-              "accuracy %)", ""]
-    header = ("step",) + tuple(h.format(ref="default") for h in _DIFFERENCE_HEADER)
-    lines += _runs.md_table(header, _difference_rows(by_name, "default step 1/C"))
-    lines.append("")
+    by_name = {"default step 1/C": _cell_records(records, "default_step", row, "virtual"),
+               "tuned step": _cell_records(records, "table2", row, "virtual")}
+    if by_name["default step 1/C"]:
+      tuned = by_name["tuned step"]
+      step = tuned[0]["flags"].get("server_lr") if tuned else None
+      lines += _difference_section(
+          f"VIRTUAL's server step on {row}, Table II's protocol (test split, "
+          f"{TABLE2_ROUNDS['final']} rounds; tuned step: {_fmt(step) if step else '—'}; "
+          "accuracy %)", "step", by_name, "default step 1/C", "default")
   return lines
 
 

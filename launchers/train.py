@@ -41,7 +41,7 @@ def main(argv):
   except (ValueError, FileNotFoundError) as e:
     tfbfl_flags.fail("train", str(e))
   except experiment.RunStoppedError as e:  # robust rounds: one line, no traceback
-    tfbfl_flags.fail("train", str(e))
+    tfbfl_flags.fail("train", str(e), experiment.RUN_STOPPED_STATUS)
   print(
       f"{summary['algorithm']}: best S accuracy {summary['best_server_accuracy']:.4f}, "
       f"best MT accuracy {summary['best_mt_accuracy']:.4f}, "

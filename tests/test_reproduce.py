@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 from tfbfl import data as data_lib
+from tfbfl import experiment
 from tfbfl.experiments import reproduce
 
 from launcher_helpers import ROOT
@@ -397,3 +398,29 @@ def test_the_server_step_stage_tunes_virtuals_step_after_its_grid(tmp_path):
   records = reproduce.read_records(results)
   assert not mnist_virtual(records, "default_step")
   assert all("server_lr" not in c.flag_dict for c in mnist_virtual(records, "table2"))
+
+
+def test_a_run_the_robust_rounds_stop_is_recorded_and_loses_its_tuning(tmp_path):
+  """`launchers.train` exits `RUN_STOPPED_STATUS` when every client is dropped 3 rounds
+  in a row; the cell's record keeps the rounds it ran and the one-line cause, and such
+  a setting never wins a grid. Any other failure writes no record."""
+  base = reproduce.smoke_cells()[0]
+  flags = dict(base.flag_dict, rounds=5, max_update_ratio=1e-9)
+  cell = dataclasses.replace(base, flags=tuple(sorted(flags.items())))
+  results = str(tmp_path / "results")
+  kw = dict(results_dir=results, work_dir=str(tmp_path / "work"), data_root=str(tmp_path),
+            log=lambda line: None)
+  rec = reproduce.run_cell(cell, **kw)
+  assert "every client update was dropped" in reproduce.stopped(rec)
+  assert reproduce.read_records(results)[cell.name]["result"]["stopped"] == reproduce.stopped(rec)
+  assert len(rec["result"]["curves"]["round"]) == experiment.ALL_DROPPED_STOP_ROUNDS
+  assert "until the run stopped" in reproduce.headline(rec)
+  fine = _record(base, dict(mt_accuracy=[0.1, 0.2]))
+  halted = dict(rec, result=dict(rec["result"], curves=dict(rec["result"]["curves"],
+                                                            mt_accuracy=[0.9, 0.9, 0.9])))
+  assert reproduce.best_tuning_index([halted, fine]) == 1
+  bad = dataclasses.replace(base, setting="bad", flags=tuple(sorted(
+      dict(base.flag_dict, client_lr=-1.0).items())))
+  with pytest.raises(reproduce.CellFailed, match="launcher exited 1"):
+    reproduce.run_cell(bad, **kw)
+  assert bad.name not in reproduce.read_records(results)

@@ -221,12 +221,13 @@ def test_rounds_in_a_row_with_every_client_dropped_stop_the_run(tff_runtime, dig
 
 
 def test_launcher_stops_an_all_dropped_run_with_one_line(tmp_path):
-  """Through `launchers.train`: exit 1, one line naming the cause and the flag."""
+  """Through `launchers.train`: exit `RUN_STOPPED_STATUS`, one line naming the cause and
+  the flag."""
   stop = experiment.ALL_DROPPED_STOP_ROUNDS
   proc = run_launcher("train", "--algorithm=fedavg", "--num_clients=4", "--hidden_units=8",
                       "--epochs_per_round=1", f"--rounds={stop + 2}", "--max_update_ratio=1e-9",
                       f"--output_dir={tmp_path}")
-  assert proc.returncode == 1, proc.stderr[-3000:]
+  assert proc.returncode == experiment.RUN_STOPPED_STATUS, proc.stderr[-3000:]
   fatal = [line for line in proc.stderr.splitlines() if line.startswith("FATAL train:")]
   assert len(fatal) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
   assert f"rounds 1-{stop}: every client update was dropped" in fatal[0]
@@ -287,6 +288,6 @@ def test_launcher_prints_one_line_for_a_non_finite_server(monkeypatch, capsys):
   monkeypatch.setattr(train, "params_from_flags", dict)
   with pytest.raises(SystemExit) as e:
     train.main(["train"])
-  assert e.value.code == 1
+  assert e.value.code == experiment.RUN_STOPPED_STATUS
   err = capsys.readouterr().err
   assert err.count("\n") == 1 and "round 3" in err and "Traceback" not in err

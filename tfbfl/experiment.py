@@ -224,7 +224,12 @@ TRAIN_LAUNCHER = Replay("python -m launchers.train")
 
 class RunStoppedError(RuntimeError):
   """The robust-round rules stopped the run; `str()` is one line naming the cause
-  (`launchers.train` prints it and exits 1)."""
+  (`launchers.train` prints it and exits with `RUN_STOPPED_STATUS`)."""
+
+
+# The exit status of a launcher whose run a `RunStoppedError` stopped: its metrics up
+# to the stop are written, so a caller can keep them as a result.
+RUN_STOPPED_STATUS = 3
 
 
 class NonFiniteServerStateError(RunStoppedError):

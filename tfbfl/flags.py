@@ -116,11 +116,11 @@ def params(names: Optional[Iterable[str]] = None, flag_values=FLAGS) -> Dict[str
   return _params({n: flag_values[n].value for n in names if n in flag_values})
 
 
-def fail(program: str, message: str) -> None:
-  """Exits with status 1 after one line on stderr (absl's usage error would print the
-  module help first)."""
+def fail(program: str, message: str, status: int = 1) -> None:
+  """Exits with `status` (default 1) after one line on stderr (absl's usage error
+  would print the module help first)."""
   print(f"FATAL {program}: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
-  sys.exit(1)
+  sys.exit(status)
 
 
 INTERRUPTED_STATUS = 130  # 128 + SIGINT, as a shell reports a Ctrl-C

@@ -377,10 +377,20 @@ def choose_setting(records: Sequence[Optional[Mapping[str, Any]]],
   return dict(settings[best_tuning_index(records)]), ""
 
 
+def stopped(rec: Mapping[str, Any]) -> str:
+  """The launcher's one line where the robust rounds stopped the cell's run, else ''."""
+  return rec["result"].get("stopped", "")
+
+
+def _score_text(rec: Mapping[str, Any]) -> str:
+  """A tuning record's best-round MT accuracy, % (marked where its run stopped)."""
+  return f"{100 * _best(rec, 'mt_accuracy'):.1f}" + (" (stopped)" if stopped(rec) else "")
+
+
 def best_tuning_index(records: Sequence[Mapping[str, Any]]) -> int:
   """Index of the tuning record with the largest best-round MT accuracy (first on ties;
-  non-finite scores lose)."""
-  scores = np.array([_best(r, "mt_accuracy") for r in records])
+  non-finite scores and stopped runs lose)."""
+  scores = np.array([-np.inf if stopped(r) else _best(r, "mt_accuracy") for r in records])
   return int(np.argmax(np.where(np.isfinite(scores), scores, -np.inf)))
 
 
@@ -635,11 +645,14 @@ def run_cell(cell: Cell, *, results_dir: str, work_dir: str, data_root: str,
         proc.kill()
         proc.wait()
       raise
-  if code != 0:
+  stopped = cell.launcher == "train" and code == experiment.RUN_STOPPED_STATUS
+  if code != 0 and not stopped:
     tail = _tail(log_path, 5)
     raise CellFailed(f"cell {cell.name}: launcher exited {code}; log {log_path}:\n{tail}")
-  record = make_record(cell, command, COLLECTORS[cell.launcher](run_out), time.time() - started,
-                       started)
+  result = COLLECTORS[cell.launcher](run_out)
+  if stopped:  # a setting that diverges is a result (a tuning grid's included), not a failure
+    result["stopped"] = _tail(log_path, 1).strip()
+  record = make_record(cell, command, result, time.time() - started, started)
   experiment.atomic_write_text(cell.record_path(results_dir),
                                json.dumps(record, indent=1, sort_keys=True) + "\n")
   return record
@@ -752,6 +765,9 @@ def _duration(seconds: float) -> str:
 def headline(rec: Mapping[str, Any]) -> str:
   """One line of a record's result."""
   res = rec["result"]
+  if stopped(rec):
+    return f"best S {_pct(_best(rec, 'server_accuracy'))} MT {_pct(_best(rec, 'mt_accuracy'))} " \
+           f"until the run stopped: {stopped(rec)}"
   if "summary" in res:
     s = res["summary"]
     return (f"best S {_pct(s.get('best_server_accuracy'))} MT {_pct(s.get('best_mt_accuracy'))}")
@@ -916,7 +932,7 @@ def table2_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
         chosen = tun[best_tuning_index(tun)]
         cells = []
         for r in tun:
-          text = f"{r['cell']['setting']}: {100 * _best(r, 'mt_accuracy'):.1f}"
+          text = f"{r['cell']['setting']}: {_score_text(r)}"
           if r is chosen:
             edge = any(r["flags"][k] in (min(v), max(v))
                        for k, v in tuning_axes(row, alg).items()
@@ -945,7 +961,7 @@ def _step_stage_rows(records: Mapping[str, Mapping[str, Any]], row: str,
   steps = [knobs[name]["server_lr"] for name in STEP_STAGE]
   cells = []
   for name, rec in stage:
-    text = f"{name}: {100 * _best(rec, 'mt_accuracy'):.1f}"
+    text = f"{name}: {_score_text(rec)}"
     if chosen is not None and rec["flags"].get("server_lr") == step:
       text = f"**{text}**" + (" †" if step in (min(steps), max(steps)) else "")
     cells.append(text)
@@ -977,7 +993,9 @@ def _difference_rows(by_name: Mapping[str, Sequence[Mapping[str, Any]]],
     if name != ref and mt[2] and ref_mt[2]:
       d, se = _runs.mean_difference(mt, ref_mt)
       diff = f"{d:+.2f} ± {se:.2f}" if min(mt[2], ref_mt[2]) > 1 else f"{d:+.2f} (1 seed: no s.e.)"
-    rows.append((name, _pm([_best(r, "server_accuracy") for r in recs]),
+    halted = sum(bool(stopped(r)) for r in recs)
+    label = f"{name} (stopped: {halted} of {len(recs)} seeds)" if halted else name
+    rows.append((label, _pm([_best(r, "server_accuracy") for r in recs]),
                  _pm([_best(r, "mt_accuracy") for r in recs]), diff,
                  _pm([_final(r, "mt_loss") for r in recs], 1, 3),
                  _pm([_final(r, "mt_ece") for r in recs], 1, 3), len(recs)))

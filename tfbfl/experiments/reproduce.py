@@ -645,12 +645,12 @@ def run_cell(cell: Cell, *, results_dir: str, work_dir: str, data_root: str,
         proc.kill()
         proc.wait()
       raise
-  stopped = cell.launcher == "train" and code == experiment.RUN_STOPPED_STATUS
-  if code != 0 and not stopped:
+  run_stopped = cell.launcher == "train" and code == experiment.RUN_STOPPED_STATUS
+  if code != 0 and not run_stopped:
     tail = _tail(log_path, 5)
     raise CellFailed(f"cell {cell.name}: launcher exited {code}; log {log_path}:\n{tail}")
   result = COLLECTORS[cell.launcher](run_out)
-  if stopped:  # a setting that diverges is a result (a tuning grid's included), not a failure
+  if run_stopped:  # a setting that diverges is a result (a tuning grid's included), not a failure
     result["stopped"] = _tail(log_path, 1).strip()
   record = make_record(cell, command, result, time.time() - started, started)
   experiment.atomic_write_text(cell.record_path(results_dir),
@@ -837,12 +837,12 @@ def _pm(values: Sequence[float], scale: float = 100.0, digits: int = 1) -> str:
   return f"{m:.{digits}f} ± {s:.{digits}f}"
 
 
-def _cell_records(records: Mapping[str, Mapping[str, Any]], experiment: str, row: str,
+def _cell_records(records: Mapping[str, Mapping[str, Any]], experiment_name: str, row: str,
                   algorithm: str) -> List[Mapping[str, Any]]:
   """The records of one experiment's row and algorithm, by seed."""
   return sorted((r for r in records.values()
                  if (r["cell"]["experiment"], r["cell"]["row"], r["cell"]["algorithm"]) ==
-                 (experiment, row, algorithm)), key=lambda r: r["cell"]["seed"])
+                 (experiment_name, row, algorithm)), key=lambda r: r["cell"]["seed"])
 
 
 def table2_summary(records: Mapping[str, Mapping[str, Any]]) -> Dict[Tuple[str, str], Dict]:

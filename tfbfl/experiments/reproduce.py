@@ -614,8 +614,10 @@ def run_cell(cell: Cell, *, results_dir: str, work_dir: str, data_root: str,
   """Runs one cell's launcher; writes and returns its record.
 
   The launcher's output goes to the console and to `<work_dir>/<cell>/log.txt`.
-  RuntimeError (naming the log) if the launcher fails; the record is written only
-  after a successful run, atomically.
+  `CellFailed` (naming the log) if the launcher fails; the record is written only
+  after a finished run, atomically. A training run the robust rounds stopped (exit
+  `experiment.RUN_STOPPED_STATUS`) is finished: its record keeps the rounds it ran
+  and, under `result["stopped"]`, the launcher's one-line cause.
   """
   out_dir = os.path.join(work_dir, cell.name)
   os.makedirs(out_dir, exist_ok=True)

@@ -46,8 +46,8 @@ every weighted mean is 0, its training metrics are left out, and it keeps its
 previous client state. The round metric `clients_dropped` counts such clients.
 If every client of a round is dropped the server model does not move; after
 `tfbfl.experiment.ALL_DROPPED_STOP_ROUNDS` (3) such rounds in a row the run stops
-(`tfbfl.experiment.AllClientsDroppedError`: one line and exit
-`RUN_STOPPED_STATUS` through `launchers.train`) instead of finishing untrained.
+(`tfbfl.experiment.AllClientsDroppedError`: one line and exit 3,
+`tfbfl.experiment.RUN_STOPPED_STATUS`, through `launchers.train`) instead of finishing untrained.
 Local and Global aggregate nothing; they apply only the finiteness check, to
 the model they would store (which then stays the previous one).
 """

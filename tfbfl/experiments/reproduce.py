@@ -288,14 +288,10 @@ def tuned_setting(records: Mapping[str, Mapping[str, Any]], row: str,
   chosen, why = grid_setting(records, row, algorithm)
   if chosen is None or not step_stage(row, algorithm):
     return chosen, why
-  names = [_grid_cell(row, algorithm, chosen).name]
-  settings = [dict(chosen)]
-  knobs = dict(ABLATIONS)
-  for c in ablation_cells(records):
-    if c.row == row and c.seed == 0 and c.setting in STEP_STAGE:
-      names.append(c.name)
-      settings.append(dict(chosen, **knobs[c.setting]))
-  best, why = choose_setting([records.get(n) for n in names], settings)
+  stage = [_grid_cell(row, algorithm, chosen)] + [
+      _ablation_cell(row, name, 0, chosen, "") for name in STEP_STAGE]
+  settings = [dict(chosen)] + [dict(chosen, **dict(ABLATIONS)[name]) for name in STEP_STAGE]
+  best, why = choose_setting([records.get(c.name) for c in stage], settings)
   return best, why and f"{why} (the server step's stage: {', '.join(STEP_STAGE)} at seed 0)"
 
 
@@ -321,22 +317,28 @@ def table2_cells(records: Mapping[str, Mapping[str, Any]]) -> List[Cell]:
   return cells
 
 
+def _ablation_cell(row: str, name: str, seed: int, chosen: Optional[Mapping[str, Any]],
+                   why: str) -> Cell:
+  """Knob `name` of `ABLATIONS` at the grid's setting `chosen` (None: not chosen yet, `why`)."""
+  knob = dict(ABLATIONS)[name]
+  rounds = TABLE2_ROUNDS["tune"]
+  samples = knob.get("eval_samples", 1) or 1
+  return Cell("virtual", "ablate", row, "virtual", name, seed, "train",
+              _table2_flags(row, "virtual", dict(chosen or {}, **knob), rounds, seed, True),
+              _train_estimate_s(row, "virtual", rounds, True, 1 + 0.1 * (samples - 1)),
+              (_row_data(row),), depends="" if chosen is not None else why)
+
+
 def ablation_cells(records: Mapping[str, Mapping[str, Any]]) -> List[Cell]:
   """VIRTUAL's knobs (`ABLATIONS`) beside its tuned setting, on the tuning protocol."""
   cells = []
-  rounds = TABLE2_ROUNDS["tune"]
   for row in ABLATION_ROWS:
     chosen, why = grid_setting(records, row, "virtual")
-    for name, knob in ABLATIONS:
-      samples = knob.get("eval_samples", 1) or 1
+    for name, _ in ABLATIONS:
       for seed in ABLATION_SEEDS:
         if name == "tuned" and seed == 0:
           continue  # that run is the chosen tuning cell (`ablation_records`)
-        cells.append(
-            Cell("virtual", "ablate", row, "virtual", name, seed, "train",
-                 _table2_flags(row, "virtual", dict(chosen or {}, **knob), rounds, seed, True),
-                 _train_estimate_s(row, "virtual", rounds, True, 1 + 0.1 * (samples - 1)),
-                 (_row_data(row),), depends="" if chosen is not None else why))
+        cells.append(_ablation_cell(row, name, seed, chosen, why))
   return cells
 
 
@@ -978,9 +980,8 @@ def ablation_records(records: Mapping[str, Mapping[str, Any]],
   chosen, _ = grid_setting(records, row, "virtual")
   if chosen is not None:
     by_name["tuned"].append(records[_grid_cell(row, "virtual", chosen).name])
-  for c in ablation_cells(records):
-    if c.row == row and c.name in records:
-      by_name[c.setting].append(records[c.name])
+  for r in _cell_records(records, "ablate", row, "virtual"):
+    by_name[r["cell"]["setting"]].append(r)
   return by_name
 
 

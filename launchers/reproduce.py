@@ -64,7 +64,8 @@ def main(argv):
     try:
       reproduce.run(cells, results_dir=F.results_dir, work_dir=F.work_dir,
                     data_root=F.data_root, max_cells=F.max_cells, max_hours=F.max_hours,
-                    refresh=selected)
+                    refresh=selected,
+                    all_cells=lambda records: reproduce.catalogue(records, F.catalogue))
     except reproduce.CellFailed as e:
       raise ValueError(str(e)) from None
   reproduce.write_report(F.results_dir, readme=readme)

@@ -61,8 +61,10 @@ def test_catalogue_names_are_unique_and_cover_the_issue():
 
 
 def test_tuned_cells_take_the_setting_with_the_best_validation_mt(tmp_path):
+  """On a row without the server step's stage (PMNIST), the grid's best setting."""
+  assert not reproduce.step_stage("pmnist", "fedprox")
   cells = reproduce.catalogue({})
-  tuning = [c for c in cells if c.experiment == "tune" and c.row == "mnist" and
+  tuning = [c for c in cells if c.experiment == "tune" and c.row == "pmnist" and
             c.algorithm == "fedprox"]
   records = {}
   rng = np.random.default_rng(0)
@@ -75,14 +77,15 @@ def test_tuned_cells_take_the_setting_with_the_best_validation_mt(tmp_path):
     if len(records) == len(tuning) - 1:
       partial = reproduce.catalogue(records)
       assert all(c2.depends for c2 in partial
-                 if c2.experiment == "table2" and c2.row == "mnist" and c2.algorithm == "fedprox")
+                 if c2.experiment == "table2" and c2.row == "pmnist" and c2.algorithm == "fedprox")
   tuned = [c for c in reproduce.catalogue(records)
-           if c.experiment == "table2" and c.row == "mnist" and c.algorithm == "fedprox"]
+           if c.experiment == "table2" and c.row == "pmnist" and c.algorithm == "fedprox"]
   want = dict(reproduce._hparams(tuning[winner], "fedprox"))
   for c in tuned:
     assert not c.depends
     assert {k: c.flag_dict[k] for k in want} == want
     assert c.flag_dict["rounds"] == reproduce.TABLE2_ROUNDS["final"]
+    assert "server_lr" not in c.flag_dict
 
 
 def test_a_row_can_shrink_its_grid_and_a_fixed_axis_is_no_edge(tmp_path):
@@ -114,33 +117,51 @@ def test_a_row_can_shrink_its_grid_and_a_fixed_axis_is_no_edge(tmp_path):
 
 
 def test_one_invocation_runs_the_tuning_then_the_cells_waiting_on_it(tmp_path, monkeypatch):
-  """Tuned cells wait for their tuning; once the run's last tuning cell is recorded
-  they join the queue, at the setting with the best validation MT."""
-  names = ["virtual/tune/mnist/fedavg", "virtual/table2/mnist/fedavg"]
+  """Tuned cells wait for their tuning: the grid, then the server step's stage at the
+  grid's setting; once the last is recorded they join the queue, at the setting with
+  the best validation MT."""
+  names = ["virtual/tune/mnist/fedavg", "virtual/tune_step/mnist/fedavg",
+           "virtual/table2/mnist/fedavg"]
   refresh = lambda records: reproduce.select(reproduce.catalogue(records), names)
   cells = refresh({})
   results, data_root = tmp_path / "results", tmp_path / "data"
   (data_root / "mnist").mkdir(parents=True)
   lrs = reproduce.TABLE2_TUNING["fedavg"]["client_lr"]
-  best_lr = lrs[1]
+  best_lr, best_step = lrs[1], 0.6
   ran = []
 
   def fake_run_cell(cell, **kw):
     del kw
     ran.append(cell.name)
-    lr = cell.flag_dict.get("client_lr")
-    rec = _record(cell, dict(mt_accuracy=[0.5, 0.9 if lr == best_lr else 0.6]))
+    f = cell.flag_dict
+    good = f.get("client_lr") == best_lr and f.get("server_lr") in (None, best_step)
+    rec = _record(cell, dict(mt_accuracy=[0.5, 0.6 + 0.2 * good + 0.1 * ("server_lr" in f)]))
     _write(str(results), rec)
     return rec
 
+  # Table II's records from before the stage, at the grid's setting and the default step.
+  old = {}
+  for c in cells:
+    if c.experiment == "table2":
+      flags = reproduce._table2_flags("mnist", "fedavg", dict(client_lr=best_lr),
+                                      reproduce.TABLE2_ROUNDS["final"], c.seed, False)
+      old[c.name] = _record(dataclasses.replace(c, flags=flags), dict(mt_accuracy=[0.5, 0.97]))
+      _write(str(results), old[c.name])
   monkeypatch.setattr(reproduce, "run_cell", fake_run_cell)
   reproduce.run(cells, results_dir=str(results), work_dir=str(tmp_path / "work"),
-                data_root=str(data_root), log=lambda line: None, refresh=refresh)
-  tuning = [n for n in ran if "/tune/" in n]
-  tuned = [n for n in ran if "/table2/" in n]
-  assert len(tuning) == len(lrs) and len(tuned) == 3 and ran[:len(lrs)] == tuning
+                data_root=str(data_root), log=lambda line: None, refresh=refresh,
+                all_cells=reproduce.catalogue)
+  steps = len(reproduce.STEP_STAGE["fedavg"]) - 1
+  assert [n.split("/")[1] for n in ran] == ["tune"] * len(lrs) + ["tune_step"] * steps + ["table2"] * 3
   records = reproduce.read_records(str(results))
-  assert all(records[n]["flags"]["client_lr"] == best_lr for n in tuned)
+  assert all(records[n]["flags"]["client_lr"] == best_lr for n in ran[len(lrs):])
+  assert all(records[n]["flags"]["server_lr"] == best_step for n in ran[-3:])
+  # The old records were moved to the default step's cells before the tuned cells ran.
+  for name, rec in old.items():
+    moved = records[name.replace("/table2/", "/default_step/").replace("/tuned/", "/default/")]
+    assert moved["refiled_from"] == name
+    assert {k: moved[k] for k in ("flags", "result", "command")} == \
+        {k: rec[k] for k in ("flags", "result", "command")}
   # Without `refresh` the waiting cells stay waiting.
   ran.clear()
   reproduce.run(refresh({}), results_dir=str(tmp_path / "again"), work_dir=str(tmp_path / "w2"),
@@ -361,7 +382,7 @@ def test_the_server_step_stage_tunes_virtuals_step_after_its_grid(tmp_path):
   old = _record(tuned[0], dict(mt_accuracy=[0.5, 0.97]))
   assert reproduce.status(tuned[0], {tuned[0].name: old}) == "waiting"
   stage = [c for c in mnist_virtual(records, "ablate")
-           if c.setting in reproduce.STEP_STAGE and c.seed == 0]
+           if c.setting.startswith("server_lr=") and c.seed == 0]
   assert sorted(c.flag_dict["server_lr"] for c in stage) == [0.05, 0.2, 0.4]
   scores = {"server_lr=0.05": 0.85, "server_lr=0.2": 0.93, "server_lr=0.4": 0.92}
   for c in stage:
@@ -380,7 +401,6 @@ def test_the_server_step_stage_tunes_virtuals_step_after_its_grid(tmp_path):
   assert not [c for c in reproduce.catalogue(records) if c.experiment == "default_step"
               and c.row != "mnist"]
   assert not reproduce.step_stage("pmnist", "virtual")
-  assert not reproduce.step_stage("mnist", "fedavg")
   for c, mt in [(c, 0.970) for c in beside] + [(c, 0.975) for c in mnist_virtual(records, "table2")]:
     _write(results, _record(c, dict(mt_accuracy=[0.5, mt + 0.002 * c.seed],
                                     server_accuracy=[0.5, 0.97], mt_loss=[1.0, 0.2],
@@ -388,7 +408,7 @@ def test_the_server_step_stage_tunes_virtuals_step_after_its_grid(tmp_path):
   text = reproduce.write_report(results)
   assert "tuned step: 0.2" in text
   assert "| tuned step | 97.0 ± 0.0 | 97.7 ± 0.2 | +0.50 ± 0.16 |" in text
-  assert "| mnist | virtual: server step | default: 90.0; server_lr=0.05: 85.0; " \
+  assert "| mnist | virtual: server step | server_lr=0.05: 85.0; default: 90.0; " \
          "**server_lr=0.2: 93.0**; server_lr=0.4: 92.0 |" in text
   assert "server_lr=0.2" in next(l for l in text.splitlines() if l.startswith("| mnist | virtual | 97.8"))
   # The step on the stage's edge is marked; the default winning needs no cells beside it.
@@ -401,6 +421,61 @@ def test_the_server_step_stage_tunes_virtuals_step_after_its_grid(tmp_path):
   records = reproduce.read_records(results)
   assert not mnist_virtual(records, "default_step")
   assert all("server_lr" not in c.flag_dict for c in mnist_virtual(records, "table2"))
+
+
+def test_a_baselines_step_stage_and_the_records_it_refiles(tmp_path):
+  """FedAvg on MNIST tunes its server lr over App. D's 0.2-0.8 beside the grid's cell
+  (lr 1, averaging). When another step wins, Table II's records at the default step
+  are moved, unedited but for their cell, to the `default_step` cells (`refile`), and
+  the report puts the two steps side by side."""
+  results = str(tmp_path / "results")
+
+  def fedavg(records, experiment):
+    return [c for c in reproduce.catalogue(records)
+            if (c.experiment, c.row, c.algorithm) == (experiment, "mnist", "fedavg")]
+
+  grid = fedavg({}, "tune")
+  for c in grid:
+    _write(results, _record(c, dict(mt_accuracy=[0.5, 0.9 if c is grid[0] else 0.8])))
+  records = reproduce.read_records(results)
+  stage = fedavg(records, "tune_step")
+  assert sorted(c.flag_dict["server_lr"] for c in stage) == [0.2, 0.4, 0.6, 0.8]
+  assert all(c.flag_dict["client_lr"] == grid[0].flag_dict["client_lr"] for c in stage)
+  assert all(not c.depends and c.flag_dict["rounds"] == 30 for c in stage)
+  waiting = fedavg(records, "table2") + fedavg(records, "default_step")
+  assert len(waiting) == 6 and all("server step" in c.depends for c in waiting)
+  old = [_record(dataclasses.replace(c, experiment="table2", setting="tuned"),
+                 dict(mt_accuracy=[0.5, 0.97], server_accuracy=[0.5, 0.97]))
+         for c in fedavg(records, "default_step")]
+  for rec in old:
+    _write(results, rec)
+  for c in stage:
+    _write(results, _record(c, dict(mt_accuracy=[0.5, 0.95 if c.setting == "server_lr=0.6"
+                                                 else 0.85])))
+  records = reproduce.read_records(results)
+  tuned, beside = fedavg(records, "table2"), fedavg(records, "default_step")
+  assert [reproduce.status(c, records) for c in tuned] == ["stale"] * 3
+  assert [reproduce.status(c, records) for c in beside] == ["todo"] * 3
+  lines = []
+  records = reproduce.refile(reproduce.catalogue(records), records, results, lines.append)
+  assert len(lines) == 3 and records == reproduce.read_records(results)
+  for rec, c in zip(old, beside):
+    moved = records[c.name]
+    assert moved["refiled_from"] == rec["cell"]["name"] and rec["cell"]["name"] not in records
+    assert {k: v for k, v in moved.items() if k not in ("cell", "refiled_from")} == \
+        {k: v for k, v in rec.items() if k != "cell"}
+    assert reproduce.status(c, records) == "done"
+  assert [reproduce.status(c, records) for c in fedavg(records, "table2")] == ["todo"] * 3
+  assert reproduce.refile(reproduce.catalogue(records), records, results, lines.append) == records
+  assert len(lines) == 3
+  for c in fedavg(records, "table2"):
+    assert c.flag_dict["server_lr"] == 0.6
+    _write(results, _record(c, dict(mt_accuracy=[0.5, 0.98], server_accuracy=[0.5, 0.97])))
+  text = reproduce.write_report(results)
+  assert "fedavg's server step on mnist" in text and "tuned step: 0.6" in text
+  assert "| tuned step | 97.0 ± 0.0 | 98.0 ± 0.0 | +1.00 ± 0.00 |" in text
+  assert "| mnist | fedavg: server step | server_lr=0.2: 85.0; server_lr=0.4: 85.0; " \
+         "**server_lr=0.6: 95.0**; server_lr=0.8: 85.0; default: 90.0 |" in text
 
 
 def test_a_run_the_robust_rounds_stop_is_recorded_and_loses_its_tuning(tmp_path):

@@ -122,10 +122,18 @@ ABLATIONS = (
     ("eval_samples=10", dict(eval_samples=10)),
 )
 ABLATION_SEEDS = (0, 1)
-# The server step's stage of VIRTUAL's tuning (App. D tunes the server step too): on
-# the ablation rows, the step is chosen at the grid's setting from these knobs' seed-0
-# cells beside the grid's own cell (the default step 1/C), by validation MT.
-STEP_STAGE = ("server_lr=0.05", "server_lr=0.2", "server_lr=0.4")
+# The server step's stage of the tuning (App. D tunes the server learning rate of every
+# method, over {0.2, 0.4, ..., 1.0}): on the ablation rows, after the grid, the step with
+# the best validation MT among the grid's own cell (`DEFAULT_STEP`: VIRTUAL's damped-EP
+# step 1/C = 0.1 on these rows, the baselines' server lr 1.0, plain averaging) and the
+# cells of the other steps at the grid's setting, seed 0. Steps in increasing order, so
+# the first and the last are the stage's edges. VIRTUAL's step cells are its `server_lr`
+# knobs' seed-0 ablation cells (one run serves both).
+DEFAULT_STEP = "default"
+_BASELINE_STEPS = (0.2, 0.4, 0.6, 0.8, DEFAULT_STEP)
+STEP_STAGE = {"virtual": (0.05, DEFAULT_STEP, 0.2, 0.4), "fedavg": _BASELINE_STEPS,
+              "fedprox": _BASELINE_STEPS, "fedpa": _BASELINE_STEPS}
+DEFAULT_STEP_TEXT = {"virtual": "1/C", "fedavg": "1", "fedprox": "1", "fedpa": "1"}
 
 PFNM_J = (2, 5, 10, 15, 20, 25, 30)
 PFNM_PARTITIONS = ("homogeneous", "class_dirichlet")
@@ -278,21 +286,60 @@ def _grid_cell(row: str, algorithm: str, chosen: Mapping[str, Any]) -> Cell:
 
 def step_stage(row: str, algorithm: str) -> bool:
   """Whether the row's `algorithm` tunes the server step after its grid (`STEP_STAGE`)."""
-  return algorithm == "virtual" and row in ABLATION_ROWS
+  return row in ABLATION_ROWS and algorithm in STEP_STAGE
+
+
+def _stage_steps(algorithm: str) -> List[Any]:
+  """The stage's steps, `DEFAULT_STEP` first (it wins ties)."""
+  return [DEFAULT_STEP] + [s for s in STEP_STAGE[algorithm] if s != DEFAULT_STEP]
+
+
+def _step_setting(chosen: Mapping[str, Any], step: Any) -> Dict[str, Any]:
+  return dict(chosen) if step == DEFAULT_STEP else dict(chosen, server_lr=step)
+
+
+def _step_cell(row: str, algorithm: str, step: Any, chosen: Optional[Mapping[str, Any]],
+               why: str) -> Cell:
+  """The stage's cell of `step` at the grid's setting `chosen` (None: not chosen yet, `why`):
+  the grid's own cell for `DEFAULT_STEP`, VIRTUAL's `server_lr` ablation cell, or a
+  baseline's `tune_step` cell."""
+  if step == DEFAULT_STEP:
+    return _grid_cell(row, algorithm, chosen)
+  name = setting_name(dict(server_lr=step))
+  if algorithm == "virtual":
+    return _ablation_cell(row, name, 0, chosen, why)
+  rounds = TABLE2_ROUNDS["tune"]
+  return Cell("virtual", "tune_step", row, algorithm, name, 0, "train",
+              _table2_flags(row, algorithm, _step_setting(chosen or {}, step), rounds, 0, True),
+              _train_estimate_s(row, algorithm, rounds, True), (_row_data(row),),
+              depends="" if chosen is not None else why)
+
+
+def _step_tuning_cells(records: Mapping[str, Mapping[str, Any]], row: str,
+                       algorithm: str) -> List[Cell]:
+  """A baseline's `tune_step` cells (VIRTUAL's step cells are in `ablation_cells`)."""
+  if algorithm == "virtual" or not step_stage(row, algorithm):
+    return []
+  chosen, why = grid_setting(records, row, algorithm)
+  return [_step_cell(row, algorithm, s, chosen, why) for s in _stage_steps(algorithm)[1:]]
 
 
 def tuned_setting(records: Mapping[str, Mapping[str, Any]], row: str,
                   algorithm: str) -> Tuple[Optional[Dict[str, Any]], str]:
   """The grid's setting (`grid_setting`), then, where `step_stage` holds, the server
-  step with the best validation MT among the grid's cell and the `STEP_STAGE` cells."""
+  step with the best validation MT among the `STEP_STAGE` cells at that setting."""
   chosen, why = grid_setting(records, row, algorithm)
   if chosen is None or not step_stage(row, algorithm):
     return chosen, why
-  stage = [_grid_cell(row, algorithm, chosen)] + [
-      _ablation_cell(row, name, 0, chosen, "") for name in STEP_STAGE]
-  settings = [dict(chosen)] + [dict(chosen, **dict(ABLATIONS)[name]) for name in STEP_STAGE]
-  best, why = choose_setting([records.get(c.name) for c in stage], settings)
-  return best, why and f"{why} (the server step's stage: {', '.join(STEP_STAGE)} at seed 0)"
+  steps = _stage_steps(algorithm)
+  stage = [_step_cell(row, algorithm, s, chosen, "") for s in steps]
+  best, why = choose_setting([records.get(c.name) for c in stage],
+                             [_step_setting(chosen, s) for s in steps])
+  return best, why and f"{why} (the server step's stage: {_steps_text(algorithm)} at seed 0)"
+
+
+def _steps_text(algorithm: str) -> str:
+  return ", ".join(_fmt(s) for s in STEP_STAGE[algorithm])
 
 
 def setting_keys(row: str, algorithm: str) -> Tuple[str, ...]:
@@ -305,7 +352,7 @@ def table2_cells(records: Mapping[str, Mapping[str, Any]]) -> List[Cell]:
   cells = []
   for row in TABLE2_ROWS:
     for algorithm in TABLE2_ALGORITHMS:
-      cells += _tuning_cells(row, algorithm)
+      cells += _tuning_cells(row, algorithm) + _step_tuning_cells(records, row, algorithm)
       chosen, why = tuned_setting(records, row, algorithm)
       for seed in TABLE2_SEEDS:
         rounds = TABLE2_ROUNDS["final"]
@@ -344,20 +391,23 @@ def ablation_cells(records: Mapping[str, Mapping[str, Any]]) -> List[Cell]:
 
 def default_step_cells(records: Mapping[str, Mapping[str, Any]]) -> List[Cell]:
   """The grid's setting at the default server step on Table II's protocol (seeds as
-  Table II's), beside the tuned cells wherever the step stage may choose another step
-  (none once it has chosen the default: the tuned cells are then these)."""
+  Table II's), beside the tuned cells wherever the step stage chose another step (none
+  once it has chosen the default: the tuned cells are then these; waiting while the
+  stage runs)."""
   cells = []
   rounds = TABLE2_ROUNDS["final"]
   for row in ABLATION_ROWS:
-    grid, _ = grid_setting(records, row, "virtual")
-    chosen, _ = tuned_setting(records, row, "virtual")
-    if grid is None or chosen == grid:
-      continue
-    for seed in TABLE2_SEEDS:
-      cells.append(
-          Cell("virtual", "default_step", row, "virtual", "default", seed, "train",
-               _table2_flags(row, "virtual", grid, rounds, seed, False),
-               _train_estimate_s(row, "virtual", rounds, False), (_row_data(row),)))
+    for algorithm in TABLE2_ALGORITHMS:
+      grid, _ = grid_setting(records, row, algorithm)
+      chosen, why = tuned_setting(records, row, algorithm)
+      if grid is None or chosen == grid or not step_stage(row, algorithm):
+        continue
+      for seed in TABLE2_SEEDS:
+        cells.append(
+            Cell("virtual", "default_step", row, algorithm, "default", seed, "train",
+                 _table2_flags(row, algorithm, grid, rounds, seed, False),
+                 _train_estimate_s(row, algorithm, rounds, False), (_row_data(row),),
+                 depends="" if chosen is not None else why))
   return cells
 
 
@@ -584,9 +634,7 @@ def make_record(cell: Cell, command: Sequence[str], result: Dict[str, Any], wall
                 started: float) -> Dict[str, Any]:
   return _runs.jsonable(
       dict(record_version=RECORD_VERSION,
-           cell=dict(name=cell.name, paper=cell.paper, experiment=cell.experiment, row=cell.row,
-                     algorithm=cell.algorithm, setting=cell.setting, seed=cell.seed,
-                     launcher=cell.launcher),
+           cell=_cell_fields(cell),
            flags=cell.flag_dict,
            command=" ".join(shlex.quote(a) for a in ["python"] + list(command[1:])),
            git_commit=run_dir.source_commit(),
@@ -595,6 +643,48 @@ def make_record(cell: Cell, command: Sequence[str], result: Dict[str, Any], wall
            wall_time_s=round(wall_s, 1),
            machine=machine(),
            result=result))
+
+
+def _cell_fields(cell: Cell) -> Dict[str, Any]:
+  return dict(name=cell.name, paper=cell.paper, experiment=cell.experiment, row=cell.row,
+              algorithm=cell.algorithm, setting=cell.setting, seed=cell.seed,
+              launcher=cell.launcher)
+
+
+def refile(cells: Sequence[Cell], records: Mapping[str, Mapping[str, Any]], results_dir: str,
+           log: Callable[[str], None] = _runs.log_line) -> Dict[str, Dict[str, Any]]:
+  """Moves each record that its own cell no longer wants (status 'stale') to the cell of
+  `cells` that has no record yet and runs exactly its launcher and flags; returns the
+  records as they are then.
+
+  This is how Table II's tuned records at the default server step become the
+  `default_step` cells once the step stage chooses another step, instead of being
+  overwritten by the tuned cells' new runs. The moved record keeps its result,
+  command, commit and times; its `cell` is the new one and `refiled_from` names the
+  old. The new file is written (atomically) before the old one is removed.
+  """
+  records = dict(records)
+  by_name = {c.name: c for c in cells}
+  for target in cells:
+    if status(target, records) != "todo":
+      continue
+    wanted = _runs.jsonable(target.flag_dict)
+    source = next((by_name[n] for n, r in records.items()
+                   if n in by_name and r.get("flags") == wanted and
+                   r["cell"]["launcher"] == target.launcher and
+                   status(by_name[n], records) == "stale"), None)
+    if source is None:
+      continue
+    moved = _runs.jsonable(dict(records[source.name], cell=_cell_fields(target),
+                                refiled_from=source.name))
+    experiment.atomic_write_text(target.record_path(results_dir),
+                                 json.dumps(moved, indent=1, sort_keys=True) + "\n")
+    os.remove(source.record_path(results_dir))
+    records[target.name] = moved
+    del records[source.name]
+    log(f"reproduce: the record of {source.name} (its cell now wants other flags) has "
+        f"{target.name}'s flags; moved there")
+  return records
 
 
 # -------------------------------------------------------------------- running
@@ -695,20 +785,23 @@ def measured_seconds(cell: Cell, records: Mapping[str, Mapping[str, Any]]) -> fl
 def run(cells: Sequence[Cell], *, results_dir: str, work_dir: str, data_root: str,
         max_cells: Optional[int] = None, max_hours: Optional[float] = None,
         log: Callable[[str], None] = _runs.log_line,
-        refresh: Optional[Callable[[Mapping[str, Any]], Sequence[Cell]]] = None) -> List[str]:
+        refresh: Optional[Callable[[Mapping[str, Any]], Sequence[Cell]]] = None,
+        all_cells: Optional[Callable[[Mapping[str, Any]], Sequence[Cell]]] = None) -> List[str]:
   """Runs the selected cells that are not done (`status` 'todo' or 'stale'), one at a
   time, cheapest first (catalogue order among equal estimates); returns the names run.
 
   `refresh(records)`: the selected cells as the catalogue builds them from `records`;
   given, a waiting (tuned) cell whose tuning a finished cell completed joins the
   queue at its chosen setting, so one invocation runs the tuning and then the cells
-  that wait on it.
+  that wait on it. `all_cells(records)`: the whole catalogue; given, records are
+  `refile`d before the plan and after each cell (selected or not, a stale cell's
+  record another cell wants is moved there before the stale cell runs again).
 
   Prints the plan and its cost estimate first. Cells whose data folder is missing
   under `data_root` are skipped with a line naming it; `waiting` cells are listed.
   `max_cells` / `max_hours` stop the loop before a cell that would start past them.
   """
-  records = read_records(results_dir)
+  records = _refiled(read_records(results_dir), all_cells, results_dir, log)
   todo, waiting, missing = [], [], []
   for c in cells:
     s = status(c, records)
@@ -734,6 +827,8 @@ def run(cells: Sequence[Cell], *, results_dir: str, work_dir: str, data_root: st
   queue = [c for c, _ in todo]
   while queue:
     c = queue.pop(0)
+    if status(c, records) == "done":  # a record was refiled to it
+      continue
     i, total = len(ran) + 1, len(ran) + 1 + len(queue)
     if max_cells is not None and len(ran) >= max_cells:
       log(f"reproduce: stopped after --max_cells={max_cells}")
@@ -747,7 +842,7 @@ def run(cells: Sequence[Cell], *, results_dir: str, work_dir: str, data_root: st
     ran.append(c.name)
     # Tuned cells whose tuning this cell completed join the queue (cheapest first),
     # as the catalogue now builds them (at the chosen setting).
-    records = read_records(results_dir)
+    records = _refiled(read_records(results_dir), all_cells, results_dir, log)
     fresh = {f.name: f for f in (refresh(records) if refresh is not None and waiting else ())}
     ready = [fresh[w.name] for w in waiting
              if w.name in fresh and status(fresh[w.name], records) in ("todo", "stale")]
@@ -761,6 +856,12 @@ def run(cells: Sequence[Cell], *, results_dir: str, work_dir: str, data_root: st
     log(f"cell {i}/{len(ran) + len(queue)} {c.name}: {headline(rec)} "
         f"({rec['wall_time_s']:.0f} s; ~{_duration(left)} left)")
   return ran
+
+
+def _refiled(records: Dict[str, Dict[str, Any]],
+             all_cells: Optional[Callable[[Mapping[str, Any]], Sequence[Cell]]], results_dir: str,
+             log: Callable[[str], None]) -> Dict[str, Dict[str, Any]]:
+  return records if all_cells is None else refile(all_cells(records), records, results_dir, log)
 
 
 def _duration(seconds: float) -> str:
@@ -953,24 +1054,23 @@ def table2_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
 
 def _step_stage_rows(records: Mapping[str, Mapping[str, Any]], row: str,
                      algorithm: str) -> List[Tuple[str, str, str]]:
-  """The server step's stage as a tuning-table row (the grid's cell is the default step)."""
-  by_name = ablation_records(records, row)
-  stage = [("default", by_name["tuned"][:1])] + [
-      (name, [r for r in by_name[name] if r["cell"]["seed"] == 0]) for name in STEP_STAGE]
-  stage = [(name, recs[0]) for name, recs in stage if recs]
-  if not stage:
+  """The server step's stage as a tuning-table row, steps in `STEP_STAGE` order."""
+  grid, _ = grid_setting(records, row, algorithm)
+  if grid is None:
     return []
   chosen, _ = tuned_setting(records, row, algorithm)
-  step = (chosen or {}).get("server_lr")  # None: the default step
-  knobs = dict(ABLATIONS)
-  steps = [knobs[name]["server_lr"] for name in STEP_STAGE]
+  steps = STEP_STAGE[algorithm]
   cells = []
-  for name, rec in stage:
-    text = f"{name}: {_score_text(rec)}"
-    if chosen is not None and rec["flags"].get("server_lr") == step:
-      text = f"**{text}**" + (" †" if step in (min(steps), max(steps)) else "")
+  for step in steps:
+    rec = records.get(_step_cell(row, algorithm, step, grid, "").name)
+    if rec is None:
+      continue
+    label = step if step == DEFAULT_STEP else setting_name(dict(server_lr=step))
+    text = f"{label}: {_score_text(rec)}"
+    if chosen == _step_setting(grid, step):
+      text = f"**{text}**" + (" †" if step in (steps[0], steps[-1]) else "")
     cells.append(text)
-  return [(row, f"{algorithm}: server step", "; ".join(cells))]
+  return [(row, f"{algorithm}: server step", "; ".join(cells))] if cells else []
 
 
 def ablation_records(records: Mapping[str, Mapping[str, Any]],
@@ -1031,18 +1131,20 @@ def ablation_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
 
 
 def default_step_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
-  """Table II's VIRTUAL at the tuned server step beside the default step (test split)."""
+  """Table II's cells at the tuned server step beside the default step (test split)."""
   lines = []
   for row in ABLATION_ROWS:
-    by_name = {"default step 1/C": _cell_records(records, "default_step", row, "virtual"),
-               "tuned step": _cell_records(records, "table2", row, "virtual")}
-    if by_name["default step 1/C"]:
-      tuned = by_name["tuned step"]
-      step = tuned[0]["flags"].get("server_lr") if tuned else None
-      lines += _difference_section(
-          f"VIRTUAL's server step on {row}, Table II's protocol (test split, "
-          f"{TABLE2_ROUNDS['final']} rounds; tuned step: {_fmt(step) if step else '—'}; "
-          "accuracy %)", "step", by_name, "default step 1/C", "default")
+    for algorithm in TABLE2_ALGORITHMS:
+      default = f"default step {DEFAULT_STEP_TEXT[algorithm]}"
+      by_name = {default: _cell_records(records, "default_step", row, algorithm),
+                 "tuned step": _cell_records(records, "table2", row, algorithm)}
+      if by_name[default]:
+        tuned = by_name["tuned step"]
+        step = tuned[0]["flags"].get("server_lr") if tuned else None
+        lines += _difference_section(
+            f"{algorithm}'s server step on {row}, Table II's protocol (test split, "
+            f"{TABLE2_ROUNDS['final']} rounds; tuned step: {_fmt(step) if step else '—'}; "
+            "accuracy %)", "step", by_name, default, "default")
   return lines
 
 

@@ -8,12 +8,14 @@ r"""The papers' experiments, a few cells at a time, each recorded under results/
 Runs the selected cells that have no record yet (or one made with other flags),
 one at a time, each as its own launcher process; a finished cell writes
 `<results_dir>/<cell name>.json` atomically, so an interrupted invocation loses at
-most the cell in flight and the next one carries on. A training run that the robust
-rounds stop (a setting that diverges) is recorded as such, with the rounds it ran,
-and loses its tuning grid; any other launcher failure stops the invocation and
-writes no record. The real data are read from
-`--data_root` (`mnist/`, `femnist/`; cells whose folder is missing are skipped
-with a line naming it). After running, and with `--report` alone, the report is
+most the cell in flight and the next one carries on. A record whose cell now wants
+other flags (a tuning stage chose another setting) is first moved to the cell that
+runs exactly its flags, where there is one (`refile`), rather than overwritten. A
+training run that the robust rounds stop (a setting that diverges) is recorded as
+such, with the rounds it ran, and loses its tuning grid; any other launcher failure
+stops the invocation and writes no record. The real data are read from `--data_root`
+(`mnist/`, `femnist/`; cells whose folder is missing are skipped with a line naming
+it). After running, and with `--report` alone, the report is
 rebuilt from the records: `<results_dir>/REPORT.md`, `<results_dir>/figures/*.png`
 and the block between the reproduction markers of `--readme`. See
 `tfbfl/experiments/reproduce.py` for the cells and the records.

@@ -10,8 +10,9 @@ The catalogue (`catalogue`) holds every cell of the campaign:
   FedPA. First *tuning* cells at seed 0 on a validation split of the clients'
   training data (`--validation_fraction`; the test data are not read), then the
   *tuned* cells, seeds 0-2, at the setting with the best validation MT accuracy
-  (max over rounds, as Table II reports). A tuned cell waits until every tuning
-  cell of its (row, algorithm) has a record.
+  (max over rounds, as Table II reports). On MNIST and FEMNIST a second stage then
+  tunes the server step at the grid's setting (`STEP_STAGE`). A tuned cell waits
+  until every tuning cell of its (row, algorithm) has a record.
 * PFNM accuracy vs the number of batches J on MNIST (paper Figs. 2-3): both
   partitions, the paper's J values and hyperparameters (`launchers.pfnm_batches`).
 * FOLA's first-round global accuracy over alpha on MNIST-MLP 784-500-300-10

@@ -472,7 +472,7 @@ def test_a_baselines_step_stage_and_the_records_it_refiles(tmp_path):
     assert c.flag_dict["server_lr"] == 0.6
     _write(results, _record(c, dict(mt_accuracy=[0.5, 0.98], server_accuracy=[0.5, 0.97])))
   text = reproduce.write_report(results)
-  assert "fedavg's server step on mnist" in text and "tuned step: 0.6" in text
+  assert "FedAvg's server step on mnist" in text and "tuned step: 0.6" in text
   assert "| tuned step | 97.0 ± 0.0 | 98.0 ± 0.0 | +1.00 ± 0.00 |" in text
   assert "| mnist | fedavg: server step | server_lr=0.2: 85.0; server_lr=0.4: 85.0; " \
          "**server_lr=0.6: 95.0**; server_lr=0.8: 85.0; default: 90.0; server_lr=1.5: 85.0 |" in text

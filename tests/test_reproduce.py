@@ -424,7 +424,7 @@ def test_the_server_step_stage_tunes_virtuals_step_after_its_grid(tmp_path):
 
 
 def test_a_baselines_step_stage_and_the_records_it_refiles(tmp_path):
-  """FedAvg on MNIST tunes its server lr over App. D's 0.2-0.8 and 1.5 beside the grid's cell
+  """FedAvg on MNIST tunes its server lr over App. D's 0.2-0.8 and 1.5-3 beside the grid's cell
   (lr 1, averaging). When another step wins, Table II's records at the default step
   are moved, unedited but for their cell, to the `default_step` cells (`refile`), and
   the report puts the two steps side by side."""
@@ -439,7 +439,7 @@ def test_a_baselines_step_stage_and_the_records_it_refiles(tmp_path):
     _write(results, _record(c, dict(mt_accuracy=[0.5, 0.9 if c is grid[0] else 0.8])))
   records = reproduce.read_records(results)
   stage = fedavg(records, "tune_step")
-  assert sorted(c.flag_dict["server_lr"] for c in stage) == [0.2, 0.4, 0.6, 0.8, 1.5]
+  assert sorted(c.flag_dict["server_lr"] for c in stage) == [0.2, 0.4, 0.6, 0.8, 1.5, 2.0, 3.0]
   assert all(c.flag_dict["client_lr"] == grid[0].flag_dict["client_lr"] for c in stage)
   assert all(not c.depends and c.flag_dict["rounds"] == 30 for c in stage)
   waiting = fedavg(records, "table2") + fedavg(records, "default_step")
@@ -475,7 +475,8 @@ def test_a_baselines_step_stage_and_the_records_it_refiles(tmp_path):
   assert "FedAvg's server step on mnist" in text and "tuned step: 0.6" in text
   assert "| tuned step | 97.0 ± 0.0 | 98.0 ± 0.0 | +1.00 ± 0.00 |" in text
   assert "| mnist | fedavg: server step | server_lr=0.2: 85.0; server_lr=0.4: 85.0; " \
-         "**server_lr=0.6: 95.0**; server_lr=0.8: 85.0; default: 90.0; server_lr=1.5: 85.0 |" in text
+         "**server_lr=0.6: 95.0**; server_lr=0.8: 85.0; default: 90.0; server_lr=1.5: 85.0; " \
+         "server_lr=2: 85.0; server_lr=3: 85.0 |" in text
 
 
 def test_a_run_the_robust_rounds_stop_is_recorded_and_loses_its_tuning(tmp_path):

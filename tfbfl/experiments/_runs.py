@@ -128,6 +128,10 @@ def save_figure(fig, path: str, *, dpi: int = 100, tight: bool = False) -> None:
   experiment.atomic_write_bytes(path, buf.getvalue())
 
 
+# How the reports name the algorithms of the papers' tables.
+ALGORITHM_NAMES = {"virtual": "VIRTUAL", "fedavg": "FedAvg", "fedprox": "FedProx", "fedpa": "FedPA",
+                   "local": "Local", "global": "Global"}
+
 # --------------------------------------------------------------------- claims
 # A VIRTUAL mean S at most this many percentage points below a baseline's is "comparable".
 S_COMPARABLE_PP = 1.0

@@ -138,7 +138,6 @@ _BASELINE_STEPS = (0.2, 0.4, 0.6, 0.8, DEFAULT_STEP, 1.5, 2.0, 3.0)
 STEP_STAGE = {"virtual": (0.05, DEFAULT_STEP, 0.2, 0.4), "fedavg": _BASELINE_STEPS,
               "fedprox": _BASELINE_STEPS, "fedpa": _BASELINE_STEPS}
 DEFAULT_STEP_TEXT = {"virtual": "1/C", "fedavg": "1", "fedprox": "1", "fedpa": "1"}
-ALGORITHM_NAMES = {"virtual": "VIRTUAL", "fedavg": "FedAvg", "fedprox": "FedProx", "fedpa": "FedPA"}
 
 PFNM_J = (2, 5, 10, 15, 20, 25, 30)
 PFNM_PARTITIONS = ("homogeneous", "class_dirichlet")
@@ -1147,7 +1146,7 @@ def default_step_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]
         tuned = by_name["tuned step"]
         step = tuned[0]["flags"].get("server_lr") if tuned else None
         lines += _difference_section(
-            f"{ALGORITHM_NAMES[algorithm]}'s server step on {row}, Table II's protocol (test split, "
+            f"{_runs.ALGORITHM_NAMES[algorithm]}'s server step on {row}, Table II's protocol (test split, "
             f"{TABLE2_ROUNDS['final']} rounds; tuned step: {_fmt(step) if step else '—'}; "
             "accuracy %)", "step", by_name, default, "default")
   return lines

@@ -100,15 +100,8 @@ VARIANTS: Dict[str, Tuple[str, Dict[str, Any]]] = {
     "virtual_eq3": ("virtual", dict(server_loss_weight=0.0)),
 }
 VIRTUAL_ALGORITHMS = tuple(VARIANTS)
-LABELS = {
-    "virtual": "VIRTUAL (w_S=1)",
-    "virtual_eq3": "VIRTUAL eq. 3 (w_S=0)",
-    "fedavg": "FedAvg",
-    "fedprox": "FedProx",
-    "fedpa": "FedPA",
-    "local": "Local",
-    "global": "Global"
-}
+LABELS = dict(_runs.ALGORITHM_NAMES, virtual="VIRTUAL (w_S=1)",
+              virtual_eq3="VIRTUAL eq. 3 (w_S=0)")
 # Hyperparameters each algorithm is tuned over (cell-key order).
 TUNED = {
     "virtual": ("client_lr", "kl_weight", "server_lr"),

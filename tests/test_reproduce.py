@@ -61,8 +61,9 @@ def test_catalogue_names_are_unique_and_cover_the_issue():
 
 
 def test_tuned_cells_take_the_setting_with_the_best_validation_mt(tmp_path):
-  """On a row without the server step's stage (PMNIST), the grid's best setting."""
-  assert not reproduce.step_stage("pmnist", "fedprox")
+  """PMNIST's FedProx: the grid's best setting, then its server step's stage at that
+  setting; the default step keeps it when no other step beats it."""
+  assert reproduce.step_stage("pmnist", "fedprox")
   cells = reproduce.catalogue({})
   tuning = [c for c in cells if c.experiment == "tune" and c.row == "pmnist" and
             c.algorithm == "fedprox"]
@@ -78,9 +79,19 @@ def test_tuned_cells_take_the_setting_with_the_best_validation_mt(tmp_path):
       partial = reproduce.catalogue(records)
       assert all(c2.depends for c2 in partial
                  if c2.experiment == "table2" and c2.row == "pmnist" and c2.algorithm == "fedprox")
-  tuned = [c for c in reproduce.catalogue(records)
-           if c.experiment == "table2" and c.row == "pmnist" and c.algorithm == "fedprox"]
+  def pmnist_fedprox(experiment):
+    return [c for c in reproduce.catalogue(records)
+            if c.experiment == experiment and c.row == "pmnist" and c.algorithm == "fedprox"]
+
   want = dict(reproduce._hparams(tuning[winner], "fedprox"))
+  stage = pmnist_fedprox("tune_step")
+  assert len(stage) == len(reproduce.STEP_STAGE["fedprox"]) - 1
+  assert all("server step" in c.depends for c in pmnist_fedprox("table2"))
+  for c in stage:
+    assert not c.depends and c.flag_dict["seed"] == 0 and c.flag_dict["validation_fraction"] > 0
+    assert {k: c.flag_dict[k] for k in want} == want
+    records[c.name] = _record(c, dict(mt_accuracy=[0.1, float(scores[winner]) - 0.01]))
+  tuned = pmnist_fedprox("table2")
   for c in tuned:
     assert not c.depends
     assert {k: c.flag_dict[k] for k in want} == want
@@ -397,10 +408,9 @@ def test_the_server_step_stage_tunes_virtuals_step_after_its_grid(tmp_path):
   # The ablations keep the grid's setting (step 1/C) as their reference.
   for c in mnist_virtual(records, "ablate"):
     assert c.flag_dict.get("server_lr") == dict(reproduce.ABLATIONS)[c.setting].get("server_lr")
-  # Rows whose grid is not recorded have no cells beside theirs yet; PMNIST has no stage.
+  # Rows whose grid is not recorded have no cells beside theirs yet.
   assert not [c for c in reproduce.catalogue(records) if c.experiment == "default_step"
               and c.row != "mnist"]
-  assert not reproduce.step_stage("pmnist", "virtual")
   for c, mt in [(c, 0.970) for c in beside] + [(c, 0.975) for c in mnist_virtual(records, "table2")]:
     _write(results, _record(c, dict(mt_accuracy=[0.5, mt + 0.002 * c.seed],
                                     server_accuracy=[0.5, 0.97], mt_loss=[1.0, 0.2],
@@ -421,6 +431,24 @@ def test_the_server_step_stage_tunes_virtuals_step_after_its_grid(tmp_path):
   records = reproduce.read_records(results)
   assert not mnist_virtual(records, "default_step")
   assert all("server_lr" not in c.flag_dict for c in mnist_virtual(records, "table2"))
+
+
+def test_pmnists_virtual_tunes_its_step_in_tune_step_cells():
+  """PMNIST has no knobs' cells: VIRTUAL's step cells there are `tune_step` cells at the
+  grid's setting, while on MNIST they stay its `server_lr` ablation cells."""
+  tuning = [c for c in reproduce.catalogue({}) if c.experiment == "tune" and c.row == "pmnist"
+            and c.algorithm == "virtual"]
+  records = {c.name: _record(c, dict(mt_accuracy=[0.5, 0.9 if c is tuning[1] else 0.8]))
+             for c in tuning}
+  cells = reproduce.catalogue(records)
+  stage = [c for c in cells if c.experiment == "tune_step" and c.algorithm == "virtual"]
+  assert {c.row for c in stage} == {"pmnist"}
+  assert sorted(c.flag_dict["server_lr"] for c in stage) == [0.05, 0.2, 0.4]
+  grid = dict(reproduce._hparams(tuning[1], "virtual"))
+  for c in stage:
+    assert {k: c.flag_dict[k] for k in grid} == grid and c.flag_dict["validation_fraction"] > 0
+    assert c.flag_dict["rounds"] == reproduce.TABLE2_ROUNDS["tune"] and c.seed == 0
+  assert not [c for c in cells if c.experiment == "ablate" and c.row == "pmnist"]
 
 
 def test_a_baselines_step_stage_and_the_records_it_refiles(tmp_path):

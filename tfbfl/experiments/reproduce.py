@@ -10,8 +10,8 @@ The catalogue (`catalogue`) holds every cell of the campaign:
   FedPA. First *tuning* cells at seed 0 on a validation split of the clients'
   training data (`--validation_fraction`; the test data are not read), then the
   *tuned* cells, seeds 0-2, at the setting with the best validation MT accuracy
-  (max over rounds, as Table II reports). On MNIST and FEMNIST a second stage then
-  tunes the server step at the grid's setting (`STEP_STAGE`). A tuned cell waits
+  (max over rounds, as Table II reports). A second stage then tunes the server
+  step at the grid's setting (`STEP_STAGE`). A tuned cell waits
   until every tuning cell of its (row, algorithm) has a record.
 * PFNM accuracy vs the number of batches J on MNIST (paper Figs. 2-3): both
   partitions, the paper's J values and hyperparameters (`launchers.pfnm_batches`).
@@ -124,13 +124,14 @@ ABLATIONS = (
 )
 ABLATION_SEEDS = (0, 1)
 # The server step's stage of the tuning (App. D tunes the server learning rate of every
-# method, over {0.2, 0.4, ..., 1.0}): on the ablation rows, after the grid, the step with
+# method, over {0.2, 0.4, ..., 1.0}): on every row, after the grid, the step with
 # the best validation MT among the grid's own cell (`DEFAULT_STEP`: VIRTUAL's damped-EP
 # step 1/C = 0.1 on these rows, the baselines' server lr 1.0, plain averaging) and the
 # cells of the other steps at the grid's setting, seed 0. Steps in increasing order, so
-# the first and the last are the stage's edges. VIRTUAL's step cells are its `server_lr`
-# knobs' seed-0 ablation cells (one run serves both). 1.5 (baselines only) was added
-# when every baseline on both rows chose 1.0, App. D's top, with validation MT rising
+# the first and the last are the stage's edges. On the `ABLATION_ROWS` VIRTUAL's step
+# cells are its `server_lr` knobs' seed-0 ablation cells (one run serves both); on
+# PMNIST, which has no knobs' cells, `tune_step` cells like the baselines'. 1.5
+# (baselines only) was added when every baseline on MNIST and FEMNIST chose 1.0, App. D's top, with validation MT rising
 # all the way from 0.2 (the grid grows past an edge its choices sit on, as the lr's
 # did); 2 and 3 when FEMNIST's FedAvg then chose 1.5 (91.7 against 91.1 at 1.0).
 DEFAULT_STEP = "default"
@@ -138,6 +139,7 @@ _BASELINE_STEPS = (0.2, 0.4, 0.6, 0.8, DEFAULT_STEP, 1.5, 2.0, 3.0)
 STEP_STAGE = {"virtual": (0.05, DEFAULT_STEP, 0.2, 0.4), "fedavg": _BASELINE_STEPS,
               "fedprox": _BASELINE_STEPS, "fedpa": _BASELINE_STEPS}
 DEFAULT_STEP_TEXT = {"virtual": "1/C", "fedavg": "1", "fedprox": "1", "fedpa": "1"}
+STEP_STAGE_ROWS = TABLE2_ROWS
 
 PFNM_J = (2, 5, 10, 15, 20, 25, 30)
 PFNM_PARTITIONS = ("homogeneous", "class_dirichlet")
@@ -290,7 +292,7 @@ def _grid_cell(row: str, algorithm: str, chosen: Mapping[str, Any]) -> Cell:
 
 def step_stage(row: str, algorithm: str) -> bool:
   """Whether the row's `algorithm` tunes the server step after its grid (`STEP_STAGE`)."""
-  return row in ABLATION_ROWS and algorithm in STEP_STAGE
+  return row in STEP_STAGE_ROWS and algorithm in STEP_STAGE
 
 
 def _stage_steps(algorithm: str) -> List[Any]:
@@ -305,12 +307,12 @@ def _step_setting(chosen: Mapping[str, Any], step: Any) -> Dict[str, Any]:
 def _step_cell(row: str, algorithm: str, step: Any, chosen: Optional[Mapping[str, Any]],
                why: str) -> Cell:
   """The stage's cell of `step` at the grid's setting `chosen` (None: not chosen yet, `why`):
-  the grid's own cell for `DEFAULT_STEP`, VIRTUAL's `server_lr` ablation cell, or a
-  baseline's `tune_step` cell."""
+  the grid's own cell for `DEFAULT_STEP`, VIRTUAL's `server_lr` ablation cell on the
+  `ABLATION_ROWS`, or else a `tune_step` cell."""
   if step == DEFAULT_STEP:
     return _grid_cell(row, algorithm, chosen)
   name = setting_name(dict(server_lr=step))
-  if algorithm == "virtual":
+  if algorithm == "virtual" and row in ABLATION_ROWS:
     return _ablation_cell(row, name, 0, chosen, why)
   rounds = TABLE2_ROUNDS["tune"]
   return Cell("virtual", "tune_step", row, algorithm, name, 0, "train",
@@ -321,8 +323,9 @@ def _step_cell(row: str, algorithm: str, step: Any, chosen: Optional[Mapping[str
 
 def _step_tuning_cells(records: Mapping[str, Mapping[str, Any]], row: str,
                        algorithm: str) -> List[Cell]:
-  """A baseline's `tune_step` cells (VIRTUAL's step cells are in `ablation_cells`)."""
-  if algorithm == "virtual" or not step_stage(row, algorithm):
+  """The stage's `tune_step` cells (VIRTUAL's on the `ABLATION_ROWS` are in
+  `ablation_cells`)."""
+  if not step_stage(row, algorithm) or (algorithm == "virtual" and row in ABLATION_ROWS):
     return []
   chosen, why = grid_setting(records, row, algorithm)
   return [_step_cell(row, algorithm, s, chosen, why) for s in _stage_steps(algorithm)[1:]]
@@ -400,7 +403,7 @@ def default_step_cells(records: Mapping[str, Mapping[str, Any]]) -> List[Cell]:
   stage runs)."""
   cells = []
   rounds = TABLE2_ROUNDS["final"]
-  for row in ABLATION_ROWS:
+  for row in STEP_STAGE_ROWS:
     for algorithm in TABLE2_ALGORITHMS:
       grid, _ = grid_setting(records, row, algorithm)
       chosen, why = tuned_setting(records, row, algorithm)
@@ -1137,7 +1140,7 @@ def ablation_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
 def default_step_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
   """Table II's cells at the tuned server step beside the default step (test split)."""
   lines = []
-  for row in ABLATION_ROWS:
+  for row in STEP_STAGE_ROWS:
     for algorithm in TABLE2_ALGORITHMS:
       default = f"default step {DEFAULT_STEP_TEXT[algorithm]}"
       by_name = {default: _cell_records(records, "default_step", row, algorithm),

@@ -531,3 +531,31 @@ def test_a_run_the_robust_rounds_stop_is_recorded_and_loses_its_tuning(tmp_path)
   with pytest.raises(reproduce.CellFailed, match="launcher exited 1"):
     reproduce.run_cell(bad, **kw)
   assert bad.name not in reproduce.read_records(results)
+
+
+
+def test_a_crashed_worker_costs_one_more_run_of_the_cell(tmp_path):
+  """A TFF worker that dies mid-run makes the launcher exit `WORKER_EXITED_STATUS` with
+  one line naming the worker; the runner keeps that log and runs the cell once more."""
+  base = reproduce.smoke_cells()[0]
+  cell = dataclasses.replace(base, flags=tuple(sorted(dict(base.flag_dict, rounds=4).items())))
+  results, work = tmp_path / "results", tmp_path / "work"
+  lines, killed = [], []
+
+  def log(line):
+    """Sends SIGSEGV to the first attempt's `worker_binary` after its first round."""
+    lines.append(line)
+    if "round 1/" in line and not killed:
+      for p in psutil.Process().children(recursive=True):
+        if p.name() == "worker_binary":
+          p.send_signal(signal.SIGSEGV)
+          killed.append(p.pid)
+
+  rec = reproduce.run_cell(cell, results_dir=str(results), work_dir=str(work),
+                           data_root=str(tmp_path), log=log)
+  assert len(killed) == 1, "one worker_binary, killed once"
+  crashed = (work / cell.name / "log.crashed.txt").read_text().splitlines()
+  assert crashed[-1].startswith("FATAL train: TFF worker"), crashed[-3:]
+  assert [l for l in lines if "its TFF worker crashed" in l and "running it again" in l]
+  assert rec["attempts"] == 2 and rec["result"]["curves"]["round"] == [1, 2, 3, 4]
+  assert reproduce.read_records(str(results))[cell.name]["attempts"] == 2

@@ -231,6 +231,11 @@ class RunStoppedError(RuntimeError):
 # to the stop are written, so a caller can keep them as a result.
 RUN_STOPPED_STATUS = 3
 
+# The exit status of a launcher whose TFF worker process exited mid-run (a
+# `runtime.WorkerExited`: it crashed, or was killed). The run did not finish; the same
+# command may well pass again (sysexits' EX_TEMPFAIL).
+WORKER_EXITED_STATUS = 75
+
 
 class NonFiniteServerStateError(RunStoppedError):
   """A round made the server state non-finite; the run stops before saving it."""

@@ -25,7 +25,9 @@ from typing import Any, Callable, Dict, Iterable, List, Optional
 
 from absl import flags as absl_flags
 
+from tfbfl import experiment
 from tfbfl import options
+from tfbfl import runtime
 from tfbfl import training
 
 FLAGS = absl_flags.FLAGS
@@ -152,8 +154,6 @@ def interrupted(program: str, error: BaseException) -> None:
   import threading  # pylint: disable=g-import-not-at-top
   import warnings  # pylint: disable=g-import-not-at-top
 
-  from tfbfl import experiment  # pylint: disable=g-import-not-at-top
-
   # The program ends here. What still runs until the process is gone (TFF's
   # executor thread retrying the worker that the same Ctrl-C stopped, TFF's
   # finalizers disposing values on it at exit, an abandoned coroutine) logs,
@@ -190,9 +190,10 @@ def parser(program: str, flag_values=FLAGS) -> Callable[[List[str]], List[str]]:
 def run(main: Callable[[List[str]], Any], program: str) -> None:
   """`app.run(main)` for a launcher: a bad flag (at parse time) or a `ValueError`,
   `FileNotFoundError` or `app.UsageError` raised by `main` ends the program with one
-  line `FATAL <program>: ...` and status 1, without the module's help; Ctrl-C
-  with one line and status 130 (`interrupted`). TensorFlow's C++ logs are quieted
-  first (`quiet_tensorflow`)."""
+  line `FATAL <program>: ...` and status 1, without the module's help; a crashed TFF
+  worker (`runtime.WorkerExited`) with one line and `experiment.WORKER_EXITED_STATUS`;
+  Ctrl-C with one line and status 130 (`interrupted`). TensorFlow's C++ logs are
+  quieted first (`quiet_tensorflow`)."""
   quiet_tensorflow()
   from absl import app  # pylint: disable=g-import-not-at-top
 
@@ -201,6 +202,8 @@ def run(main: Callable[[List[str]], Any], program: str) -> None:
       return main(argv)
     except (app.UsageError, ValueError, FileNotFoundError) as e:
       fail(program, str(e))
+    except runtime.WorkerExited as e:
+      fail(program, str(e), experiment.WORKER_EXITED_STATUS)
     except KeyboardInterrupt as e:
       interrupted(program, e)
 

@@ -698,6 +698,11 @@ def refile(cells: Sequence[Cell], records: Mapping[str, Mapping[str, Any]], resu
 class CellFailed(RuntimeError):
   """A cell's launcher exited non-zero (the message names the cell and its log)."""
 
+
+# A crashed TFF worker (1 in ~290 cells of the campaign, a segfault in gRPC's server
+# thread) costs one more run of the cell, not the runner's stop.
+WORKER_CRASH_ATTEMPTS = 2
+
 def _die_with_parent() -> Optional[Callable[[], None]]:
   """A `preexec_fn` that asks the kernel to SIGTERM the cell's launcher when the
   runner dies (Linux; None elsewhere). libc is loaded here, in the parent: code
@@ -717,7 +722,9 @@ def run_cell(cell: Cell, *, results_dir: str, work_dir: str, data_root: str,
   `CellFailed` (naming the log) if the launcher fails; the record is written only
   after a finished run, atomically. A training run the robust rounds stopped (exit
   `experiment.RUN_STOPPED_STATUS`) is finished: its record keeps the rounds it ran
-  and, under `result["stopped"]`, the launcher's one-line cause.
+  and, under `result["stopped"]`, the launcher's one-line cause. A launcher whose TFF
+  worker crashed (exit `experiment.WORKER_EXITED_STATUS`) runs once more from the
+  start (its log kept as `log.crashed.txt`; the record then says `"attempts": 2`).
   """
   out_dir = os.path.join(work_dir, cell.name)
   os.makedirs(out_dir, exist_ok=True)
@@ -727,6 +734,31 @@ def run_cell(cell: Cell, *, results_dir: str, work_dir: str, data_root: str,
     command.append("--overwrite")
   log_path = os.path.join(out_dir, "log.txt")
   started = time.time()
+  for attempt in range(1, WORKER_CRASH_ATTEMPTS + 1):
+    code = _run_launcher(command, log_path, log)
+    if code != experiment.WORKER_EXITED_STATUS or attempt == WORKER_CRASH_ATTEMPTS:
+      break
+    os.replace(log_path, os.path.join(out_dir, "log.crashed.txt"))
+    log(f"reproduce: cell {cell.name}: its TFF worker crashed "
+        f"({_tail(os.path.join(out_dir, 'log.crashed.txt'), 1).strip()[:200]}); running it again")
+  run_stopped = cell.launcher == "train" and code == experiment.RUN_STOPPED_STATUS
+  if code != 0 and not run_stopped:
+    tail = _tail(log_path, 5)
+    raise CellFailed(f"cell {cell.name}: launcher exited {code}; log {log_path}:\n{tail}")
+  result = COLLECTORS[cell.launcher](run_out)
+  if run_stopped:  # a setting that diverges is a result (a tuning grid's included), not a failure
+    result["stopped"] = _tail(log_path, 1).strip()
+  record = make_record(cell, command, result, time.time() - started, started)
+  if attempt > 1:
+    record["attempts"] = attempt
+  experiment.atomic_write_text(cell.record_path(results_dir),
+                               json.dumps(record, indent=1, sort_keys=True) + "\n")
+  return record
+
+
+def _run_launcher(command: List[str], log_path: str, log: Callable[[str], None]) -> int:
+  """Runs a cell's launcher, its output to `log_path` (progress lines to `log` too);
+  its exit status. The launcher dies with the runner, and with an exception here."""
   env = dict(os.environ, PYTHONUNBUFFERED="1")
   env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   with open(log_path, "w") as log_file:
@@ -738,7 +770,7 @@ def run_cell(cell: Cell, *, results_dir: str, work_dir: str, data_root: str,
         log_file.write(line)
         if line.startswith("["):  # the launchers' progress lines
           log(f"  {line.rstrip()}")
-      code = proc.wait()
+      return proc.wait()
     except BaseException:
       proc.terminate()
       try:
@@ -747,17 +779,6 @@ def run_cell(cell: Cell, *, results_dir: str, work_dir: str, data_root: str,
         proc.kill()
         proc.wait()
       raise
-  run_stopped = cell.launcher == "train" and code == experiment.RUN_STOPPED_STATUS
-  if code != 0 and not run_stopped:
-    tail = _tail(log_path, 5)
-    raise CellFailed(f"cell {cell.name}: launcher exited {code}; log {log_path}:\n{tail}")
-  result = COLLECTORS[cell.launcher](run_out)
-  if run_stopped:  # a setting that diverges is a result (a tuning grid's included), not a failure
-    result["stopped"] = _tail(log_path, 1).strip()
-  record = make_record(cell, command, result, time.time() - started, started)
-  experiment.atomic_write_text(cell.record_path(results_dir),
-                               json.dumps(record, indent=1, sort_keys=True) + "\n")
-  return record
 
 
 def _tail(path: str, n: int) -> str:

@@ -79,6 +79,7 @@ from tfbfl.runtime.remote import DeadlineGrpcStub
 from tfbfl.runtime.remote import RemoteRuntime
 from tfbfl.runtime.remote import WorkerError
 from tfbfl.runtime.settings import RuntimeOptions
+from tfbfl.runtime.worker_process import WorkerExited
 from tfbfl.runtime.worker_process import WorkerProcess
 from tfbfl.runtime.worker_process import worker_binary_path
 
@@ -92,7 +93,8 @@ _netns_available = isolation.netns_available
 
 __all__ = [
     "DeadlineGrpcStub", "ISOLATION_ENV", "LocalRuntime", "NoRuntimeError", "RemoteRuntime",
-    "RuntimeOptions", "WorkerError", "WorkerProcess", "channel_credentials", "check_install",
+    "RuntimeOptions", "WorkerError", "WorkerExited", "WorkerProcess", "channel_credentials",
+    "check_install",
     "current_runtime", "mergeable_context_active", "parse_worker_address",
     "resolve_isolation", "set_local_runtime", "set_runtime", "shutdown", "worker_binary_path"
 ]

@@ -50,6 +50,15 @@ def short_tmp() -> str:
   return tmp if len(tmp) < 60 else "/tmp"
 
 
+class WorkerExited(RuntimeError):
+  """The owned `worker_binary` exited while its runtime was in use (it crashed, or
+  something killed it); `code` is its exit status, negative for a signal."""
+
+  def __init__(self, code: int, message: str):
+    super().__init__(message)
+    self.code = code
+
+
 class WorkerProcess:
   """One `worker_binary` executor service owned by this process, reachable only
   from this machine.
@@ -170,11 +179,11 @@ class WorkerProcess:
     return self.process.poll() is None
 
   def check_alive(self) -> None:
-    """Raises RuntimeError (with the worker's log tail) if the worker has exited."""
+    """Raises `WorkerExited` (with the worker's log tail) if the worker has exited."""
     code = self.process.poll()
     if code is not None:
-      raise RuntimeError(f"TFF worker {self.binary} at {self.address} exited with code {code}. "
-                         f"Log {self.log_path}:\n{lifetime.log_tail(self.log_path)}")
+      raise WorkerExited(code, f"TFF worker {self.binary} at {self.address} exited with code "
+                         f"{code}. Log {self.log_path}:\n{lifetime.log_tail(self.log_path)}")
 
   def close(self) -> None:
     try:

@@ -543,10 +543,13 @@ def test_a_crashed_worker_costs_one_more_run_of_the_cell(tmp_path):
   lines, killed = [], []
 
   def log(line):
-    """Sends SIGSEGV to the first attempt's `worker_binary` after its first round."""
+    """Sends SIGSEGV to the first attempt's `worker_binary` after its first round (the
+    launcher's own: this test process may hold a worker of its own too)."""
     lines.append(line)
     if "round 1/" in line and not killed:
-      for p in psutil.Process().children(recursive=True):
+      launcher, = [p for p in psutil.Process().children()
+                   if "launchers.train" in " ".join(p.cmdline())]
+      for p in launcher.children(recursive=True):
         if p.name() == "worker_binary":
           p.send_signal(signal.SIGSEGV)
           killed.append(p.pid)

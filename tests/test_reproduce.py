@@ -533,7 +533,6 @@ def test_a_run_the_robust_rounds_stop_is_recorded_and_loses_its_tuning(tmp_path)
   assert bad.name not in reproduce.read_records(results)
 
 
-
 def test_a_crashed_worker_costs_one_more_run_of_the_cell(tmp_path):
   """A TFF worker that dies mid-run makes the launcher exit `WORKER_EXITED_STATUS` with
   one line naming the worker; the runner keeps that log and runs the cell once more."""

@@ -131,9 +131,10 @@ ABLATION_SEEDS = (0, 1)
 # the first and the last are the stage's edges. On the `ABLATION_ROWS` VIRTUAL's step
 # cells are its `server_lr` knobs' seed-0 ablation cells (one run serves both); on
 # PMNIST, which has no knobs' cells, `tune_step` cells like the baselines'. 1.5
-# (baselines only) was added when every baseline on MNIST and FEMNIST chose 1.0, App. D's top, with validation MT rising
-# all the way from 0.2 (the grid grows past an edge its choices sit on, as the lr's
-# did); 2 and 3 when FEMNIST's FedAvg then chose 1.5 (91.7 against 91.1 at 1.0).
+# (baselines only) was added when every baseline on MNIST and FEMNIST chose 1.0, App.
+# D's top, with validation MT rising all the way from 0.2 (the grid grows past an edge
+# its choices sit on, as the lr's did); 2 and 3 when FEMNIST's FedAvg then chose 1.5
+# (91.7 against 91.1 at 1.0).
 DEFAULT_STEP = "default"
 _BASELINE_STEPS = (0.2, 0.4, 0.6, 0.8, DEFAULT_STEP, 1.5, 2.0, 3.0)
 STEP_STAGE = {"virtual": (0.05, DEFAULT_STEP, 0.2, 0.4), "fedavg": _BASELINE_STEPS,
@@ -703,6 +704,7 @@ class CellFailed(RuntimeError):
 # thread) costs one more run of the cell, not the runner's stop.
 WORKER_CRASH_ATTEMPTS = 2
 
+
 def _die_with_parent() -> Optional[Callable[[], None]]:
   """A `preexec_fn` that asks the kernel to SIGTERM the cell's launcher when the
   runner dies (Linux; None elsewhere). libc is loaded here, in the parent: code
@@ -724,7 +726,8 @@ def run_cell(cell: Cell, *, results_dir: str, work_dir: str, data_root: str,
   `experiment.RUN_STOPPED_STATUS`) is finished: its record keeps the rounds it ran
   and, under `result["stopped"]`, the launcher's one-line cause. A launcher whose TFF
   worker crashed (exit `experiment.WORKER_EXITED_STATUS`) runs once more from the
-  start (its log kept as `log.crashed.txt`; the record then says `"attempts": 2`).
+  start (its log kept as `log.crashed.txt`; the record then says `"attempts": 2`, and
+  its wall time counts both runs).
   """
   out_dir = os.path.join(work_dir, cell.name)
   os.makedirs(out_dir, exist_ok=True)

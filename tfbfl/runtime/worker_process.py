@@ -52,7 +52,8 @@ def short_tmp() -> str:
 
 class WorkerExited(RuntimeError):
   """The owned `worker_binary` exited while its runtime was in use (it crashed, or
-  something killed it); `code` is its exit status, negative for a signal."""
+  something killed it); `code` is its exit status: for a signal, 128 + its number
+  through the netns bridge (`isolation`), minus its number otherwise."""
 
   def __init__(self, code: int, message: str):
     super().__init__(message)

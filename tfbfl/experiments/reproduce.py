@@ -296,6 +296,11 @@ def step_stage(row: str, algorithm: str) -> bool:
   return row in STEP_STAGE_ROWS and algorithm in STEP_STAGE
 
 
+def _steps_in_ablations(row: str, algorithm: str) -> bool:
+  """Whether the stage's step cells are VIRTUAL's `server_lr` knobs' ablation cells."""
+  return algorithm == "virtual" and row in ABLATION_ROWS
+
+
 def _stage_steps(algorithm: str) -> List[Any]:
   """The stage's steps, `DEFAULT_STEP` first (it wins ties)."""
   return [DEFAULT_STEP] + [s for s in STEP_STAGE[algorithm] if s != DEFAULT_STEP]
@@ -313,7 +318,7 @@ def _step_cell(row: str, algorithm: str, step: Any, chosen: Optional[Mapping[str
   if step == DEFAULT_STEP:
     return _grid_cell(row, algorithm, chosen)
   name = setting_name(dict(server_lr=step))
-  if algorithm == "virtual" and row in ABLATION_ROWS:
+  if _steps_in_ablations(row, algorithm):
     return _ablation_cell(row, name, 0, chosen, why)
   rounds = TABLE2_ROUNDS["tune"]
   return Cell("virtual", "tune_step", row, algorithm, name, 0, "train",
@@ -326,7 +331,7 @@ def _step_tuning_cells(records: Mapping[str, Mapping[str, Any]], row: str,
                        algorithm: str) -> List[Cell]:
   """The stage's `tune_step` cells (VIRTUAL's on the `ABLATION_ROWS` are in
   `ablation_cells`)."""
-  if not step_stage(row, algorithm) or (algorithm == "virtual" and row in ABLATION_ROWS):
+  if not step_stage(row, algorithm) or _steps_in_ablations(row, algorithm):
     return []
   chosen, why = grid_setting(records, row, algorithm)
   return [_step_cell(row, algorithm, s, chosen, why) for s in _stage_steps(algorithm)[1:]]
@@ -741,9 +746,10 @@ def run_cell(cell: Cell, *, results_dir: str, work_dir: str, data_root: str,
     code = _run_launcher(command, log_path, log)
     if code != experiment.WORKER_EXITED_STATUS or attempt == WORKER_CRASH_ATTEMPTS:
       break
-    os.replace(log_path, os.path.join(out_dir, "log.crashed.txt"))
+    crashed_log = os.path.join(out_dir, "log.crashed.txt")
+    os.replace(log_path, crashed_log)
     log(f"reproduce: cell {cell.name}: its TFF worker crashed "
-        f"({_tail(os.path.join(out_dir, 'log.crashed.txt'), 1).strip()[:200]}); running it again")
+        f"({_tail(crashed_log, 1).strip()[:200]}); running it again")
   run_stopped = cell.launcher == "train" and code == experiment.RUN_STOPPED_STATUS
   if code != 0 and not run_stopped:
     tail = _tail(log_path, 5)

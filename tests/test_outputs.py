@@ -352,8 +352,22 @@ def test_source_modified_follows_tracked_files(tmp_path, monkeypatch):
   assert run_dir.source_modified.__wrapped__() is False
   (checkout / "notes.txt").write_text("untracked\n")
   assert run_dir.source_modified.__wrapped__() is False  # untracked files are not the code
+  (checkout / "README.md").write_text("docs\n")
+  (checkout / "results").mkdir()
+  (checkout / "results" / "r.json").write_text("{}\n")
+  git("add", ".")
+  git("commit", "-q", "-m", "docs and a record")
+  (checkout / "README.md").write_text("docs, rewritten by a report\n")
+  (checkout / "results" / "r.json").write_text("{\"moved\": 1}\n")
+  assert run_dir.source_modified.__wrapped__() is False  # results and docs are not the code
+  assert "git_diff_sha256" not in run_dir.source_provenance()
   module.write_text("x = 2\n")
   assert run_dir.source_modified.__wrapped__() is True
+  first = run_dir.source_provenance()["git_diff_sha256"]
+  module.write_text("x = 3\n")
+  second = run_dir.source_provenance()
+  assert second["git_modified"] is True and re.fullmatch(r"[0-9a-f]{64}", first)
+  assert second["git_diff_sha256"] != first  # the hash names the difference that ran
 
 
 def test_source_commit_is_none_outside_a_checkout(tmp_path, monkeypatch):

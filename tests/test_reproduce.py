@@ -184,7 +184,8 @@ def test_select_and_status():
   cells = reproduce.catalogue({})
   pfnm = reproduce.select(cells, ["pfnm/j_sweep/homogeneous"])
   assert pfnm and all(c.name.startswith("pfnm/j_sweep/homogeneous/") for c in pfnm)
-  assert len(reproduce.select(cells, ["fola/*/alpha=0.01/*"])) == 6
+  # first_round and curves (FOLA, FedAvg, FedCurv), and the offline Laplace curves
+  assert len(reproduce.select(cells, ["fola/*/alpha=0.01/*"])) == 9
   # A name `--list` prints holds commas, and absl's list flag splits on them.
   tune = [c for c in cells if "," in c.name]
   assert tune

@@ -672,6 +672,5 @@ class ExperimentRunner:
         bytes_up_total=state.bytes_up_total,
         bytes_down_total=state.bytes_down_total,
         tfbfl_version=tfbfl.__version__,
-        git_commit=run_dir_lib.source_commit(),
-        git_modified=run_dir_lib.source_modified(),
+        **run_dir_lib.source_provenance(),
         data_fingerprint=self._data_fingerprint())

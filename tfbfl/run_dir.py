@@ -31,6 +31,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import functools
+import hashlib
 import math
 import os
 import re
@@ -337,11 +338,43 @@ def source_commit(timeout_s: float = 2.0) -> Optional[str]:
   return head if re.fullmatch(r"[0-9a-f]{40}([0-9a-f]{24})?", head) else None
 
 
+# The tracked files whose content is the code a run executes: the package, the
+# launchers and benchmarks, the pins and the build files. Results, reports and docs
+# are not code: a campaign that writes its records and README leaves the code as it was.
+SOURCE_PATHS = ("tfbfl", "launchers", "benchmarks", "requirements", "setup.cfg", "pyproject.toml",
+                "Makefile")
+
+
+def source_diff(timeout_s: float = 2.0) -> Optional[str]:
+  """`git diff HEAD` of `SOURCE_PATHS` in that checkout ('' when the code is the
+  commit's; before the first commit, the staged and unstaged changes of those paths),
+  or None where git cannot tell (see `_git_in_checkout`). Not cached."""
+  if source_commit.__wrapped__(timeout_s) is None:
+    out = _git_in_checkout(["status", "--porcelain", "--untracked-files=no", "--", *SOURCE_PATHS],
+                           timeout_s)
+  else:
+    out = _git_in_checkout(["diff", "--no-ext-diff", "--binary", "HEAD", "--", *SOURCE_PATHS],
+                           timeout_s)
+  return out
+
+
+def source_provenance(timeout_s: float = 2.0) -> Dict[str, Any]:
+  """What names the code that runs now: `git_commit`, `git_modified` (a file of
+  `SOURCE_PATHS` differs from that commit) and, where it does, `git_diff_sha256`, the
+  sha256 of that difference (`source_diff`). Not cached: a long-lived runner asks
+  again for every record."""
+  diff = source_diff(timeout_s)
+  out: Dict[str, Any] = dict(git_commit=source_commit.__wrapped__(timeout_s),
+                             git_modified=None if diff is None else bool(diff.strip()))
+  if diff and diff.strip():
+    out["git_diff_sha256"] = hashlib.sha256(diff.encode()).hexdigest()
+  return out
+
+
 @functools.lru_cache(maxsize=1)
 def source_modified(timeout_s: float = 2.0) -> Optional[bool]:
-  """Whether a tracked file of that checkout differs from `source_commit()`
-  (`git status --porcelain --untracked-files=no` prints anything), so that a
-  summary does not name a commit its code is not; None where git cannot tell
-  (see `_git_in_checkout`). Cached."""
-  out = _git_in_checkout(["status", "--porcelain", "--untracked-files=no"], timeout_s)
-  return None if out is None else bool(out.strip())
+  """Whether a file of `SOURCE_PATHS` in that checkout differs from `source_commit()`
+  (results, docs and untracked files do not count), so that a summary does not name
+  a commit its code is not; None where git cannot tell (see `_git_in_checkout`).
+  Cached."""
+  return source_provenance(timeout_s)["git_modified"]

@@ -493,6 +493,222 @@ def fola_cells() -> List[Cell]:
   return cells
 
 
+# ------------------------------------------- the papers' other tables and figures
+# VIRTUAL's FEMNIST experiments beyond Table II run at Table II's tuned FEMNIST-MLP
+# setting of each algorithm (`tuned_setting`), on its protocol (test split, 100
+# rounds) unless said otherwise; they wait until that setting is chosen.
+FEMNIST_ROW = "femnist_mlp"
+# Table III (Sec. IV-F): SNR pruning of the clients' deltas, VIRTUAL and "VIRTUAL +
+# FedAvg init". VIRTUAL at 0 % is Table II's own tuned cell (not run again).
+TABLE3_PERCENTILES = (0.0, 50.0, 75.0, 90.0)
+TABLE3_VARIANTS = {"virtual": {}, "virtual_fedavg_init": dict(fedavg_init=True)}
+TABLE3_SEEDS = (0, 1, 2)
+# The paper's Table III: percentile -> variant -> (MT, S), and its delta sizes.
+VIRTUAL_TABLE3 = {0.0: dict(virtual=(95.6, 90.9), virtual_fedavg_init=(86.2, 89.4)),
+                  50.0: dict(virtual=(94.3, 89.2), virtual_fedavg_init=(76.3, 81.8)),
+                  75.0: dict(virtual=(94.9, 90.8), virtual_fedavg_init=(78.7, 80.4)),
+                  90.0: dict(virtual=(48.5, 20.3), virtual_fedavg_init=(25.5, 21.0))}
+VIRTUAL_TABLE3_DELTA = {0.0: "158k", 50.0: "79k", 75.0: "40k", 90.0: "16k"}
+# Fig. 4: per-layer SNR CDFs of the final client posteriors, one run per variant.
+SNR_SEEDS = (0,)
+# Table IV / Fig. 6: E = 100 epochs a round (App. A).
+TABLE4_ALGORITHMS = ("virtual", "fedavg", "fedprox")
+TABLE4_EPOCHS = 100
+TABLE4_SEEDS = (0, 1, 2)
+VIRTUAL_TABLE4 = {"femnist_mlp": {"MT": dict(fedavg=92.7, fedprox=92.8, virtual=93.2),
+                                  "S": dict(fedavg=86.2, fedprox=86.6, virtual=87.6)},
+                  "femnist_conv": {"MT": dict(fedavg=97.0, fedprox=97.3, virtual=98.2),
+                                   "S": dict(fedavg=95.5, fedprox=95.6, virtual=97.3)}}
+# Fig. 2: beta from 1e-6 to 1 (at 1 the KL term is the same order as the data term's
+# cross-entropy per client); the tuned beta's cells are Table II's.
+BETAS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)
+BETA_SEEDS = (0, 1)
+# Table II's FEMNIST-conv row: at the MLP row's tuned settings (no grid of its own:
+# ~85 s a round, measured), checkpointed every CONV_CHECKPOINT_EVERY rounds so that
+# a stopped cell resumes.
+CONV_ROW = "femnist_conv"
+CONV_CHECKPOINT_EVERY = 5
+# VIRTUAL v1 Table 2 (virtual_v1.txt): 10 clients, all in every round, Local, Global,
+# FedAvg and VIRTUAL, MT accuracy over splits (the seed draws the partition).
+V1_ROWS = ("mnist", "pmnist")
+V1_ALGORITHMS = ("local", "global", "fedavg", "virtual")
+V1_SEEDS = (0, 1, 2)
+V1_FLAGS = dict(num_clients=10, clients_per_round=10, rounds=10, epochs_per_round=5,
+                batch_size=20, eval_every=1, export=False)
+V1_PAPER = {"mnist": dict(global_=96.78, local=95.11, fedavg=96.75, virtual=96.66),
+            "pmnist": dict(global_=44.0, local=51.0, fedavg=45.0, virtual=56.0)}
+
+PFNM_EXTRA_METHODS = ("distillation", "downpour_sgd")
+PFNM_DEPTHS = (1, 2, 3, 4, 5, 6)
+PFNM_DEPTH_J = 10
+PFNM_STREAMING = dict(J=3, steps=15)
+PFNM_SENSITIVITY_J = 25
+
+FOLA_NS = (5, 10, 20, 50, 100)
+# Fig. 2(b)-(d): B, E and lr swept one at a time at FOLA_BASE, alpha FOLA_SWEEP_ALPHA.
+FOLA_SWEEP_ALPHA = 0.1
+FOLA_LEARNING_AXES = {"batch_size": ("batch_sizes", (8, 32, 64, 128, 254)),
+                      "epochs_per_round": ("epochs_list", (1, 5, 10, 15, 20)),
+                      "client_lr": ("client_lrs", (1.0, 0.1, 0.01, 0.001, 0.0001))}
+# Fig. 3(a) for more N, the offline Laplace method beside the three.
+FOLA_CURVE_NS = (5, 20, 100)
+FOLA_CURVE_METHODS = FOLA_METHODS + ("laplace_offline",)
+
+
+def _row_setting(records: Mapping[str, Mapping[str, Any]], row: str,
+                 algorithm: str) -> Tuple[Dict[str, Any], str]:
+  """Table II's tuned setting of (row, algorithm) and why it is not chosen yet ('')."""
+  chosen, why = tuned_setting(records, row, algorithm)
+  return dict(chosen or {}), ("" if chosen is not None else
+                              f"Table II's {row} {algorithm} tuning: {why}")
+
+
+def _femnist_train_cell(records, experiment_name: str, algorithm: str, label: str,
+                        setting: str, seed: int, extra: Mapping[str, Any], *,
+                        tuned_as: str = "", row: str = FEMNIST_ROW, rounds_cost: float = 1.0,
+                        launcher: str = "train") -> Cell:
+  """A training cell at Table II's tuned FEMNIST-MLP setting of `tuned_as` (default
+  `algorithm`), `extra` flags on top; `label` is the cell's algorithm field."""
+  hp, why = _row_setting(records, FEMNIST_ROW, tuned_as or algorithm)
+  flags = dict(_table2_flags(row, algorithm, dict(hp, **extra), TABLE2_ROUNDS["final"], seed,
+                             False))
+  if launcher != "train":
+    for key in ("algorithm", "export"):
+      flags.pop(key)
+  return Cell("virtual", experiment_name, row, label, setting, seed, launcher,
+              tuple(sorted(flags.items())),
+              _train_estimate_s(FEMNIST_ROW, algorithm, TABLE2_ROUNDS["final"], False, rounds_cost),
+              (_row_data(row),), depends=why)
+
+
+def virtual_figure_cells(records: Mapping[str, Mapping[str, Any]]) -> List[Cell]:
+  """VIRTUAL's Table III, Fig. 4, Table IV (MLP), Fig. 2 and FEMNIST-conv cells."""
+  cells = []
+  for variant, extra in TABLE3_VARIANTS.items():
+    for p in TABLE3_PERCENTILES:
+      if variant == "virtual" and p == 0.0:
+        continue  # Table II's tuned cells
+      for seed in TABLE3_SEEDS:
+        knob = dict(extra, prune_percentile=p) if p else dict(extra)
+        cells.append(_femnist_train_cell(records, "table3", "virtual", variant,
+                                         f"prune={_fmt(p)}", seed, knob, tuned_as="virtual"))
+  for variant, extra in TABLE3_VARIANTS.items():
+    for seed in SNR_SEEDS:
+      snr = dict(variants=variant if variant == "virtual" else "fedavg_init")
+      cells.append(_femnist_train_cell(records, "snr_cdf", "virtual", variant, "prune=0", seed,
+                                       snr, launcher="virtual_snr_cdf"))
+  for algorithm in TABLE4_ALGORITHMS:
+    for seed in TABLE4_SEEDS:
+      cells.append(_femnist_train_cell(records, "table4", algorithm, algorithm,
+                                       f"E={TABLE4_EPOCHS}", seed,
+                                       dict(epochs_per_round=TABLE4_EPOCHS),
+                                       rounds_cost=TABLE4_EPOCHS / 20))
+  tuned_beta = _row_setting(records, FEMNIST_ROW, "virtual")[0].get("kl_weight")
+  for beta in BETAS:
+    if beta == tuned_beta:
+      continue  # Table II's tuned cells
+    for seed in BETA_SEEDS:
+      cells.append(_femnist_train_cell(records, "beta", "virtual", "virtual",
+                                       setting_name(dict(kl_weight=beta)), seed,
+                                       dict(kl_weight=beta)))
+  for algorithm in TABLE4_ALGORITHMS:
+    for seed in TABLE2_SEEDS:
+      cells.append(_femnist_train_cell(records, "table2_conv", algorithm, algorithm,
+                                       "mlp_tuned", seed,
+                                       dict(presets.preset(CONV_ROW),
+                                            checkpoint_every=CONV_CHECKPOINT_EVERY),
+                                       row=CONV_ROW, rounds_cost=25.0))
+  return cells
+
+
+def v1_cells() -> List[Cell]:
+  """VIRTUAL v1 Table 2 on MNIST and P-MNIST: 10 clients, each seed its own split."""
+  cells = []
+  for row in V1_ROWS:
+    for algorithm in V1_ALGORITHMS:
+      for seed in V1_SEEDS:
+        flags = dict(V1_FLAGS, dataset=row, data_dir=_data("mnist"), algorithm=algorithm,
+                     seed=seed)
+        if row == "mnist":
+          flags["partition"] = "homogeneous"
+        cells.append(Cell("virtual_v1", "v1_table2", row, algorithm, "default", seed, "train",
+                          tuple(sorted(flags.items())),
+                          TRAIN_STARTUP_S + 10 * 8 * TRAIN_SECONDS_PER_ROUND.get(algorithm, 3.0),
+                          ("mnist",)))
+  return cells
+
+
+def _pfnm_cell(experiment_name: str, partition: str, setting: str, trial: int, launcher: str,
+               estimate_s: float, **flags: Any) -> Cell:
+  flags = dict(dataset="mnist", data_dir=_data("mnist"), partition=partition, trials=1,
+               seed=trial, **flags)
+  return Cell("pfnm", experiment_name, partition, "all", setting, trial, launcher,
+              tuple(sorted(flags.items())), estimate_s, ("mnist",))
+
+
+def pfnm_figure_cells() -> List[Cell]:
+  """PFNM's Fig. 3 extra baselines (KD, downpour SGD), Fig. 4 (depth at J = 10), the
+  supplement's streaming experiment and its sensitivity grids (J = 25)."""
+  cells = []
+  for partition in PFNM_PARTITIONS:
+    for trial in PFNM_TRIALS:
+      for J in PFNM_J:
+        cells.append(_pfnm_cell("extra", partition, f"J={J}", trial, "pfnm_batches",
+                                60.0 + 20.0 * J, J=J, methods=",".join(PFNM_EXTRA_METHODS)))
+      for C in PFNM_DEPTHS:
+        cells.append(_pfnm_cell("depth", partition, f"C={C}", trial, "pfnm_depth",
+                                120.0 + 60.0 * C, C=C, J=PFNM_DEPTH_J))
+      cells.append(_pfnm_cell("streaming", partition,
+                              f"J={PFNM_STREAMING['J']},S={PFNM_STREAMING['steps']}", trial,
+                              "pfnm_streaming", 900.0, **PFNM_STREAMING))
+      cells.append(_pfnm_cell("sensitivity", partition, f"J={PFNM_SENSITIVITY_J}", trial,
+                              "pfnm_sensitivity", 1800.0, J=PFNM_SENSITIVITY_J))
+  return cells
+
+
+def _fola_cell(experiment_name: str, setting: str, rep: int, launcher: str, estimate_s: float,
+               algorithm: str = "all", **flags: Any) -> Cell:
+  flags = dict(FOLA_BASE, data_dir=_data("mnist"), seed=rep, **flags)
+  return Cell("fola", experiment_name, "mnist_mlp", algorithm, setting, rep, launcher,
+              tuple(sorted(flags.items())), estimate_s, ("mnist",))
+
+
+def fola_figure_cells() -> List[Cell]:
+  """FOLA's Fig. 2(a) over alpha x N, Fig. 2(b)-(d) over B, E and lr, and Fig. 3(a)
+  for more N with the offline Laplace method."""
+  cells = []
+  methods = ",".join(FOLA_METHODS)
+  for n in FOLA_NS:
+    if n == FOLA_BASE["num_clients"]:
+      continue  # the first_round cells
+    for alpha in FOLA_ALPHAS:
+      for rep in FOLA_REPEATS:
+        cells.append(_fola_cell("first_round_n", f"N={n},alpha={_fmt(alpha)}", rep,
+                                "fola_first_round", 120.0 + 2.0 * n, num_clients=n,
+                                sweep="alpha", alphas=str(alpha), alpha=alpha, repeats=1,
+                                methods=methods))
+  for axis, (list_flag, values) in FOLA_LEARNING_AXES.items():
+    for v in values:
+      cost = 1.0 + (v / FOLA_BASE["epochs_per_round"] if axis == "epochs_per_round" else 0.0)
+      for rep in FOLA_REPEATS:
+        cells.append(_fola_cell(f"first_round_{axis}", f"{axis}={_fmt(v)}", rep,
+                                "fola_first_round", 150.0 * cost, sweep=axis,
+                                **{list_flag: str(v)}, alpha=FOLA_SWEEP_ALPHA,
+                                alphas=str(FOLA_SWEEP_ALPHA), repeats=1, methods=methods))
+  for n in FOLA_CURVE_NS:
+    for rep in FOLA_REPEATS:
+      if n == FOLA_BASE["num_clients"]:  # the curves cells ran the other three
+        cells.append(_fola_cell("curves", "alpha=0.01", rep, "fola_curves",
+                                40.0 * 60 * FOLA_CURVE_ROUNDS / 30, algorithm="laplace_offline",
+                                alphas="0.01", rounds=FOLA_CURVE_ROUNDS,
+                                methods="laplace_offline"))
+        continue
+      cells.append(_fola_cell("curves_n", f"N={n},alpha=0.01", rep, "fola_curves",
+                              160.0 * 60 * FOLA_CURVE_ROUNDS / 30, num_clients=n, alphas="0.01",
+                              rounds=FOLA_CURVE_ROUNDS, methods=",".join(FOLA_CURVE_METHODS)))
+  return cells
+
+
 def smoke_cells() -> List[Cell]:
   """Three cheap cells on the bundled digits (2 rounds, 1 epoch): the runner's own check."""
   cells = []
@@ -506,8 +722,9 @@ def smoke_cells() -> List[Cell]:
 
 
 CATALOGUES = {"papers": lambda records: (table2_cells(records) + default_step_cells(records) +
-                                         ablation_cells(records) +
-                                         pfnm_cells() + fola_cells()),
+                                         ablation_cells(records) + virtual_figure_cells(records) +
+                                         v1_cells() + pfnm_cells() + pfnm_figure_cells() +
+                                         fola_cells() + fola_figure_cells()),
               "smoke": lambda records: smoke_cells()}
 
 
@@ -591,7 +808,8 @@ def _number(text: str) -> Any:
 
 
 CURVE_COLUMNS = ("round", "server_accuracy", "server_loss", "server_ece", "mt_accuracy", "mt_loss",
-                 "mt_ece", "train_loss", "clients_dropped", "bytes_up_total", "bytes_down_total",
+                 "mt_ece", "train_loss", "clients_dropped", "delta_nonzeros", "bytes_up_total",
+                 "bytes_down_total",
                  "wall_time_s")
 SUMMARY_KEYS = ("best_server_accuracy", "best_mt_accuracy", "final_server_accuracy",
                 "final_mt_accuracy", "final_server_nll", "final_mt_nll", "final_server_ece",
@@ -629,11 +847,21 @@ def collect_fola_curves(output_dir: str) -> Dict[str, Any]:
   return dict(methods=out)
 
 
+def collect_snr_cdf(output_dir: str) -> Dict[str, Any]:
+  """Fig. 4's per-layer quantiles of log10 SNR and the CDF curves (`launchers.virtual_snr_cdf`)."""
+  return dict(quantiles=collect_csv("fig4_summary.csv")(output_dir)["rows"],
+              cdf=collect_csv("fig4_snr_cdf.csv")(output_dir)["rows"])
+
+
 COLLECTORS: Dict[str, Callable[[str], Dict[str, Any]]] = {
     "train": collect_train,
     "pfnm_batches": collect_csv("trials.csv"),
+    "pfnm_depth": collect_csv("trials.csv"),
+    "pfnm_streaming": collect_csv("trials.csv"),
+    "pfnm_sensitivity": collect_csv("trials.csv"),
     "fola_first_round": collect_csv("first_round.csv"),
     "fola_curves": collect_fola_curves,
+    "virtual_snr_cdf": collect_snr_cdf,
 }
 
 
@@ -650,8 +878,7 @@ def make_record(cell: Cell, command: Sequence[str], result: Dict[str, Any], wall
            cell=_cell_fields(cell),
            flags=cell.flag_dict,
            command=" ".join(shlex.quote(a) for a in ["python"] + list(command[1:])),
-           git_commit=run_dir.source_commit(),
-           git_modified=run_dir.source_modified(),
+           **run_dir.source_provenance(),
            started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
            wall_time_s=round(wall_s, 1),
            machine=machine(),

@@ -28,6 +28,7 @@ from absl import flags
 
 from tfbfl import flags as tfbfl_flags
 from tfbfl.experiments import reproduce
+from tfbfl.experiments import reproduction_report
 
 F = flags.FLAGS
 flags.DEFINE_list("cells", ["*"], "Cell names as `--list` prints them, or shell patterns, "
@@ -70,7 +71,7 @@ def main(argv):
                     all_cells=lambda records: reproduce.catalogue(records, F.catalogue))
     except reproduce.CellFailed as e:
       raise ValueError(str(e)) from None
-  reproduce.write_report(F.results_dir, readme=readme)
+  reproduction_report.write_report(F.results_dir, readme=readme)
   print(f"reproduce: report written to {os.path.join(F.results_dir, 'REPORT.md')}" +
         (f" and {readme}" if readme else ""))
 

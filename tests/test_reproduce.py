@@ -15,6 +15,7 @@ import pytest
 from tfbfl import data as data_lib
 from tfbfl import experiment
 from tfbfl.experiments import reproduce
+from tfbfl.experiments import reproduction_report
 
 from launcher_helpers import ROOT
 
@@ -117,13 +118,13 @@ def test_a_row_can_shrink_its_grid_and_a_fixed_axis_is_no_edge(tmp_path):
   for c in pmnist:
     _write(results, _record(c, dict(mt_accuracy=[0.5, 0.9 if c.flag_dict["client_lr"] == inner
                                                  else 0.8])))
-  text = "\n".join(reproduce.table2_markdown(reproduce.read_records(results)))
+  text = "\n".join(reproduction_report.table2_markdown(reproduce.read_records(results)))
   chosen = f"**client_lr={inner:g},kl_weight=0.0001: 90.0**"
   assert chosen in text and chosen + " †" not in text
   for c in pmnist:  # now the top lr wins: on the edge
     top = c.flag_dict["client_lr"] == max(lrs)
     _write(results, _record(c, dict(mt_accuracy=[0.5, 0.95 if top else 0.8])))
-  text = "\n".join(reproduce.table2_markdown(reproduce.read_records(results)))
+  text = "\n".join(reproduction_report.table2_markdown(reproduce.read_records(results)))
   assert f"**client_lr={max(lrs):g},kl_weight=0.0001: 95.0** †" in text
 
 
@@ -246,8 +247,8 @@ def test_report_judges_the_claims_from_records_alone(tmp_path):
                                     server_loss=[1.0, 0.1], mt_loss=[1.0, 0.2],
                                     server_ece=[0.1, 0.01], mt_ece=[0.1, 0.02])))
   readme = tmp_path / "README.md"
-  readme.write_text(f"# x\n\n{reproduce.README_BEGIN}\nOLD-BLOCK\n{reproduce.README_END}\n\ntail\n")
-  text = reproduce.write_report(results, readme=str(readme))
+  readme.write_text(f"# x\n\n{reproduction_report.README_BEGIN}\nOLD-BLOCK\n{reproduction_report.README_END}\n\ntail\n")
+  text = reproduction_report.write_report(results, readme=str(readme))
   assert "| mnist | virtual | 97.8 | 96.6 ± 0.1 |" in text
   assert "- mnist: VIRTUAL's MT above fedavg's: held (MT 97.6 vs 97.1" in text
   assert "- mnist: S comparable to fedavg's (within 1 pp or above): not held (S 96.6 vs 97.9)" in text
@@ -259,21 +260,21 @@ def test_report_judges_the_claims_from_records_alone(tmp_path):
     mt_best = 0.9725 if c.algorithm == "virtual" else 0.972
     _write(results, _record(c, dict(mt_accuracy=[0.5, mt_best + spread],
                                     server_accuracy=[0.5, 0.95])))
-  tie = reproduce.write_report(results)
+  tie = reproduction_report.write_report(results)
   assert "- femnist_mlp: VIRTUAL's MT above fedavg's: not held (MT 97.2 vs 97.2" in tie
   assert "difference +0.05 pp, standard error 0.16" in tie
   # One seed recorded: its value, no spread of "± 0.0".
   one = next(c for c in reproduce.catalogue({})
              if c.row == "pmnist" and c.experiment == "table2" and c.algorithm == "fedavg")
   _write(results, _record(one, dict(mt_accuracy=[0.5, 0.861], server_accuracy=[0.3, 0.483])))
-  text = reproduce.write_report(results)
+  text = reproduction_report.write_report(results)
   assert "| pmnist | fedavg | 48.3 | 48.3 | 48.3 | 85.9 | 86.1 | 86.1 |" in text
   # Convergence: the last 10 rounds' mean against the 10 before (MT +0.1 pp a round).
   prox = next(c for c in reproduce.catalogue({})
               if c.row == "pmnist" and c.experiment == "table2" and c.algorithm == "fedprox")
   _write(results, _record(prox, dict(mt_accuracy=[0.8 + 0.001 * i for i in range(30)],
                                      server_accuracy=[0.4] * 30)))
-  text = reproduce.write_report(results)
+  text = reproduction_report.write_report(results)
   assert "| pmnist | fedprox | 0.00 | 1.00 |" in text
   assert "| pmnist | fedavg | — | — |" in text  # 2 rounds: too short to say
   assert os.path.exists(os.path.join(results, "figures", "table2_curves.png"))
@@ -286,7 +287,7 @@ def test_report_judges_the_claims_from_records_alone(tmp_path):
     rec = reproduce.make_record(c, c.command("out", "/data"), dict(methods=methods), 10.0,
                                 time.time())
     _write(results, rec)
-  text = reproduce.write_report(results)
+  text = reproduction_report.write_report(results)
   assert "| fedavg | 61.0 ± 0.0 | 2 |" in text and "| fola | 81.0 ± 0.0 | 2 |" in text
   assert os.path.exists(os.path.join(results, "figures", "fola_curves.png"))
   body = readme.read_text()
@@ -294,7 +295,7 @@ def test_report_judges_the_claims_from_records_alone(tmp_path):
   assert "](results/figures/table2_curves.png)" in body
   readme.write_text("# no markers\n")
   with pytest.raises(ValueError, match="reproduction block"):
-    reproduce.write_report(results, readme=str(readme))
+    reproduction_report.write_report(results, readme=str(readme))
 
 
 # ----------------------------------------------------- the runner, killed
@@ -366,7 +367,7 @@ def test_ablation_cells_change_one_knob_of_the_tuned_setting_and_report_the_diff
   # Seed 0 of "tuned": the chosen tuning cell's record (best MT 0.90 above).
   rec = _record(tuning[-1], curves(dataclasses.replace(tuning[-1], setting="tuned")))
   _write(results, rec)
-  text = "\n".join(reproduce.ablation_markdown(reproduce.read_records(results)))
+  text = "\n".join(reproduction_report.ablation_markdown(reproduce.read_records(results)))
   assert "| tuned | 90.0 ± 0.0 | 90.5 ± 0.7 | — | 0.300 ± 0.000 | 0.020 ± 0.000 | 2 |" in text
   assert "| server_lr=0.2 | 90.0 ± 0.0 | 93.5 ± 0.7 | +3.00 ± 0.71 |" in text
   assert "| gate_init=0 | — | — | — | — | — | 0 |" in text
@@ -416,7 +417,7 @@ def test_the_server_step_stage_tunes_virtuals_step_after_its_grid(tmp_path):
     _write(results, _record(c, dict(mt_accuracy=[0.5, mt + 0.002 * c.seed],
                                     server_accuracy=[0.5, 0.97], mt_loss=[1.0, 0.2],
                                     mt_ece=[0.1, 0.02])))
-  text = reproduce.write_report(results)
+  text = reproduction_report.write_report(results)
   assert "tuned step: 0.2" in text
   assert "| tuned step | 97.0 ± 0.0 | 97.7 ± 0.2 | +0.50 ± 0.16 |" in text
   assert "| mnist | virtual: server step | server_lr=0.05: 85.0; default: 90.0; " \
@@ -426,7 +427,7 @@ def test_the_server_step_stage_tunes_virtuals_step_after_its_grid(tmp_path):
   for c in stage:
     _write(results, _record(c, dict(mt_accuracy=[0.5, 0.95 if c.setting == "server_lr=0.4"
                                                  else 0.5])))
-  assert "**server_lr=0.4: 95.0** †" in reproduce.write_report(results)
+  assert "**server_lr=0.4: 95.0** †" in reproduction_report.write_report(results)
   for c in stage:
     _write(results, _record(c, dict(mt_accuracy=[0.5, 0.5])))
   records = reproduce.read_records(results)
@@ -500,7 +501,7 @@ def test_a_baselines_step_stage_and_the_records_it_refiles(tmp_path):
   for c in fedavg(records, "table2"):
     assert c.flag_dict["server_lr"] == 0.6
     _write(results, _record(c, dict(mt_accuracy=[0.5, 0.98], server_accuracy=[0.5, 0.97])))
-  text = reproduce.write_report(results)
+  text = reproduction_report.write_report(results)
   assert "FedAvg's server step on mnist" in text and "tuned step: 0.6" in text
   assert "| tuned step | 97.0 ± 0.0 | 98.0 ± 0.0 | +1.00 ± 0.00 |" in text
   assert "| mnist | fedavg: server step | server_lr=0.2: 85.0; server_lr=0.4: 85.0; " \
@@ -562,3 +563,37 @@ def test_a_crashed_worker_costs_one_more_run_of_the_cell(tmp_path):
   assert [l for l in lines if "its TFF worker crashed" in l and "running it again" in l]
   assert rec["attempts"] == 2 and rec["result"]["curves"]["round"] == [1, 2, 3, 4]
   assert reproduce.read_records(str(results))[cell.name]["attempts"] == 2
+
+
+def test_a_stopped_cell_resumes_from_its_checkpoint_and_records_the_same_result(tmp_path):
+  """A cell that checkpoints, stopped mid-run (the runner interrupted: its launcher is
+  terminated), continues from its checkpoint on the next invocation; its record
+  equals an uninterrupted run's but for the times, and says where it resumed."""
+  base = reproduce.smoke_cells()[0]
+  cell = dataclasses.replace(
+      base, flags=tuple(sorted(dict(base.flag_dict, rounds=4, checkpoint_every=1).items())))
+  lines = []
+
+  def stop_after_round_2(line):
+    lines.append(line)
+    if "round 2/" in line:
+      raise KeyboardInterrupt  # what Ctrl-C does to the runner's loop
+
+  stopped_results, work = tmp_path / "stopped", tmp_path / "work"
+  with pytest.raises(KeyboardInterrupt):
+    reproduce.run_cell(cell, results_dir=str(stopped_results), work_dir=str(work),
+                       data_root=str(tmp_path), log=stop_after_round_2)
+  assert not list(stopped_results.rglob("*.json"))  # no record of a stopped cell
+  assert (work / cell.name / "run" / "checkpoint.npz").exists()
+  resumed = reproduce.run_cell(cell, results_dir=str(stopped_results), work_dir=str(work),
+                               data_root=str(tmp_path), log=lines.append)
+  whole = reproduce.run_cell(cell, results_dir=str(tmp_path / "whole"),
+                             work_dir=str(tmp_path / "work_whole"), data_root=str(tmp_path),
+                             log=lines.append)
+  assert resumed["resumed_from_rounds"] and 1 <= resumed["resumed_from_rounds"][0] <= 2
+  assert "resumed_from_rounds" not in whole
+  timeless = lambda rec: {k: v for k, v in rec["result"]["curves"].items() if k != "wall_time_s"}
+  assert timeless(resumed) == timeless(whole)
+  assert resumed["result"]["curves"]["round"] == [1, 2, 3, 4]
+  same = lambda rec: {k: v for k, v in rec["result"]["summary"].items() if k != "wall_time_s"}
+  assert same(resumed) == same(whole)

@@ -1168,8 +1168,8 @@ def headline(rec: Mapping[str, Any]) -> str:
   if "rows" in res:
     acc = {}
     for r in res["rows"]:
-      key = r.get("method")
-      val = r.get("accuracy", r.get("global_accuracy"))
+      key = r.get("method", "pfnm")
+      val = next(r[k] for k in ("accuracy", "global_accuracy", "test_accuracy") if k in r)
       acc.setdefault(key, []).append(float(val))
     return " ".join(f"{k}={np.mean(v) * 100:.1f}" for k, v in acc.items())
   if "methods" in res:

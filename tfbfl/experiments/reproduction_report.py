@@ -12,6 +12,7 @@ import dataclasses
 import math
 import os
 import re
+import warnings
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -680,10 +681,15 @@ def fola_curves_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
 
 def _mean_curve(curves: Sequence[Mapping[str, Any]], key: str) -> Tuple[np.ndarray, np.ndarray]:
   """(rounds, mean of `key` over `curves`) on the rounds every curve reached, the
-  rounds without an evaluation (`--eval_every`) left out."""
-  values = [[np.nan if v is None else v for v in c[key]] for c in curves]
+  rounds without an evaluation (`--eval_every`) left out; empty where a curve lacks
+  `key` (a record older than that column)."""
+  values = [[np.nan if v is None else v for v in c.get(key) or []] for c in curves]
   n = min(len(v) for v in values)
-  mean = np.nanmean(np.array([v[:n] for v in values], dtype=float), axis=0)
+  if n == 0:
+    return np.zeros(0), np.zeros(0)
+  with warnings.catch_warnings():  # a round no curve evaluated is dropped below
+    warnings.simplefilter("ignore", RuntimeWarning)
+    mean = np.nanmean(np.array([v[:n] for v in values], dtype=float), axis=0)
   ok = np.isfinite(mean)
   return np.array(curves[0]["round"][:n])[ok], mean[ok]
 
@@ -1076,7 +1082,8 @@ def beta_records(records: Mapping[str, Mapping[str, Any]]) -> Dict[float, List[M
   for r in _records_of(records, "virtual", "beta") + [
       r for r in _virtual_records(records, "table2", rp.FEMNIST_ROW, "virtual")
       if r["cell"]["seed"] in rp.BETA_SEEDS]:
-    out.setdefault(float(r["flags"]["kl_weight"]), []).append(r)
+    if "kl_weight" in r["flags"]:
+      out.setdefault(float(r["flags"]["kl_weight"]), []).append(r)
   return dict(sorted(out.items()))
 
 

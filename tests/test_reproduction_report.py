@@ -143,7 +143,7 @@ def test_sections_judge_their_claims_from_records(tmp_path):
   assert text.index('id="coverage"') < text.index('id="virtual-table-ii"')
   for anchor in ("virtual-table-iii", "virtual-fig-4", "virtual-table-iv", "virtual-fig-2",
                  "virtual-table-ii-conv", "virtual-v1-table-2", "pfnm-fig-4", "pfnm-streaming",
-                 "pfnm-sensitivity", "fola-fig-2a-n", "fola-fig-2bcd", "fola-fig-3a-n"):
+                 "pfnm-sensitivity", "pfnm-sigma", "pfnm-dsgd", "fola-fig-2a-n", "fola-fig-2bcd", "fola-fig-3a-n"):
     assert f'id="{anchor}"' in text
     assert f"(#{anchor})" in text or anchor in ("virtual-table-ii",)
   assert "| virtual_v1 | Table 2, MNIST column | reproduced | 12 | 2 held |" in text

@@ -543,6 +543,12 @@ PFNM_DEPTHS = (1, 2, 3, 4, 5, 6)
 PFNM_DEPTH_J = 10
 PFNM_STREAMING = dict(J=3, steps=15)
 PFNM_SENSITIVITY_J = 25
+# Supplement Fig. 5: sigma^2 at sigma0^2 = 10, gamma0 = 1 for several J.
+PFNM_SIGMA_J = (5, 10, 25)
+# Supplement Fig. 3a: downpour SGD's accuracy vs its communication rounds (heterogeneous
+# MNIST, J = 25), one trial (the paper's curve goes past 4000 rounds; ours stops at 200).
+PFNM_DSGD_ROUNDS = (10, 20, 50, 100, 200)
+PFNM_DSGD_J = 25
 
 FOLA_NS = (5, 10, 20, 50, 100)
 # Fig. 2(b)-(d): B, E and lr swept one at a time at FOLA_BASE, alpha FOLA_SWEEP_ALPHA.
@@ -648,7 +654,8 @@ def _pfnm_cell(experiment_name: str, partition: str, setting: str, trial: int, l
 
 def pfnm_figure_cells() -> List[Cell]:
   """PFNM's Fig. 3 extra baselines (KD, downpour SGD), Fig. 4 (depth at J = 10), the
-  supplement's streaming experiment and its sensitivity grids (J = 25)."""
+  supplement's streaming experiment, its sensitivity grids (J = 25, Fig. 4), sigma^2
+  for several J (Fig. 5) and downpour SGD over its communication rounds (Fig. 3a)."""
   cells = []
   for partition in PFNM_PARTITIONS:
     for trial in PFNM_TRIALS:
@@ -663,6 +670,14 @@ def pfnm_figure_cells() -> List[Cell]:
                               "pfnm_streaming", 900.0, **PFNM_STREAMING))
       cells.append(_pfnm_cell("sensitivity", partition, f"J={PFNM_SENSITIVITY_J}", trial,
                               "pfnm_sensitivity", 1800.0, J=PFNM_SENSITIVITY_J))
+      for J in PFNM_SIGMA_J:
+        cells.append(_pfnm_cell("sensitivity_sigma", partition, f"J={J}", trial,
+                                "pfnm_sensitivity", 60.0 + 12.0 * J, J=J, sigma0_sq_grid=10.0,
+                                gamma0_grid=1.0))
+  for rounds in PFNM_DSGD_ROUNDS:
+    cells.append(_pfnm_cell("dsgd_rounds", "class_dirichlet", f"rounds={rounds}", 0,
+                            "pfnm_batches", 60.0 + 15.0 * rounds, J=PFNM_DSGD_J,
+                            methods="downpour_sgd", comm_rounds=rounds))
   return cells
 
 

@@ -483,6 +483,51 @@ def pfnm_sensitivity_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[
                                         ["- pending (no records)."])
 
 
+def pfnm_sigma_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
+  lines = _anchor("pfnm-sigma", "PFNM sigma^2 for several J (supplement Fig. 5: sigma0^2 = 10, "
+                  "gamma0 = 1; MNIST train / test accuracy %, mean over trials)")
+  rows = []
+  for part in rp.PFNM_PARTITIONS:
+    data = _pfnm_rows_of(records, "sensitivity_sigma", part)
+    train = _summarise(data, ("J", "sigma_sq"), "train_accuracy")
+    test = _summarise(data, ("J", "sigma_sq"), "test_accuracy")
+    for key in sorted(train):
+      rows.append((part, key[0], f"{key[1]:g}", f"{100 * np.mean(train[key]):.1f}",
+                   f"{100 * np.mean(test[key]):.1f}", len(train[key])))
+  lines += _runs.md_table(("partition", "J", "sigma^2", "train", "test", "trials"), rows)
+  return lines + ["", "The supplement states no claim of its own for this figure (Fig. 4's "
+                  "\"sigma^2 has slightly higher impact\" is judged there)."]
+
+
+def pfnm_dsgd_claims(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
+  """Supplement Fig. 3a: downpour SGD needs far more communication (> 4000 rounds) to
+  reach PFNM's one-shot accuracy (heterogeneous MNIST, J = 25)."""
+  pfnm = pfnm_j_rows(records).get(("class_dirichlet", rp.PFNM_DSGD_J, "pfnm"))
+  recs = _records_of(records, "pfnm", "dsgd_rounds")
+  if not recs or not pfnm:
+    return ["- supplement Fig. 3a: pending (no records)."]
+  by_rounds = {int(r["flags"]["comm_rounds"]): float(np.mean(_column(r["result"]["rows"],
+                                                                     "accuracy")))
+               for r in recs}
+  p = _mean_of(pfnm, "accuracy")
+  most = max(by_rounds)
+  return [_claim(by_rounds[most] < p, f"supplement Fig. 3a: downpour SGD below PFNM's one-shot "
+                 f"accuracy after {most} communication rounds (the paper: it needs > 4000)",
+                 f"{100 * by_rounds[most]:.1f} vs {100 * p:.1f}; " +
+                 ", ".join(f"{k}: {100 * v:.1f}" for k, v in sorted(by_rounds.items())))]
+
+
+def pfnm_dsgd_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
+  lines = _anchor("pfnm-dsgd", f"PFNM supplement Fig. 3a: downpour SGD vs its communication "
+                  f"rounds (heterogeneous MNIST, J = {rp.PFNM_DSGD_J}, one trial; PFNM "
+                  "communicates once)")
+  rows = [(int(r["flags"]["comm_rounds"]), _pm(_column(r["result"]["rows"], "accuracy")))
+          for r in sorted(_records_of(records, "pfnm", "dsgd_rounds"),
+                          key=lambda r: int(r["flags"]["comm_rounds"]))]
+  lines += _runs.md_table(("rounds", "D-SGD accuracy %"), rows)
+  return lines + ["", "Claims:", ""] + pfnm_dsgd_claims(records)
+
+
 def _first_round_at_n20(records: Mapping[str, Mapping[str, Any]]) -> Dict[Tuple, List[float]]:
   """(alpha, method) -> first-round GA of the `first_round` cells (N = 20)."""
   return _summarise(fola_first_round_rows(records, ("first_round",)), ("alpha", "method"),
@@ -1230,6 +1275,7 @@ def all_claims(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
           snr_claims(records) + table3_claims(records) + table4_claims(records) +
           v1_claims(records) + pfnm_claims(records) + pfnm_depth_claims(records) +
           pfnm_streaming_claims(records) + pfnm_sensitivity_claims(records) +
+          pfnm_dsgd_claims(records) +
           fola_claims(records) + fola_n_claims(records) + fola_learning_claims(records) +
           fola_curves_claims(records))
 
@@ -1308,14 +1354,15 @@ COVERAGE = (
     CoverageItem("pfnm", "Supplement Fig. 2 (network sizes vs J and C)",
                  ("pfnm/j_sweep", "pfnm/depth"), "pfnm-fig-4",
                  lambda r: [l for l in pfnm_depth_claims(r) if "supplement Fig. 2" in l]),
-    CoverageItem("pfnm", "Supplement Fig. 3a (downpour SGD, many rounds)",
-                 note="not in the campaign yet"),
+    CoverageItem("pfnm", "Supplement Fig. 3a (downpour SGD, many rounds)", ("pfnm/dsgd_rounds",),
+                 "pfnm-dsgd", pfnm_dsgd_claims, note="up to 200 rounds of the paper's > 4000"),
     CoverageItem("pfnm", "Supplement Fig. 3b (streaming)", ("pfnm/streaming",), "pfnm-streaming",
                  pfnm_streaming_claims),
     CoverageItem("pfnm", "Supplement Fig. 4 (sensitivity, MNIST)", ("pfnm/sensitivity",),
                  "pfnm-sensitivity", pfnm_sensitivity_claims),
     CoverageItem("pfnm", "Supplement Fig. 4 (CIFAR-10 panels)", missing=_NO_CIFAR),
-    CoverageItem("pfnm", "Supplement Fig. 5 (sigma^2 vs J)", note="not in the campaign yet"),
+    CoverageItem("pfnm", "Supplement Fig. 5 (sigma^2 vs J)", ("pfnm/sensitivity_sigma",),
+                 "pfnm-sigma"),
     CoverageItem("fola", "Fig. 1", note="an illustration, no experiment"),
     CoverageItem("fola", "Fig. 2(a) (alpha x N)", ("fola/first_round", "fola/first_round_n"),
                  "fola-fig-2a-n", lambda r: fola_claims(r) + fola_n_claims(r)),
@@ -1402,7 +1449,7 @@ def report_markdown(records: Mapping[str, Mapping[str, Any]], figures: Iterable[
   lines += ablation_markdown(records)
   for section in (conv_markdown, table3_markdown, snr_markdown, table4_markdown, beta_markdown,
                   v1_markdown, pfnm_markdown, pfnm_depth_markdown, pfnm_streaming_markdown,
-                  pfnm_sensitivity_markdown, fola_markdown, fola_n_markdown,
+                  pfnm_sensitivity_markdown, pfnm_sigma_markdown, pfnm_dsgd_markdown, fola_markdown, fola_n_markdown,
                   fola_learning_markdown, fola_curves_markdown):
     lines += section(records) + [""]
   lines += _anchor("figures", "Figures")

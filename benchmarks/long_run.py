@@ -34,23 +34,23 @@ def main():
   start = time.time()
   load = os.getloadavg()[0]
   from benchmarks import scale  # pylint: disable=g-import-not-at-top
-  from tfbfl import experiment, runtime, training  # pylint: disable=g-import-not-at-top
+  from tfbfl import round_loop, runtime, driver  # pylint: disable=g-import-not-at-top
 
   runtime.set_local_runtime()
   try:
     data = scale.make_data(args.clients, sizes=(300, 400))
-    p = training.resolve_params(
+    p = driver.resolve_params(
         dict(algorithm=args.algorithm,
              num_clients=args.clients,
              clients_per_round=args.clients_per_round,
              epochs_per_round=args.epochs,
              rounds=args.rounds))
-    algorithm = training.build_algorithm(data, p)
-    config = experiment.RunConfig(rounds=args.rounds,
+    algorithm = driver.build_algorithm(data, p)
+    config = round_loop.RunConfig(rounds=args.rounds,
                                   clients_per_round=args.clients_per_round,
                                   seed=0,
                                   verbose=True)
-    summary = experiment.ExperimentRunner(algorithm, data, config).run()
+    summary = round_loop.ExperimentRunner(algorithm, data, config).run()
   finally:
     runtime.shutdown()
   wall = time.time() - start

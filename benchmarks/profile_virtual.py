@@ -158,16 +158,16 @@ def print_profile(cfg, x, y, epochs=2, top=12):
 def main(argv):
   del argv
   from benchmarks import protocols  # pylint: disable=g-import-not-at-top
-  from tfbfl import training  # pylint: disable=g-import-not-at-top
+  from tfbfl import driver  # pylint: disable=g-import-not-at-top
   from tfbfl.algorithms import registry  # pylint: disable=g-import-not-at-top
   for name in flags.FLAGS.dataset:
     why = protocols.mnist_missing(flags.FLAGS.data_dir) if name == "mnist" else None
     if why:
       print(why)
       continue
-    params = training.resolve_params(
+    params = driver.resolve_params(
         protocols.dataset_params(name, flags.FLAGS.data_dir, flags.FLAGS.epochs))
-    fd = training.load_data(params)
+    fd = driver.load_data(params)
     cfg = registry.get("virtual").make_config(params, fd)
     x, y = fd.train[fd.client_ids[0]]
     print(f"== {name}")

@@ -19,7 +19,7 @@ def mnist_missing(data_dir):
 
 
 def dataset_params(name, data_dir=DEFAULT_MNIST_DIR, epochs=20):
-  """`tfbfl.training` parameters of the benchmark protocol `name`:
+  """`tfbfl.driver` parameters of the benchmark protocol `name`:
 
   digits  the bundled stand-in, 10 clients, all 10 a round, E = `epochs`, B = 20;
   mnist   the paper's (VIRTUAL Sec. IV, preset "mnist"): 100 homogeneous clients of

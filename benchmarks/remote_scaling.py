@@ -35,9 +35,9 @@ from absl import logging
 import numpy as np
 
 from tfbfl import communication
-from tfbfl import experiment
+from tfbfl import round_loop
 from tfbfl import runtime
-from tfbfl import training
+from tfbfl import driver
 from tfbfl.algorithms import registry
 from tfbfl.algorithms import virtual
 
@@ -59,12 +59,12 @@ def main(argv):
   worker_counts = [1, 2] if _QUICK.value else [int(w) for w in _WORKERS.value]
   k = _CLIENTS.value
   cores = os.cpu_count() or 1
-  params = training.resolve_params(
+  params = driver.resolve_params(
       dict(num_clients=k, clients_per_round=k, epochs_per_round=_EPOCHS.value))
-  fd = training.load_data(params)
+  fd = driver.load_data(params)
   cfg = registry.get("virtual").make_config(params, fd)
   data = [fd.train[c] for c in fd.client_ids]
-  seeds = [experiment.client_seed(0, 1, i) for i in range(k)]
+  seeds = [round_loop.client_seed(0, 1, i) for i in range(k)]
 
   stack = tff.framework.get_context_stack()
   runtimes, workers = [], []

@@ -67,7 +67,7 @@ from benchmarks.protocols import DEFAULT_MNIST_DIR, dataset_params, mnist_missin
 from tfbfl import communication
 from tfbfl import gaussian
 from tfbfl import runtime
-from tfbfl import training
+from tfbfl import driver
 from tfbfl.algorithms import registry
 from tfbfl.algorithms import virtual
 from tfbfl.algorithms.virtual import step as virtual_step
@@ -197,8 +197,8 @@ def flop_ratio(cfg):
 
 def run_dataset(name, rounds, epochs):
   """Times one dataset's legs; returns a dict of the results (also printed)."""
-  params = training.resolve_params(dataset_params(name, _DATA_DIR.value, epochs))
-  fd = training.load_data(params)
+  params = driver.resolve_params(dataset_params(name, _DATA_DIR.value, epochs))
+  fd = driver.load_data(params)
   k, num = params["clients_per_round"], params["num_clients"]
   selected = lambda r: [(r * k + i) % num for i in range(k)]
   all_data = [fd.train[c] for c in fd.client_ids]
@@ -304,7 +304,7 @@ def run_dataset(name, rounds, epochs):
       t_eval[key] = time.perf_counter() - t
 
   # (c) FedAvg through TFF on the server network.
-  fedavg = training.build_algorithm(fd, dict(params, algorithm="fedavg", server_lr=1.0))
+  fedavg = driver.build_algorithm(fd, dict(params, algorithm="fedavg", server_lr=1.0))
   fs = fedavg.initial_server_state()
   fcs = {i: fedavg.initial_client_state(i) for i in range(num)}
   t_fedavg = _timed(lambda r: fedavg.next(fs, [fcs[i] for i in selected(r)], seeds(r), data(r)),

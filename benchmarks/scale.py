@@ -102,14 +102,14 @@ class PeakRss:
 
 def run_one(k: int, rounds: int, epochs: int, eval_chunk: int) -> dict:
   rss = PeakRss()
-  from tfbfl import client_store, experiment, runtime, training  # pylint: disable=g-import-not-at-top
+  from tfbfl import client_store, round_loop, runtime, driver  # pylint: disable=g-import-not-at-top
   from tfbfl.algorithms import registry, virtual  # pylint: disable=g-import-not-at-top
 
   runtime.set_local_runtime()
   t0 = time.time()
   data = make_data(k)
   c = min(100, k)
-  p = training.resolve_params(
+  p = driver.resolve_params(
       dict(algorithm="virtual",
            num_clients=k,
            clients_per_round=c,
@@ -118,7 +118,7 @@ def run_one(k: int, rounds: int, epochs: int, eval_chunk: int) -> dict:
   algorithm = virtual.VirtualAlgorithm(registry.get("virtual").make_config(p, data))
   setup_s = time.time() - t0
   with tempfile.TemporaryDirectory(prefix="tfbfl-scale-") as out:
-    config = experiment.RunConfig(rounds=rounds,
+    config = round_loop.RunConfig(rounds=rounds,
                                   clients_per_round=c,
                                   seed=0,
                                   output_dir=out,
@@ -126,7 +126,7 @@ def run_one(k: int, rounds: int, epochs: int, eval_chunk: int) -> dict:
                                   client_store="disk",
                                   eval_chunk=eval_chunk,
                                   export=False)  # measures rounds and evaluation only
-    runner = experiment.ExperimentRunner(algorithm, data, config)
+    runner = round_loop.ExperimentRunner(algorithm, data, config)
     evals, marks = [], [time.time()]
     evaluate = runner.evaluate
 

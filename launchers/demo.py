@@ -14,7 +14,7 @@ import os
 from absl import flags
 
 from tfbfl import flags as tfbfl_flags
-from tfbfl import training
+from tfbfl import driver
 
 _ROUNDS = flags.DEFINE_integer("rounds", 15, "Communication rounds per algorithm.")
 _OUT = flags.DEFINE_string("output_dir", "runs/demo", "Where each algorithm's outputs go.")
@@ -28,7 +28,7 @@ def main(argv):
   for name in _ALGS.value:
     print(f"== {name} ==", flush=True)
     try:
-      summary = training.run_training(
+      summary = driver.run_training(
           dict(algorithm=name,
                rounds=_ROUNDS.value,
                seed=_SEED.value,

@@ -6,7 +6,7 @@ r"""Writes a run's deployable models (TF SavedModels) from its last checkpoint.
 A run with `--output_dir` writes `<output_dir>/export/` when it ends; this launcher
 writes the same files for a run that stopped earlier (or again, e.g. with another
 `--export_samples`), from `<output_dir>/checkpoint.npz` (written by
-`--checkpoint_every=N`; a `tfbfl.state_io` file, never a pickle): the data and the
+`--checkpoint_every=N`; a `tfbfl.state_files` file, never a pickle): the data and the
 algorithm are rebuilt from the flags the checkpoint records (the data must be
 unchanged: fingerprint), then `tfbfl.export.export_run` writes
 

@@ -5,7 +5,7 @@ r"""FOLA Fig. 3: learning curves (global accuracy per round) per alpha and metho
     python -m launchers.fola_curves --dataset=cifar10 --data_dir=/data/cifar10 \
         --num_clients=20 --batch_size=32 --rounds=100 --output_dir=runs/fola_cifar
 
-Each (method, alpha) is one `tfbfl.training.run_training` run in
+Each (method, alpha) is one `tfbfl.driver.run_training` run in
 `<output_dir>/<method>/alpha_<alpha>/` (metrics.csv, summary.json with
 `best_global_accuracy`, curves.png), partition `label_dirichlet`, all clients in
 every round. Then `curves_by_alpha.png` (one panel per alpha) and
@@ -24,15 +24,15 @@ from tfbfl.algorithms import fola
 from tfbfl.experiments import _runs
 from tfbfl.experiments import fola_figures
 from tfbfl import flags as tfbfl_flags
-from tfbfl import training
+from tfbfl import driver
 
 F = flags.FLAGS
 fola_figures.define_launcher_flags()
 flags.adopt_module_key_flags(fola_figures)
 flags.DEFINE_string("output_dir", "runs/fola_curves", "Root of the run directories.")
-flags.DEFINE_integer("rounds", training.DEFAULTS["rounds"],
+flags.DEFINE_integer("rounds", driver.DEFAULTS["rounds"],
                      _runs.flag_help("rounds", paper="100 on CIFAR-10"))
-flags.DEFINE_integer("eval_every", training.DEFAULTS["eval_every"], _runs.flag_help("eval_every"))
+flags.DEFINE_integer("eval_every", driver.DEFAULTS["eval_every"], _runs.flag_help("eval_every"))
 flags.DEFINE_enum("architecture", None, list(fola.MODELS), "mlp or cnn (default: cnn for cifar10).")
 
 

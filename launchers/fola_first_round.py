@@ -23,7 +23,7 @@ from absl import app
 from absl import flags
 
 from tfbfl.algorithms import fola
-from tfbfl import experiment
+from tfbfl import round_loop
 from tfbfl.experiments import _runs
 from tfbfl.experiments import fola_figures
 from tfbfl import flags as tfbfl_flags
@@ -69,7 +69,7 @@ def main(argv):
                                 rows,
                                 title=f"{F.dataset}: global accuracy after round 1")
   table = fola_figures.format_first_round_table(rows)
-  experiment.atomic_write_text(os.path.join(F.output_dir, "first_round.md"), table)
+  round_loop.atomic_write_text(os.path.join(F.output_dir, "first_round.md"), table)
   print(table)
 
 

@@ -8,7 +8,7 @@ settings.json and fig_streaming.png into --output_dir.
 
 from absl import flags
 
-from tfbfl.experiments import pfnm as px
+from tfbfl.experiments import pfnm_figures as px
 from tfbfl import flags as tfbfl_flags
 
 FLAGS = flags.FLAGS

@@ -16,9 +16,9 @@ A run with --output_dir writes its flags to <output_dir>/flags.txt; after Ctrl-C
     python -m launchers.train --flagfile=<output_dir>/flags.txt --resume
 """
 
-from tfbfl import experiment
+from tfbfl import round_loop
 from tfbfl import flags as tfbfl_flags
-from tfbfl import training
+from tfbfl import driver
 
 tfbfl_flags.define()
 
@@ -33,15 +33,15 @@ def main(argv):
   params = params_from_flags()
   if params.get("verbose", True):
     print(
-        f"[{params.get('algorithm', training.DEFAULT_ALGORITHM)}] loading data "
-        f"(--dataset={params.get('dataset', training.DEFAULTS['dataset'])}) ...",
+        f"[{params.get('algorithm', driver.DEFAULT_ALGORITHM)}] loading data "
+        f"(--dataset={params.get('dataset', driver.DEFAULTS['dataset'])}) ...",
         flush=True)
   try:
-    summary = training.run_training(params)
+    summary = driver.run_training(params)
   except (ValueError, FileNotFoundError) as e:
     tfbfl_flags.fail("train", str(e))
-  except experiment.RunStoppedError as e:  # robust rounds: one line, no traceback
-    tfbfl_flags.fail("train", str(e), experiment.RUN_STOPPED_STATUS)
+  except round_loop.RunStoppedError as e:  # robust rounds: one line, no traceback
+    tfbfl_flags.fail("train", str(e), round_loop.RUN_STOPPED_STATUS)
   print(
       f"{summary['algorithm']}: best S accuracy {summary['best_server_accuracy']:.4f}, "
       f"best MT accuracy {summary['best_mt_accuracy']:.4f}, "

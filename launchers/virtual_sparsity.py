@@ -13,7 +13,7 @@ there: per percentile the measured pruned fraction, the mean upload of one clien
 per round (non-zero entries and bytes) and the max MT and S accuracy of both
 variants; FedProx's line below. Runs already finished with the same flags are
 reused, so re-running resumes an interrupted table. Defaults: the bundled digits
-data and `tfbfl.training`'s settings.
+data and `tfbfl.driver`'s settings.
 """
 
 from absl import app

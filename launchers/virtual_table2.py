@@ -50,8 +50,8 @@ flags.DEFINE_list(
     "virtual_server_lrs", None,
     "VIRTUAL damped-EP steps in (0, 1], server and client factors alike "
     "(default 0.2,0.4,0.6,0.8,1.0).")
-# Training flags shared by every cell; unset: the dataset preset's, else tfbfl.training's.
-_UNSET = "default: the dataset preset's, else tfbfl.training's"
+# Training flags shared by every cell; unset: the dataset preset's, else tfbfl.driver's.
+_UNSET = "default: the dataset preset's, else tfbfl.driver's"
 flags.DEFINE_integer("rounds", None, _runs.flag_help("rounds", note=_UNSET + "; 10 with --quick"))
 flags.DEFINE_integer("epochs_per_round", None, _runs.flag_help("epochs_per_round", note=_UNSET))
 flags.DEFINE_integer("clients_per_round", None, _runs.flag_help("clients_per_round", note=_UNSET))

@@ -1,4 +1,4 @@
-"""Streamed, cached evaluation (`tfbfl.experiment.ExperimentRunner.evaluate`).
+"""Streamed, cached evaluation (`tfbfl.round_loop.ExperimentRunner.evaluate`).
 
 * The streamed path (S from the server state alone, MT per client in chunks of
   `eval_chunk`, cached until the client trains again) writes the same
@@ -15,8 +15,8 @@ import csv
 import numpy as np
 import pytest
 
-from tfbfl import experiment
-from tfbfl import training
+from tfbfl import round_loop
+from tfbfl import driver
 
 pytestmark = pytest.mark.usefixtures("tff_runtime")
 
@@ -59,9 +59,9 @@ def _assert_same_csv(a, b, skip=("wall_time_s",)):
 def test_streamed_cached_evaluation_equals_single_call(tmp_path, algorithm):
   one = tmp_path / "one_call"
   streamed = tmp_path / "streamed"
-  training.run_training(_params(one, algorithm=algorithm, eval_chunk=0))
+  driver.run_training(_params(one, algorithm=algorithm, eval_chunk=0))
   # chunks of 3 over 8 clients (a short last chunk), disk store, cache on
-  training.run_training(_params(streamed, algorithm=algorithm, eval_chunk=3, client_store="disk"))
+  driver.run_training(_params(streamed, algorithm=algorithm, eval_chunk=3, client_store="disk"))
   _assert_same_csv(one / "metrics.csv", streamed / "metrics.csv")
   _assert_same_csv(one / "client_metrics.csv", streamed / "client_metrics.csv")
   header = list(_read(one / "metrics.csv")[0])
@@ -89,15 +89,15 @@ class _Counting:
 
 
 def _runner(p, eval_chunk):
-  p = training.resolve_params(p)
-  data = training.load_data(p)
-  algorithm = _Counting(training.build_algorithm(data, p))
-  config = experiment.RunConfig(rounds=p["rounds"],
+  p = driver.resolve_params(p)
+  data = driver.load_data(p)
+  algorithm = _Counting(driver.build_algorithm(data, p))
+  config = round_loop.RunConfig(rounds=p["rounds"],
                                 clients_per_round=p["clients_per_round"],
                                 seed=p["seed"],
                                 verbose=False,
                                 eval_chunk=eval_chunk)
-  return experiment.ExperimentRunner(algorithm, data, config), algorithm
+  return round_loop.ExperimentRunner(algorithm, data, config), algorithm
 
 
 def test_only_trained_clients_recomputed(tmp_path):
@@ -117,13 +117,13 @@ def test_only_trained_clients_recomputed(tmp_path):
   assert first == list(range(k))
   rest = algo.mt_calls[per_eval:]
   flat_rest = [i for ids in rest for i in ids]
-  selected = [experiment.sample_clients(5, r, k, c) for r in (2, 3)]
+  selected = [round_loop.sample_clients(5, r, k, c) for r in (2, 3)]
   # Evaluations 2 and 3: exactly the clients trained in rounds 2 and 3.
   assert flat_rest == selected[0] + selected[1], (flat_rest, selected)
   untouched = set(range(k)) - set(selected[0]) - set(selected[1])
   assert untouched and not untouched & set(flat_rest)
   # Never-selected clients have no stored state (rebuilt from their seed).
-  ever = set().union(*[experiment.sample_clients(5, r, k, c) for r in (1, 2, 3)])
+  ever = set().union(*[round_loop.sample_clients(5, r, k, c) for r in (1, 2, 3)])
   assert set(runner.state["clients"].keys()) == ever
   assert runner.eval_counts["mt_clients"] == k + len(flat_rest)
 

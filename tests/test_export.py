@@ -20,13 +20,13 @@ import time
 import numpy as np
 import pytest
 
-from tfbfl import experiment
+from tfbfl import round_loop
 from tfbfl import export
 from tfbfl import predictor as predictor_lib
 from tfbfl import restore
 from tfbfl import run_outputs
 from tfbfl import runtime
-from tfbfl import training
+from tfbfl import driver
 
 pytestmark = pytest.mark.usefixtures("tff_runtime")
 
@@ -54,7 +54,7 @@ EXPORT_TIMES = {}
 
 def _driver_exports() -> bool:
   """Whether the round driver writes `<output_dir>/export` itself."""
-  return any("export_run" in inspect.getsource(m) for m in (experiment, training, run_outputs))
+  return any("export_run" in inspect.getsource(m) for m in (round_loop, driver, run_outputs))
 
 
 def _launch(module, *args, timeout=300):
@@ -88,15 +88,15 @@ def _train(params, out, launcher=False):
       return json.load(f)
   if _driver_exports():
     start = time.time()
-    summary = training.run_training(params)
+    summary = driver.run_training(params)
     EXPORT_TIMES[params["algorithm"]] = ("run incl. export", time.time() - start)
     return summary
-  p = training.resolve_params(params)
-  fd = training.load_data(p)
+  p = driver.resolve_params(params)
+  fd = driver.load_data(p)
   runtime.set_local_runtime()
-  algorithm = training.build_algorithm(fd, p)
+  algorithm = driver.build_algorithm(fd, p)
   flags = {k: (list(v) if isinstance(v, tuple) else v) for k, v in p.items()}
-  runner = experiment.ExperimentRunner(algorithm, fd, training.run_config(p), flags=flags)
+  runner = round_loop.ExperimentRunner(algorithm, fd, driver.run_config(p), flags=flags)
   summary = runner.run()
   state = runner.state
   start = time.time()
@@ -120,7 +120,7 @@ def _data(out):
     summary = json.load(f)
   flags = summary["flags"]
   given = {k: flags[k] for k in options.option_fields(data_lib.DataSpec) if k in flags}
-  return summary, training.load_data(training.resolve_params(dict(given, seed=flags["seed"])))
+  return summary, driver.load_data(driver.resolve_params(dict(given, seed=flags["seed"])))
 
 
 def _serve(path):
@@ -524,7 +524,7 @@ def _real_mnist_run(tmp_path, dataset, algorithm, from_checkpoint=True):
                 output_dir=str(out))
   if dataset == "pmnist":
     params.pop("partition")
-  training.run_training(params)
+  driver.run_training(params)
   run = None
   if from_checkpoint:
     exported = restore.export_from_checkpoint(str(out), verbose=False)

@@ -11,9 +11,9 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import tensorflow_federated as tff  # noqa: E402
 
-from tfbfl import experiment  # noqa: E402
+from tfbfl import round_loop  # noqa: E402
 from tfbfl import networks  # noqa: E402
-from tfbfl import training  # noqa: E402
+from tfbfl import driver  # noqa: E402
 from tfbfl.algorithms import client_batch  # noqa: E402
 from tfbfl.algorithms import fedavg  # noqa: E402
 
@@ -33,18 +33,18 @@ def _params(**kw):
            rounds=2,
            verbose=False)
   p.update(kw)
-  return training.resolve_params(p)
+  return driver.resolve_params(p)
 
 
 @pytest.fixture(scope="module")
 def fd():
-  return training.load_data(_params())
+  return driver.load_data(_params())
 
 
 @pytest.fixture(scope="module")
 def fedavg_algo(tff_runtime, fd):
   del tff_runtime
-  return training.build_algorithm(fd, _params(algorithm="fedavg"))
+  return driver.build_algorithm(fd, _params(algorithm="fedavg"))
 
 
 def _tff_dataset(seed, x, y):
@@ -112,7 +112,7 @@ def test_fedavg_matches_tff_build_weighted_fed_avg(fedavg_algo, fd):
   data = [fd.train[c] for c in fd.client_ids]
   clients = [ours.initial_client_state(i) for i in range(3)]
   for r in (1, 2):
-    seeds = [experiment.client_seed(p["seed"], r, i) for i in range(3)]
+    seeds = [round_loop.client_seed(p["seed"], r, i) for i in range(3)]
     tff_state = theirs.next(tff_state, [_tff_dataset(s, *d) for s, d in zip(seeds, data)]).state
     state, clients, metrics = ours.next(state, clients, seeds, data)
   expected = theirs.get_model_weights(tff_state).trainable
@@ -138,7 +138,7 @@ def test_optimizers_match_tff_build_weighted_fed_avg(tff_runtime, fd, flags):
   the same TFF optimizers (`build_sgdm` / `build_adam`) on the same minibatches."""
   del tff_runtime
   p = _params(algorithm="fedavg", **flags)
-  ours = training.build_algorithm(fd, p)
+  ours = driver.build_algorithm(fd, p)
   if p["server_optimizer"] == "adam":
     server_fn = tff.learning.optimizers.build_adam(p["server_lr"], epsilon=p["server_epsilon"])
   else:
@@ -149,7 +149,7 @@ def test_optimizers_match_tff_build_weighted_fed_avg(tff_runtime, fd, flags):
   data = [fd.train[c] for c in fd.client_ids]
   clients = [ours.initial_client_state(i) for i in range(3)]
   for r in (1, 2, 3):
-    seeds = [experiment.client_seed(p["seed"], r, i) for i in range(3)]
+    seeds = [round_loop.client_seed(p["seed"], r, i) for i in range(3)]
     tff_state = theirs.next(tff_state, [_tff_dataset(s, *d) for s, d in zip(seeds, data)]).state
     state, clients, metrics = ours.next(state, clients, seeds, data)
   for a, b in zip(theirs.get_model_weights(tff_state).trainable, state.model_weights.trainable):
@@ -159,10 +159,10 @@ def test_optimizers_match_tff_build_weighted_fed_avg(tff_runtime, fd, flags):
     np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=2e-5)
   assert metrics["update_non_finite"] == 0
   # Another trajectory than plain FedAvg's.
-  plain = training.build_algorithm(fd, _params(algorithm="fedavg", server_lr=p["server_lr"]))
+  plain = driver.build_algorithm(fd, _params(algorithm="fedavg", server_lr=p["server_lr"]))
   plain_state = plain.initial_server_state()
   for r in (1, 2, 3):
-    seeds = [experiment.client_seed(p["seed"], r, i) for i in range(3)]
+    seeds = [round_loop.client_seed(p["seed"], r, i) for i in range(3)]
     plain_state, _, _ = plain.next(plain_state, [plain.initial_client_state(i) for i in range(3)],
                                    seeds, data)
   assert max(
@@ -176,11 +176,11 @@ def test_fedprox_round_matches_reference_sgd(tff_runtime, fd, momentum):
   the opposite sign of FedProx's term, so the reference here is hand-written."""
   mu = 0.5
   p = _params(algorithm="fedprox", mu=mu, client_momentum=momentum)
-  algo = training.build_algorithm(fd, p)
+  algo = driver.build_algorithm(fd, p)
   state = algo.initial_server_state()
   w0 = list(state.model_weights.trainable)
   data = [fd.train[c] for c in fd.client_ids]
-  seeds = [experiment.client_seed(p["seed"], 1, i) for i in range(3)]
+  seeds = [round_loop.client_seed(p["seed"], 1, i) for i in range(3)]
   new_state, clients, _ = algo.next(state, [algo.initial_client_state(i) for i in range(3)], seeds,
                                     data)
   local = [
@@ -203,13 +203,13 @@ def test_fedprox_mu0_equals_fedavg(fedavg_algo, fd):
 
   def run(**kw):
     algo = fedavg_algo if kw == dict(
-        algorithm="fedavg") else training.build_algorithm(fd, _params(**kw))
+        algorithm="fedavg") else driver.build_algorithm(fd, _params(**kw))
     state, clients = algo.initial_server_state(), [algo.initial_client_state(i) for i in range(3)]
     history = []
     for r in (1, 2):
-      seeds = [experiment.client_seed(3, r, i) for i in range(3)]
+      seeds = [round_loop.client_seed(3, r, i) for i in range(3)]
       state, clients, metrics = algo.next(state, clients, seeds, data)
-      history.append(experiment._flatten_metrics(metrics))  # pylint: disable=protected-access
+      history.append(round_loop._flatten_metrics(metrics))  # pylint: disable=protected-access
     return algo.name, state, history
 
   name_a, fedavg_state, fedavg_metrics = run(algorithm="fedavg")
@@ -227,7 +227,7 @@ def _once_selected(num_clients, per_round, rounds):
   """A seed and a client picked in round 1 and never again."""
   for seed in range(200):
     picks = [
-        experiment.sample_clients(seed, r, num_clients, per_round) for r in range(1, rounds + 1)
+        round_loop.sample_clients(seed, r, num_clients, per_round) for r in range(1, rounds + 1)
     ]
     for c in picks[0]:
       if all(c not in later for later in picks[1:]):
@@ -245,10 +245,10 @@ def test_mt_is_each_clients_last_deployed_model(tff_runtime):
               seed=seed,
               epochs_per_round=1,
               server_lr=1.0)
-  data = training.load_data(p)
-  runner = experiment.ExperimentRunner(
-      training.build_algorithm(data, p), data,
-      experiment.RunConfig(rounds=rounds, clients_per_round=2, seed=seed, verbose=False))
+  data = driver.load_data(p)
+  runner = round_loop.ExperimentRunner(
+      driver.build_algorithm(data, p), data,
+      round_loop.RunConfig(rounds=rounds, clients_per_round=2, seed=seed, verbose=False))
   runner.run()
   cid = data.client_ids[client]
   mt = [row[cid] for row in runner.client_rows]
@@ -264,7 +264,7 @@ def test_evaluate_uses_client_weights_and_initial_model(fedavg_algo, fd):
   algo = fedavg_algo
   state = algo.initial_server_state()
   test = [fd.test[c] for c in fd.client_ids]
-  seeds = [experiment.client_seed(3, 1, i) for i in range(3)]
+  seeds = [round_loop.client_seed(3, 1, i) for i in range(3)]
   fresh = [algo.initial_client_state(i) for i in range(3)]
   ev0 = algo.evaluate(state, fresh, seeds, test)
   for c in ev0:  # never selected: MT model = initial server model
@@ -307,15 +307,15 @@ def test_conv_architecture_trains_and_other_architectures_are_refused(tff_runtim
               image_shape=(8, 8),
               filters=(3,),
               epochs_per_round=1)
-  algo = training.build_algorithm(fd, p)
+  algo = driver.build_algorithm(fd, p)
   state = algo.initial_server_state()
   assert [w.shape for w in state.model_weights.trainable][:2] == [(5, 5, 1, 3), (3,)]
   data, test = [fd.train[c] for c in fd.client_ids], [fd.test[c] for c in fd.client_ids]
-  seeds = [experiment.client_seed(3, 1, i) for i in range(3)]
-  before = experiment.aggregate_evaluation(
+  seeds = [round_loop.client_seed(3, 1, i) for i in range(3)]
+  before = round_loop.aggregate_evaluation(
       algo.evaluate(state, [state.model_weights] * 3, seeds, test))
   state, clients, _ = algo.next(state, [state.model_weights] * 3, seeds, data)
-  after = experiment.aggregate_evaluation(algo.evaluate(state, clients, seeds, test))
+  after = round_loop.aggregate_evaluation(algo.evaluate(state, clients, seeds, test))
   assert after["server_loss"] < before["server_loss"] and after["mt_loss"] < before["mt_loss"]
   with pytest.raises(ValueError, match="--architecture"):
-    training.build_algorithm(fd, _params(algorithm="fedprox", architecture="lstm"))
+    driver.build_algorithm(fd, _params(algorithm="fedprox", architecture="lstm"))

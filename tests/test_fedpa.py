@@ -11,7 +11,7 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tfbfl.data  # noqa: E402
-from tfbfl import experiment  # noqa: E402
+from tfbfl import round_loop  # noqa: E402
 from tfbfl.algorithms import client_batch  # noqa: E402
 from tfbfl.algorithms import fedavg  # noqa: E402
 from tfbfl.algorithms import fedpa  # noqa: E402
@@ -102,7 +102,7 @@ def _rounds(algo, data, rounds):
   train = [data.train[c] for c in data.client_ids]
   state, clients = algo.initial_server_state(), [algo.initial_client_state(i) for i in range(3)]
   for r in range(1, rounds + 1):
-    seeds = [experiment.client_seed(3, r, i) for i in range(3)]
+    seeds = [round_loop.client_seed(3, r, i) for i in range(3)]
     state, clients, metrics = algo.next(state, clients, seeds, train)
   return state, clients, metrics
 
@@ -173,7 +173,7 @@ def test_posterior_round_matches_reference(small, momentum):
   w0 = [np.asarray(w) for w in state.model_weights.trainable]
   flat0 = np.concatenate([w.ravel() for w in w0])
   train = [data.train[c] for c in data.client_ids]
-  seeds = [experiment.client_seed(3, 1, i) for i in range(3)]
+  seeds = [round_loop.client_seed(3, 1, i) for i in range(3)]
   new_state, clients, _ = algo.next(state, [algo.initial_client_state(i) for i in range(3)], seeds,
                                     train)
   deltas, n = [], []
@@ -200,10 +200,10 @@ def test_digits_end_to_end_beats_chance():
   spec = registry.get("fedpa")
   config = spec.make_config(dict(seed=0), data)
   rounds = config.fedpa_server_burn_in + 3  # some posterior-averaging rounds
-  run = experiment.RunConfig(rounds=rounds, clients_per_round=10, verbose=False)
+  run = round_loop.RunConfig(rounds=rounds, clients_per_round=10, verbose=False)
   algo = spec.build(data, config, run)
   assert isinstance(algo, fedpa.FedPAAlgorithm) and algo.name == "fedpa"
-  runner = experiment.ExperimentRunner(algo, data, run)
+  runner = round_loop.ExperimentRunner(algo, data, run)
   runner.run()
   last = runner.rows[-1]
   assert last["server_accuracy"] > 0.6 and last["mt_accuracy"] > 0.6, runner.rows  # chance: 0.1
@@ -228,6 +228,6 @@ def test_bad_flags_name_the_flag():
 def test_module_imports_without_tensorflow():
   code = ("import sys, tfbfl.algorithms.fedpa; from tfbfl.algorithms import registry; "
           "assert 'fedpa' in registry.names(); "
-          "assert not {'tensorflow', 'tensorflow_federated', 'absl', 'tfbfl.training', "
-          "'tfbfl.experiment', 'tfbfl.data'} & set(sys.modules), sorted(sys.modules)")
+          "assert not {'tensorflow', 'tensorflow_federated', 'absl', 'tfbfl.driver', "
+          "'tfbfl.round_loop', 'tfbfl.data'} & set(sys.modules), sorted(sys.modules)")
   subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

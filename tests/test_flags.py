@@ -26,7 +26,7 @@ import pytest
 
 from tfbfl import flags as tfbfl_flags
 from tfbfl import options
-from tfbfl import training
+from tfbfl import driver
 from tfbfl.algorithms import registry
 from launcher_helpers import assert_one_fatal_line_before_tensorflow
 
@@ -61,7 +61,7 @@ def test_bad_flag_is_one_line_before_tensorflow(argv, flag):
 
 def test_algorithms_import_no_tensorflow():
   code = (
-      "import sys, tfbfl.algorithms, tfbfl.flags, tfbfl.training\n"
+      "import sys, tfbfl.algorithms, tfbfl.flags, tfbfl.driver\n"
       "from tfbfl.algorithms import registry\n"
       "assert 'fedpa' in registry.names() and 'virtual' in registry.names()\n"
       "bad = [m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'tensorflow_federated')]\n"
@@ -70,7 +70,7 @@ def test_algorithms_import_no_tensorflow():
   assert out.returncode == 0, out.stderr[-2000:]
 
 
-_DRIVER = ("tfbfl.training", "tfbfl.experiment", "tfbfl.experiments", "tfbfl.runtime",
+_DRIVER = ("tfbfl.driver", "tfbfl.round_loop", "tfbfl.experiments", "tfbfl.runtime",
            "tfbfl.flags", "tfbfl.data", "tfbfl.export", "tfbfl.restore", "tfbfl.checkpoint", "absl")
 
 
@@ -98,14 +98,14 @@ def test_validators_and_resolve_params_agree():
   """A value refused by resolve_params is refused at parse time, with the same message."""
   fv = absl_flags.FlagValues()
   tfbfl_flags.define(flag_values=fv)
-  table = training.settings()
+  table = driver.settings()
   cases = [("rounds", "0"), ("rounds", "7"), ("client_lr", "1e4"), ("client_lr", "0.5"),
            ("server_lr", "-1"), ("fola_gamma", "inf"), ("prune_percentile", "101"),
            ("max_update_ratio", "inf"), ("kl_weight", "-0.1"), ("seed", "-1")]
   for name, text in cases:
     value = float(text) if table[name][1].kind == "float" else int(text)
     try:
-      training.resolve_params({name: value})
+      driver.resolve_params({name: value})
       want = None
     except ValueError as e:
       want = str(e)
@@ -121,10 +121,10 @@ def test_validators_and_resolve_params_agree():
 
 
 def test_each_setting_is_declared_once():
-  table = training.settings()
-  assert training.DEFAULTS["batch_size"] == 20 and training.DEFAULTS["server_lr"] is None
+  table = driver.settings()
+  assert driver.DEFAULTS["batch_size"] == 20 and driver.DEFAULTS["server_lr"] is None
   # Flag defaults are the declaring classes' field defaults (no second table).
-  for cls in (*training.COMMON_SETTINGS, *(s.config_cls for s in registry.specs())):
+  for cls in (*driver.COMMON_SETTINGS, *(s.config_cls for s in registry.specs())):
     for name, default in options.defaults(cls).items():
       assert table[name][0] == default, (cls.__name__, name)
 
@@ -136,7 +136,7 @@ def test_each_setting_is_declared_once():
   registry.register(spec)
   try:
     with pytest.raises(ValueError, match="--batch_size is declared by"):
-      training.settings()
+      driver.settings()
   finally:
     registry._SPECS.pop("clash_test")  # pylint: disable=protected-access
 
@@ -159,25 +159,25 @@ def test_option_rules():
 def test_every_algorithm_builds_its_config_from_the_defaults():
   data = types.SimpleNamespace(input_shape=(64,), num_classes=10, client_ids=list(range(10)))
   for spec in registry.specs():
-    p = training.resolve_params(dict(algorithm=spec.name))
+    p = driver.resolve_params(dict(algorithm=spec.name))
     config = spec.make_config(p, data)
     assert isinstance(config, spec.config_cls)
     assert config.epochs == p["epochs_per_round"] and config.batch_size == p["batch_size"]
     for field, value in spec.fixed.items():
       assert getattr(config, field) == value
-  p4 = training.resolve_params(dict(clients_per_round=4))
+  p4 = driver.resolve_params(dict(clients_per_round=4))
   assert p4["server_lr"] == pytest.approx(1 / 4)  # recorded as used
   virtual_config = registry.get("virtual").make_config(p4, data)
   assert virtual_config.step == pytest.approx(1 / 4)  # VIRTUAL's derived default, 1/C
-  p = training.resolve_params(dict(algorithm="fedavg"))
+  p = driver.resolve_params(dict(algorithm="fedavg"))
   assert p["server_lr"] == 1.0 and registry.get("fedavg").make_config(p, data).server_step == 1.0
   assert registry.get("fedavg").make_config(dict(p, mu=0.5), data).mu == 0.0  # pinned
   assert registry.get("fedprox").make_config(p, data).mu == 0.01
 
 
 def test_data_spec_reaches_the_loader():
-  spec = training.data_spec(
-      training.resolve_params(dict(num_clients=4, clients_per_round=4, seed=3, alpha=0.2)))
+  spec = driver.data_spec(
+      driver.resolve_params(dict(num_clients=4, clients_per_round=4, seed=3, alpha=0.2)))
   assert (spec.num_clients, spec.seed, spec.alpha) == (4, 3, 0.2)
   from tfbfl import data as data_lib  # pylint: disable=g-import-not-at-top
   a = data_lib.load_federated(spec)
@@ -195,32 +195,32 @@ def test_data_spec_reaches_the_loader():
 ])
 def test_a_flag_the_dataset_ignores_is_an_error(bad, match):
   with pytest.raises(ValueError, match=match):
-    training.resolve_params(bad)
+    driver.resolve_params(bad)
 
 
 def test_defaults_of_ignored_flags_are_accepted():
   # The same values at their defaults (e.g. a grid passing every flag) are fine.
-  p = training.resolve_params(
+  p = driver.resolve_params(
       dict(dataset="npz",
            data_dir="x.npz",
            num_clients=10,
-           partition=training.DEFAULTS["partition"]))
+           partition=driver.DEFAULTS["partition"]))
   assert p["dataset"] == "npz"
 
 
 def test_an_unused_algorithm_flag_is_one_warning_line(capsys):
-  training.resolve_params(dict(algorithm="fedavg", kl_weight=0.5))
+  driver.resolve_params(dict(algorithm="fedavg", kl_weight=0.5))
   err = capsys.readouterr().err.strip().splitlines()
   assert err == ["warning: --algorithm=fedavg does not use --kl_weight."]
-  training.resolve_params(dict(algorithm="virtual", kl_weight=0.5))
+  driver.resolve_params(dict(algorithm="virtual", kl_weight=0.5))
   assert capsys.readouterr().err == ""
 
 
 def test_clients_per_round_defaults_to_min_10_clients():
-  assert training.DEFAULTS["clients_per_round"] is None
-  assert training.resolve_params(dict(num_clients=3))["clients_per_round"] == 3
-  assert training.resolve_params(dict(num_clients=30))["clients_per_round"] == 10
-  p = training.resolve_params(dict(num_clients=4, algorithm="virtual"))
+  assert driver.DEFAULTS["clients_per_round"] is None
+  assert driver.resolve_params(dict(num_clients=3))["clients_per_round"] == 3
+  assert driver.resolve_params(dict(num_clients=30))["clients_per_round"] == 10
+  p = driver.resolve_params(dict(num_clients=4, algorithm="virtual"))
   assert p["server_lr"] == pytest.approx(1 / 4)  # VIRTUAL's 1/C follows
 
 
@@ -239,7 +239,7 @@ def test_run_training_takes_federated_data(tmp_path):
                                    [y[:300], y[300:600], y[600:900]],
                                    [x[900:1000], x[1000:1100], x[1100:1200]],
                                    [y[900:1000], y[1000:1100], y[1100:1200]])
-  summary = training.run_training(dict(algorithm="fedavg",
+  summary = driver.run_training(dict(algorithm="fedavg",
                                        rounds=2,
                                        epochs_per_round=2,
                                        verbose=False),
@@ -247,4 +247,4 @@ def test_run_training_takes_federated_data(tmp_path):
   assert summary["flags"]["num_clients"] == 3 and summary["flags"]["clients_per_round"] == 3
   assert summary["final_server_accuracy"] > 0.5  # 10 classes: chance 0.1
   with pytest.raises(ValueError, match="leave --dataset unset"):
-    training.run_training(dict(dataset="digits"), data=fd)
+    driver.run_training(dict(dataset="digits"), data=fd)

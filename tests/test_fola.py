@@ -19,9 +19,9 @@ import tensorflow_federated as tff  # noqa: E402
 
 from tfbfl import compression  # noqa: E402
 from tfbfl import data as data_lib  # noqa: E402
-from tfbfl import experiment  # noqa: E402
+from tfbfl import round_loop  # noqa: E402
 from tfbfl import gaussian  # noqa: E402
-from tfbfl import training  # noqa: E402
+from tfbfl import driver  # noqa: E402
 from tfbfl.algorithms import fola  # noqa: E402
 from tfbfl.experiments import fola_figures  # noqa: E402
 
@@ -240,7 +240,7 @@ def test_offline_variant_computes_fisher_after_training(digits):
 def _round(algo, fd, clients, seed=0, round_num=1, state=None, client_states=None):
   state = state if state is not None else algo.initial_server_state()
   client_states = client_states or [algo.initial_client_state(i) for i in clients]
-  seeds = [experiment.client_seed(seed, round_num, i) for i in clients]
+  seeds = [round_loop.client_seed(seed, round_num, i) for i in clients]
   batches = [fd.train[fd.client_ids[i]] for i in clients]
   return algo.next(state, client_states, seeds, batches), seeds, batches
 
@@ -282,7 +282,7 @@ def test_fola_round_uses_precisions_and_compression(digits):
   comp = fola.FolaAlgorithm(_config(digits, epochs=1, compress_p=p))
   (cstate, cclients, _), _, _ = _round(comp, digits, clients)
   out = comp.client_update(plain.initial_server_state().model, comp.initial_client_state(0),
-                           experiment.client_seed(0, 1, 0), batches[0])
+                           round_loop.client_seed(0, 1, 0), batches[0])
   for prec, fisher in zip(out.upload.eta2, out.client_state.fisher):
     np.testing.assert_allclose(prec,
                                compression.decode(compression.encode(np.asarray(fisher), p)),
@@ -347,14 +347,14 @@ def _fedavg_available():
 def test_no_penalty_and_equal_precisions_matches_registered_fedavg(digits):
   if not _fedavg_available():
     pytest.skip("tfbfl.algorithms.fedavg not available")
-  p = training.resolve_params(
+  p = driver.resolve_params(
       dict(algorithm="fedavg",
            hidden_units=_HIDDEN,
            epochs_per_round=2,
            batch_size=64,
            client_lr=0.1,
            seed=1))
-  fedavg = training.build_algorithm(digits, p)
+  fedavg = driver.build_algorithm(digits, p)
   ours = fola_figures.EXTRA_METHODS["product_identity"](digits, p)
   (state, _, _), _, _ = _round(ours, digits, [0, 1, 2, 3])
   (ref, _, _), _, _ = _round(fedavg, digits, [0, 1, 2, 3])
@@ -404,7 +404,7 @@ def test_registry_run_writes_bytes_and_best_global_accuracy(tmp_path):
                 verbose=False,
                 compress_p=0.1,
                 fola_lambda=2.0)
-  summary = training.run_training(params)
+  summary = driver.run_training(params)
   assert summary["bytes_up_total"] > 0 and summary["bytes_down_total"] > 0
   header = (tmp_path / "metrics.csv").read_text().splitlines()[0].split(",")
   assert {"bytes_up", "bytes_down", "weak_precision"} <= set(header)

@@ -17,7 +17,7 @@ from hypothesis.extra import numpy as hnp
 import numpy as np
 import pytest
 
-from tfbfl import training
+from tfbfl import driver
 from tfbfl.data import FederatedData
 from tfbfl.data.npz import load_npz
 
@@ -127,25 +127,25 @@ _NUMBERS = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True), st.integers(min_value=-(2**70),
                                                                 max_value=2**70),
     st.sampled_from([0, 1, -1, 0.0, 1e3, 1e3 + 1e-9, 1e30, -0.0, 5e-324, True, False]))
-_FLAGS = sorted(set(training._INT_FLAGS) | set(training._REAL_FLAGS))  # pylint: disable=protected-access
+_FLAGS = sorted(set(driver._INT_FLAGS) | set(driver._REAL_FLAGS))  # pylint: disable=protected-access
 
 
 @hypothesis.settings(max_examples=_N or 400, **_SETTINGS)
 @hypothesis.given(values=st.dictionaries(
-    st.sampled_from([f for f in _FLAGS if f in training.DEFAULTS]), _NUMBERS, max_size=4))
+    st.sampled_from([f for f in _FLAGS if f in driver.DEFAULTS]), _NUMBERS, max_size=4))
 def test_resolve_params_gives_params_or_a_named_error(values):
   try:
-    p = training.resolve_params(values)
+    p = driver.resolve_params(values)
   except ValueError as e:
     message = str(e)
     assert "\n" not in message and any(f"--{name}" in message for name in values), message
     hypothesis.event("named ValueError")
     return
   hypothesis.event("accepted")
-  for name, (low, high, _) in training._INT_FLAGS.items():  # pylint: disable=protected-access
+  for name, (low, high, _) in driver._INT_FLAGS.items():  # pylint: disable=protected-access
     if name in p:
       assert type(p[name]) is int and low <= p[name] <= high, (name, p[name])
-  for name, (low, high, low_open, inf_ok) in training._REAL_FLAGS.items():  # pylint: disable=protected-access
+  for name, (low, high, low_open, inf_ok) in driver._REAL_FLAGS.items():  # pylint: disable=protected-access
     if name in p and p[name] is not None:
       x = float(p[name])
       assert not math.isnan(x) and (math.isfinite(x) or inf_ok), (name, x)
@@ -161,11 +161,11 @@ def test_resolve_params_gives_params_or_a_named_error(values):
                                          ("mu", "0.1")])
 def test_named_flag_errors(flag, value):
   with pytest.raises(ValueError, match=f"^--{flag}"):
-    training.resolve_params({flag: value})
+    driver.resolve_params({flag: value})
 
 
 def test_documented_bounds_accept_their_edges():
-  p = training.resolve_params(
+  p = driver.resolve_params(
       dict(client_lr=1e3,
            init_scale=1e3,
            prior_scale=1e-12,

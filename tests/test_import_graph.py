@@ -103,7 +103,7 @@ def test_no_import_circle():
   assert _cycles(_graph()) == []
 
 
-_ABOVE_THE_ALGORITHMS = ("tfbfl.training", "tfbfl.experiment", "tfbfl.export", "tfbfl.restore",
+_ABOVE_THE_ALGORITHMS = ("tfbfl.driver", "tfbfl.round_loop", "tfbfl.export", "tfbfl.restore",
                          "tfbfl.checkpoint", "tfbfl.experiments")
 
 

@@ -8,8 +8,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from tfbfl import data as data_lib  # noqa: E402
-from tfbfl import experiment  # noqa: E402
-from tfbfl import training  # noqa: E402
+from tfbfl import round_loop  # noqa: E402
+from tfbfl import driver  # noqa: E402
 from tfbfl.algorithms import fedavg  # noqa: E402
 from tfbfl.algorithms import local  # noqa: E402
 from test_fedavg import reference_sgd  # noqa: E402  pylint: disable=g-bad-import-order
@@ -47,7 +47,7 @@ def test_local_one_client_equals_centralized_training(local_algo, one_client):
   state, clients = local_algo.initial_server_state(), [local_algo.initial_client_state(0)]
   expected = list(clients[0].trainable)
   for r in (1, 2):
-    seed = experiment.client_seed(_SEED, r, 0)
+    seed = round_loop.client_seed(_SEED, r, 0)
     state, clients, metrics = local_algo.next(state, clients, [seed], [(x, y)])
     expected = reference_sgd(expected, x, y, seed, _E, _B, _LR)
   assert int(state) == 2
@@ -63,7 +63,7 @@ def test_global_one_client_equals_local(tff_runtime, local_algo, one_client):
   l_clients = [local_algo.initial_client_state(0)]
   g_clients = [glob.initial_client_state(0)]
   for r in (1, 2):
-    seeds = [experiment.client_seed(_SEED, r, 0)]
+    seeds = [round_loop.client_seed(_SEED, r, 0)]
     g_state, g_clients, g_metrics = glob.next(g_state, g_clients, seeds, [one_client.train[cid]])
     l_state, l_clients, l_metrics = local_algo.next(l_state, l_clients, seeds,
                                                     [one_client.train[cid]])
@@ -95,11 +95,11 @@ def test_local_s_is_uniform_ensemble_and_mt_own_model(tff_runtime):
   state = algo.initial_server_state()
   clients = [algo.initial_client_state(i) for i in range(2)]
   # Only client 1 trains: client 0 keeps the initial model (a non-selected client).
-  seeds = [experiment.client_seed(_SEED, 1, 1)]
+  seeds = [round_loop.client_seed(_SEED, 1, 1)]
   state, trained, _ = algo.next(state, [clients[1]], seeds, [fd.train[fd.client_ids[1]]])
   clients[1] = trained[0]
   test = [fd.test[c] for c in fd.client_ids]
-  ev = algo.evaluate(state, clients, [experiment.client_seed(_SEED, -1, i) for i in range(2)], test)
+  ev = algo.evaluate(state, clients, [round_loop.client_seed(_SEED, -1, i) for i in range(2)], test)
   weights = [[np.asarray(w) for w in c.trainable] for c in clients]
   for i, (xt, yt) in enumerate(test):
     own = _numpy_probs(weights[i], xt)
@@ -114,14 +114,14 @@ def test_local_s_is_uniform_ensemble_and_mt_own_model(tff_runtime):
 
 
 def test_registered_and_validated(tff_runtime):
-  p = training.resolve_params(
+  p = driver.resolve_params(
       dict(algorithm="local",
            num_clients=3,
            clients_per_round=3,
            hidden_units=(4,),
            epochs_per_round=1))
-  fd = training.load_data(p)
-  assert training.build_algorithm(fd, p).name == "local"
+  fd = driver.load_data(p)
+  assert driver.build_algorithm(fd, p).name == "local"
   with pytest.raises(ValueError, match="--mu"):
     local.LocalAlgorithm(_config(mu=0.1))
   with pytest.raises(ValueError, match="--batch_size"):

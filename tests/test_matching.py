@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-import tfbfl.matching.pfnm as pfnm_module
+import tfbfl.matching.single_layer as pfnm_module
 from matching_helpers import permuted_copies, random_net
 from tfbfl.matching import (MatchingHyperparams, assignment_cost, coordinate_blocks, dp_means,
                             dpmeans_single_layer, existing_neuron_gain, match_layer,

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfbfl import experiment
+from tfbfl import round_loop
 from tfbfl import metrics
 
 
@@ -68,7 +68,7 @@ def test_federated_ece_is_the_pooled_ece():
   pooled = metrics.expected_calibration_error(
       metrics.numpy_calibration_sums(np.concatenate([p for p, _ in clients]),
                                      np.concatenate([y for _, y in clients])))
-  ev = experiment.aggregate_evaluation(per_client)
+  ev = round_loop.aggregate_evaluation(per_client)
   assert ev["server_ece"] == pytest.approx(pooled, rel=1e-12)
   assert ev["mt_ece"] == pytest.approx(pooled, rel=1e-12)
   # The mean of per-client ECEs is a different (wrong) number here.
@@ -80,7 +80,7 @@ def test_federated_ece_is_the_pooled_ece():
 
 def test_strict_json_has_no_nan_or_infinity():
   import json
-  out = json.dumps(experiment.strict_json(
+  out = json.dumps(round_loop.strict_json(
       dict(a=float("nan"), b=[float("inf"), -np.inf], c=np.float32(1.5), d=(1, 2))),
                    allow_nan=False)
   assert json.loads(out) == dict(a="nan", b=["inf", "-inf"], c=1.5, d=[1, 2])

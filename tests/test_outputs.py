@@ -18,13 +18,13 @@ import numpy as np
 import pytest
 
 import tfbfl
-from tfbfl import experiment
+from tfbfl import round_loop
 from tfbfl import export
 from tfbfl import run_outputs
 from tfbfl import flags as tfbfl_flags
-from tfbfl import run_dir
-from tfbfl import state_io
-from tfbfl import training
+from tfbfl import run_directory
+from tfbfl import state_files
+from tfbfl import driver
 from tfbfl.data import from_client_arrays
 from tfbfl.experiments import _runs
 
@@ -88,9 +88,9 @@ def _runner(out, algorithm=None, data=None, flags=None, **kw):
              output_dir=str(out),
              export=False)
   cfg.update(kw)
-  return experiment.ExperimentRunner(algorithm or _Counter(),
+  return round_loop.ExperimentRunner(algorithm or _Counter(),
                                      data or _data(),
-                                     experiment.RunConfig(**cfg),
+                                     round_loop.RunConfig(**cfg),
                                      flags=dict(flags or FLAGS))
 
 
@@ -133,7 +133,7 @@ def test_every_round_has_a_row_and_a_progress_line(tmp_path, capsys):
   out = capsys.readouterr().out
   rows = _csv(tmp_path)
   assert [r["round"] for r in rows] == ["1", "2", "3", "4", "5"]
-  assert list(rows[0])[:8] == list(experiment.BASE_COLUMNS)
+  assert list(rows[0])[:8] == list(round_loop.BASE_COLUMNS)
   for r in rows:
     assert r["train_loss"] != "" and r["bytes_up_total"] != ""  # training metrics: every round
     assert (r["server_accuracy"] != "") == (r["round"] in ("2", "4", "5")), r  # evaluated rounds
@@ -158,7 +158,7 @@ def test_tensorboard_one_event_per_round_and_tag_across_a_resume(tmp_path):
   want = tmp_path / "want"
   _run(want, rounds=6, eval_every=2)
   cut = tmp_path / "cut"
-  with pytest.raises(experiment.RunInterrupted) as e:
+  with pytest.raises(round_loop.RunInterrupted) as e:
     _run(cut, algorithm=_Counter(stop_at=5), rounds=6, eval_every=2, checkpoint_every=3)
   # Rounds 1-4 were written to TensorBoard, the checkpoint has round 3.
   assert e.value.round_num == 5 and e.value.checkpoint_round == 3
@@ -191,14 +191,14 @@ def test_tensorboard_one_event_per_round_and_tag_across_a_resume(tmp_path):
 
 
 def test_interrupt_without_a_checkpoint_says_nothing_was_saved(tmp_path):
-  with pytest.raises(experiment.RunInterrupted) as e:
+  with pytest.raises(round_loop.RunInterrupted) as e:
     _run(tmp_path, algorithm=_Counter(stop_at=2))
   assert e.value.checkpoint_round is None and e.value.round_num == 2
   assert str(e.value).startswith("interrupted in round 2 of 4; nothing was saved")
   assert str(e.value).endswith(f"--flagfile={tmp_path}/flags.txt --overwrite")
-  runner = experiment.ExperimentRunner(
+  runner = round_loop.ExperimentRunner(
       _Counter(stop_at=1), _data(),
-      experiment.RunConfig(rounds=2, clients_per_round=2, verbose=False))
+      round_loop.RunConfig(rounds=2, clients_per_round=2, verbose=False))
   with pytest.raises(KeyboardInterrupt,
                      match=r"^interrupted in round 1 of 2; nothing was saved "
                      r"\(no --output_dir\)\.$"):
@@ -231,7 +231,7 @@ def test_hparams_hold_the_flags_and_final_metrics(tmp_path):
 @pytest.mark.parametrize("every", [0, 3])
 def test_final_state_always_saved(tmp_path, every):
   summary = _run(tmp_path, rounds=4, checkpoint_every=every)
-  assert state_io.read_meta(str(tmp_path / experiment.CHECKPOINT))["round"] == 4
+  assert state_files.read_meta(str(tmp_path / round_loop.CHECKPOINT))["round"] == 4
   again = _run(tmp_path, rounds=4, checkpoint_every=every, resume=True)  # nothing left to run
   drop = ("wall_time_s",)
   assert {
@@ -243,7 +243,7 @@ def test_final_state_always_saved(tmp_path, every):
 
 
 def test_resumed_at_a_round_without_evaluation_evaluates_it(tmp_path):
-  with pytest.raises(experiment.RunInterrupted):
+  with pytest.raises(round_loop.RunInterrupted):
     _run(tmp_path, algorithm=_Counter(stop_at=4), rounds=6, eval_every=5, checkpoint_every=3)
   summary = _run(tmp_path, rounds=3, eval_every=5, resume=True)  # round 3 was not evaluated
   rows = _csv(tmp_path)
@@ -267,7 +267,7 @@ def test_export_gets_every_client_last(tmp_path, monkeypatch):
              samples=samples,
              seed=seed,
              raw_input=raw_input,
-             checkpoint=state_io.read_meta(str(tmp_path / experiment.CHECKPOINT))["round"],
+             checkpoint=state_files.read_meta(str(tmp_path / round_loop.CHECKPOINT))["round"],
              summary=os.path.exists(tmp_path / "summary.json")))
 
   fake = types.ModuleType("tfbfl.export")
@@ -293,7 +293,7 @@ def test_export_gets_every_client_last(tmp_path, monkeypatch):
   assert call["checkpoint"] == 1 and call["summary"]  # last: after the checkpoint and summary
   assert [(cid, i) for cid, i, _ in call["items"]
          ] == [(str(c), i) for i, c in enumerate(data.client_ids)]
-  selected = experiment.sample_clients(1, 1, 4, 2)
+  selected = round_loop.sample_clients(1, 1, 4, 2)
   for _, i, s in call["items"]:
     assert int(s["n"]) == (1 if i in selected else 0) and int(s["client_index"]) == i
   assert os.path.exists(tmp_path / "summary.json")
@@ -313,7 +313,7 @@ def test_summary_json_names_version_commit_and_data(tmp_path):
 
   summary = json.loads(text, parse_constant=refuse)
   assert summary["tfbfl_version"] == tfbfl.__version__
-  assert summary["data_fingerprint"] == run_dir.data_fingerprint(data)
+  assert summary["data_fingerprint"] == run_directory.data_fingerprint(data)
   try:
     head = subprocess.run(["git", "rev-parse", "HEAD"],
                           cwd=ROOT,
@@ -344,14 +344,14 @@ def test_source_modified_follows_tracked_files(tmp_path, monkeypatch):
                    timeout=30)
 
   git("init", "-q")
-  assert run_dir.source_commit.__wrapped__() is None  # no commit yet
-  assert run_dir.source_modified.__wrapped__() is False  # nothing tracked differs
+  assert run_directory.source_commit.__wrapped__() is None  # no commit yet
+  assert run_directory.source_modified.__wrapped__() is False  # nothing tracked differs
   git("add", ".")
   git("commit", "-q", "-m", "first")
-  assert re.fullmatch(r"[0-9a-f]{40}", run_dir.source_commit.__wrapped__())
-  assert run_dir.source_modified.__wrapped__() is False
+  assert re.fullmatch(r"[0-9a-f]{40}", run_directory.source_commit.__wrapped__())
+  assert run_directory.source_modified.__wrapped__() is False
   (checkout / "notes.txt").write_text("untracked\n")
-  assert run_dir.source_modified.__wrapped__() is False  # untracked files are not the code
+  assert run_directory.source_modified.__wrapped__() is False  # untracked files are not the code
   (checkout / "README.md").write_text("docs\n")
   (checkout / "results").mkdir()
   (checkout / "results" / "r.json").write_text("{}\n")
@@ -359,13 +359,13 @@ def test_source_modified_follows_tracked_files(tmp_path, monkeypatch):
   git("commit", "-q", "-m", "docs and a record")
   (checkout / "README.md").write_text("docs, rewritten by a report\n")
   (checkout / "results" / "r.json").write_text("{\"moved\": 1}\n")
-  assert run_dir.source_modified.__wrapped__() is False  # results and docs are not the code
-  assert "git_diff_sha256" not in run_dir.source_provenance()
+  assert run_directory.source_modified.__wrapped__() is False  # results and docs are not the code
+  assert "git_diff_sha256" not in run_directory.source_provenance()
   module.write_text("x = 2\n")
-  assert run_dir.source_modified.__wrapped__() is True
-  first = run_dir.source_provenance()["git_diff_sha256"]
+  assert run_directory.source_modified.__wrapped__() is True
+  first = run_directory.source_provenance()["git_diff_sha256"]
   module.write_text("x = 3\n")
-  second = run_dir.source_provenance()
+  second = run_directory.source_provenance()
   assert second["git_modified"] is True and re.fullmatch(r"[0-9a-f]{64}", first)
   assert second["git_diff_sha256"] != first  # the hash names the difference that ran
 
@@ -374,16 +374,16 @@ def test_source_commit_is_none_outside_a_checkout(tmp_path, monkeypatch):
   fake_package = tmp_path / "site" / "tfbfl"
   fake_package.mkdir(parents=True)
   monkeypatch.setattr(tfbfl, "__file__", str(fake_package / "__init__.py"))
-  assert run_dir.source_commit.__wrapped__() is None  # not a git work tree
+  assert run_directory.source_commit.__wrapped__() is None  # not a git work tree
   monkeypatch.setattr(tfbfl, "__file__", os.path.join(ROOT, "tfbfl", "__init__.py"))
   monkeypatch.setenv("PATH", str(tmp_path))  # no git at all
-  assert run_dir.source_commit.__wrapped__() is None
+  assert run_directory.source_commit.__wrapped__() is None
 
 
 # ---------------------------------------------------------------- flags.txt
 def test_flags_file_replays_the_run(tmp_path):
   out = tmp_path / "run"
-  flags = training.resolve_params(
+  flags = driver.resolve_params(
       dict(algorithm="fedavg",
            rounds=4,
            hidden_units=(16, 8),
@@ -408,21 +408,21 @@ def test_flags_file_replays_the_run(tmp_path):
     fv = absl_flags.FlagValues()
     tfbfl_flags.define(flag_values=fv)
     fv(["train", f"--flagfile={path}", *extra])
-    replay = training.resolve_params(tfbfl_flags.params(flag_values=fv))
+    replay = driver.resolve_params(tfbfl_flags.params(flag_values=fv))
     return {k: (list(v) if isinstance(v, tuple) else v) for k, v in replay.items()}
 
   replay = parse()
   without = lambda d: {k: v for k, v in d.items() if k != "verbose"}
   assert without(replay) == without(runner.flags)  # the driver's flags, every one
-  assert without(experiment.strict_json(replay)) == without(stored)  # as summary.json has them
+  assert without(round_loop.strict_json(replay)) == without(stored)  # as summary.json has them
   assert parse("--resume")["resume"] is True  # flags after --flagfile win
 
 
 def test_flag_text_round_trips_through_absl():
-  assert run_dir.flag_text(True) == "true" and run_dir.flag_text(np.float32(0.5)) == "0.5"
-  assert run_dir.flag_text([1, 2]) == "1,2" and run_dir.flag_text(None) is None
-  assert run_dir.flag_text(float("inf")) == "inf" and run_dir.flag_text(1e-7) == "1e-07"
-  text = run_dir.flagfile_text(dict(seed=3,
+  assert run_directory.flag_text(True) == "true" and run_directory.flag_text(np.float32(0.5)) == "0.5"
+  assert run_directory.flag_text([1, 2]) == "1,2" and run_directory.flag_text(None) is None
+  assert run_directory.flag_text(float("inf")) == "inf" and run_directory.flag_text(1e-7) == "1e-07"
+  text = run_directory.flagfile_text(dict(seed=3,
                                     algorithm="virtual",
                                     data_dir=None,
                                     resume=True,
@@ -446,7 +446,7 @@ def test_curves_panels_and_integer_round_ticks(tmp_path):
     shown = [{
         k: v for k, v in r.items() if not (drop_bytes and k.startswith("bytes"))
     } for r in rows]
-    fig = experiment.curves_figure(shown, "counter")
+    fig = round_loop.curves_figure(shown, "counter")
     try:
       axes = fig.get_axes()
       assert len(axes) == panels
@@ -570,7 +570,7 @@ def test_launcher_ctrl_c_is_one_line_and_the_flags_file_continues_it(tmp_path):
   # One line; nothing after it (TFF's threads retrying the stopped worker stay quiet).
   lines = [l for l in err.splitlines() if l.strip() and "absl" not in l]
   assert len(lines) == 1 and lines[0].startswith("train: "), err[-3000:]
-  saved = state_io.read_meta(str(out / experiment.CHECKPOINT))["round"]
+  saved = state_files.read_meta(str(out / round_loop.CHECKPOINT))["round"]
   assert saved >= 1
   assert re.fullmatch(
       rf"train: interrupted in round \d+ of 40; the checkpoint has round {saved}; continue "

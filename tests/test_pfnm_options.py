@@ -1,5 +1,5 @@
 """The PFNM launchers' settings as `tfbfl.options` fields: flags made from the option
-dataclasses of `tfbfl.experiments.pfnm`, parsed back into them, bad values named."""
+dataclasses of `tfbfl.experiments.pfnm_figures`, parsed back into them, bad values named."""
 
 import dataclasses
 import math
@@ -9,7 +9,7 @@ from absl import flags
 
 from launcher_helpers import run_launcher
 from tfbfl import options
-from tfbfl.experiments import pfnm as px
+from tfbfl.experiments import pfnm_figures as px
 
 OWN = (px.BatchesOptions, px.DepthOptions, px.StreamingOptions, px.SensitivityOptions)
 SHARED = (px.DataOptions, px.TrainingOptions, px.MatchingOptions, px.BaselineOptions)

@@ -1,7 +1,7 @@
 """The README's library snippets are the ones the tests execute.
 
 Each snippet lives once, as a `README_SNIPPET*` string in the test module that runs
-it (tests/test_export.py, tests/test_layers_keras.py, tests/test_learning.py); this
+it (tests/test_export.py, tests/test_layers_keras.py, tests/test_tff_learning.py); this
 test checks that README.md shows exactly that text in a ```python block, so a
 snippet that changes in one place and not the other fails here.
 """

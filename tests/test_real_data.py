@@ -188,13 +188,13 @@ SMOKE_RUNS = {  # preset: (data folder, algorithm, local epochs)
 
 @pytest.mark.parametrize("name", sorted(SMOKE_RUNS))
 def test_preset_trains_at_its_defaults(name, tmp_path, tff_runtime):
-  from tfbfl import training  # pylint: disable=g-import-not-at-top
+  from tfbfl import driver  # pylint: disable=g-import-not-at-top
 
   folder, algorithm, epochs = SMOKE_RUNS[name]
   directory = real_data_dir(folder)
   params = dict(presets.preset(name), algorithm=algorithm, data_dir=directory)
   params.update(SMOKE, epochs_per_round=epochs, output_dir=str(tmp_path / name))
-  training.run_training(params)
+  driver.run_training(params)
   with open(tmp_path / name / "metrics.csv") as f:
     header = f.readline().strip().split(",")
     rows = [dict(zip(header, line.strip().split(","))) for line in f]

@@ -22,7 +22,7 @@ import pytest
 
 from tfbfl import client_store
 from tfbfl import runtime
-from tfbfl import state_io
+from tfbfl import state_files
 
 
 # ----------------------------------------------------------------- helpers
@@ -95,10 +95,10 @@ def _tiny_virtual():
 
 
 def _run(data, rounds, round_hook=None):
-  from tfbfl import experiment  # pylint: disable=g-import-not-at-top
+  from tfbfl import round_loop  # pylint: disable=g-import-not-at-top
 
-  config = experiment.RunConfig(rounds=rounds, clients_per_round=4, seed=3, verbose=False)
-  runner = experiment.ExperimentRunner(_tiny_virtual(), data, config, round_hook=round_hook)
+  config = round_loop.RunConfig(rounds=rounds, clients_per_round=4, seed=3, verbose=False)
+  runner = round_loop.ExperimentRunner(_tiny_virtual(), data, config, round_hook=round_hook)
   runner.run()
   return runner
 
@@ -131,7 +131,7 @@ def test_remote_rounds_match_local_and_dead_worker_is_named(tff_runtime, tmp_pat
           np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-6, err_msg=key)
       eval_type = remote.algorithm.evaluate.type_signature.result.member
       if "client_index" in tff.structure.name_list(eval_type):
-        # Per-client results are re-keyed by client_index (experiment.evaluate).
+        # Per-client results are re-keyed by client_index (round_loop.evaluate).
         for want, got in zip(local.client_rows, remote.client_rows):
           for cid in data.client_ids:
             np.testing.assert_allclose(got[cid], want[cid], rtol=1e-5, atol=1e-6)
@@ -287,7 +287,7 @@ def test_disk_store_writes_atomically(tmp_path, monkeypatch):
   store = client_store.DiskClientStore(str(tmp_path))
   store[0] = _state(1)
 
-  class Unstorable:  # neither an array nor a container: tfbfl.state_io refuses it
+  class Unstorable:  # neither an array nor a container: tfbfl.state_files refuses it
     pass
 
   with pytest.raises(TypeError, match="cannot store"):
@@ -318,7 +318,7 @@ def test_disk_store_snapshot_and_restore(tmp_path):
   store[0], store[2] = _state(9), _state(2)  # later rounds
   assert store[0]["factor"][0, 0] == 9
   np.testing.assert_array_equal(
-      state_io.load(str(snap / "client_0.npz"))[0]["factor"], np.zeros((3, 2), np.float32))
+      state_files.load(str(snap / "client_0.npz"))[0]["factor"], np.zeros((3, 2), np.float32))
   name8 = client_store.save_snapshot(store, str(tmp_path), round_num=8)
   client_store.prune_snapshots(str(tmp_path), keep=name8)
   assert not snap.exists() and (tmp_path / name8).exists()
@@ -334,21 +334,21 @@ def test_disk_store_snapshot_and_restore(tmp_path):
 
 # ------------------------------------------- driver with the disk store (resume)
 def _driver_has_client_store():
-  from tfbfl import experiment  # pylint: disable=g-import-not-at-top
+  from tfbfl import round_loop  # pylint: disable=g-import-not-at-top
 
-  return "client_store" in experiment.RunConfig.__dataclass_fields__
+  return "client_store" in round_loop.RunConfig.__dataclass_fields__
 
 
 def test_disk_store_resume_matches_uninterrupted_run(tff_runtime, tmp_path):
   if not _driver_has_client_store():
-    pytest.skip("experiment.RunConfig has no client_store yet (issue 9 change to experiment.py)")
-  from tfbfl import experiment  # pylint: disable=g-import-not-at-top
+    pytest.skip("round_loop.RunConfig has no client_store yet (issue 9 change to round_loop.py)")
+  from tfbfl import round_loop  # pylint: disable=g-import-not-at-top
   from tfbfl.data import load_federated  # pylint: disable=g-import-not-at-top
 
   data = load_federated("digits", num_clients=4, seed=0)
 
   def run(out, rounds, round_hook=None, **kw):
-    config = experiment.RunConfig(rounds=rounds,
+    config = round_loop.RunConfig(rounds=rounds,
                                   clients_per_round=2,
                                   seed=5,
                                   verbose=False,
@@ -357,7 +357,7 @@ def test_disk_store_resume_matches_uninterrupted_run(tff_runtime, tmp_path):
                                   client_store="disk",
                                   export=False,
                                   **kw)
-    return experiment.ExperimentRunner(_tiny_virtual(), data, config, round_hook=round_hook).run()
+    return round_loop.ExperimentRunner(_tiny_virtual(), data, config, round_hook=round_hook).run()
 
   class _Crash(Exception):
     pass
@@ -371,7 +371,7 @@ def test_disk_store_resume_matches_uninterrupted_run(tff_runtime, tmp_path):
   want = run(tmp_path / "a", 3)
   # One file per client ever trained; never-selected clients are evaluated from
   # their initial state, rebuilt, not stored.
-  selected = set().union(*[experiment.sample_clients(5, r, 4, 2) for r in (1, 2, 3)])
+  selected = set().union(*[round_loop.sample_clients(5, r, 4, 2) for r in (1, 2, 3)])
   assert sorted(os.listdir(tmp_path / "a" / "client_states")) == sorted(
       f"client_{i}.npz" for i in selected)
   run(tmp_path / "b", 1, checkpoint_every=1)

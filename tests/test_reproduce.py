@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from tfbfl import data as data_lib
-from tfbfl import experiment
+from tfbfl import round_loop
 from tfbfl.experiments import reproduce
 from tfbfl.experiments import reproduction_report
 
@@ -522,7 +522,7 @@ def test_a_run_the_robust_rounds_stop_is_recorded_and_loses_its_tuning(tmp_path)
   rec = reproduce.run_cell(cell, **kw)
   assert "every client update was dropped" in reproduce.stopped(rec)
   assert reproduce.read_records(results)[cell.name]["result"]["stopped"] == reproduce.stopped(rec)
-  assert len(rec["result"]["curves"]["round"]) == experiment.ALL_DROPPED_STOP_ROUNDS
+  assert len(rec["result"]["curves"]["round"]) == round_loop.ALL_DROPPED_STOP_ROUNDS
   assert "until the run stopped" in reproduce.headline(rec)
   fine = _record(base, dict(mt_accuracy=[0.1, 0.2]))
   halted = dict(rec, result=dict(rec["result"], curves=dict(rec["result"]["curves"],

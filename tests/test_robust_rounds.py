@@ -13,9 +13,9 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from tfbfl import data as data_lib  # noqa: E402
-from tfbfl import experiment  # noqa: E402
-from tfbfl import state_io  # noqa: E402
-from tfbfl import training  # noqa: E402
+from tfbfl import round_loop  # noqa: E402
+from tfbfl import state_files  # noqa: E402
+from tfbfl import driver  # noqa: E402
 from tfbfl.algorithms import robust  # noqa: E402
 from launcher_helpers import run_launcher  # noqa: E402
 
@@ -34,12 +34,12 @@ def _params(algorithm, **kw):
   if algorithm == "virtual":
     p.update(client_lr=0.1, server_lr=0.5)
   p.update(kw)
-  return training.resolve_params(p)
+  return driver.resolve_params(p)
 
 
 @pytest.fixture(scope="module")
 def digits():
-  return training.load_data(_params("fedavg"))
+  return driver.load_data(_params("fedavg"))
 
 
 def _scaled(fd, client, scale):
@@ -54,10 +54,10 @@ def _scaled(fd, client, scale):
 
 
 def _run(p, fd, **run_kw):
-  algo = training.build_algorithm(fd, p)
-  runner = experiment.ExperimentRunner(
+  algo = driver.build_algorithm(fd, p)
+  runner = round_loop.ExperimentRunner(
       algo, fd,
-      experiment.RunConfig(rounds=p["rounds"],
+      round_loop.RunConfig(rounds=p["rounds"],
                            clients_per_round=p["clients_per_round"],
                            verbose=run_kw.pop("verbose", False),
                            **run_kw))
@@ -137,11 +137,11 @@ def test_posterior_rule_measures_the_mean_move_not_the_natural_parameters():
 
 
 def test_max_update_ratio_flag_is_checked():
-  assert training.resolve_params({})["max_update_ratio"] == robust.DEFAULT_MAX_UPDATE_RATIO
-  assert training.resolve_params(dict(max_update_ratio=float("inf")))["max_update_ratio"] == np.inf
+  assert driver.resolve_params({})["max_update_ratio"] == robust.DEFAULT_MAX_UPDATE_RATIO
+  assert driver.resolve_params(dict(max_update_ratio=float("inf")))["max_update_ratio"] == np.inf
   for bad in (0.0, -1.0, float("nan")):
     with pytest.raises(ValueError, match="max_update_ratio"):
-      training.resolve_params(dict(max_update_ratio=bad))
+      driver.resolve_params(dict(max_update_ratio=bad))
 
 
 # ------------------------------------------------------------ huge client
@@ -152,7 +152,7 @@ def test_client_with_huge_features_is_dropped(tff_runtime, digits, algorithm):
   fd = _scaled(digits, 0, 1e20)
   algo, runner = _run(p, fd)
   assert [row["clients_dropped"] for row in runner.rows] == [1.0] * _ROUNDS
-  assert not experiment.non_finite_leaves(runner.state["server_state"])
+  assert not round_loop.non_finite_leaves(runner.state["server_state"])
   assert all(np.isfinite(row["train_loss"]) for row in runner.rows)
   assert runner.rows[-1]["server_accuracy"] > 0.3  # chance is 0.1
   # Dropped in every round: its stored state is still its initial one.
@@ -168,7 +168,7 @@ def test_outlier_rule_drops_a_finite_update(tff_runtime, digits):
   del tff_runtime
   fd = _scaled(digits, 0, 1e3)
   p = _params("fedavg", rounds=1, client_lr=0.05, epochs_per_round=1)
-  _, kept = _run(training.resolve_params(dict(p, max_update_ratio=float("inf"))), fd)
+  _, kept = _run(driver.resolve_params(dict(p, max_update_ratio=float("inf"))), fd)
   assert kept.rows[0]["clients_dropped"] == 0.0
   assert 100.0 < kept.rows[0]["update_ratio_max"] < np.inf
   _, dropped = _run(p, fd)
@@ -181,10 +181,10 @@ def test_outlier_rule_drops_a_finite_update(tff_runtime, digits):
 def test_huge_client_lr_drops_every_client_or_stops(tff_runtime, digits, algorithm, capsys):
   del tff_runtime
   p = _params(algorithm, client_lr=1e3, rounds=1)
-  algo = training.build_algorithm(digits, p)
+  algo = driver.build_algorithm(digits, p)
   try:
     _, runner = _run(p, digits, verbose=True)
-  except experiment.NonFiniteServerStateError as e:  # the other allowed outcome
+  except round_loop.NonFiniteServerStateError as e:  # the other allowed outcome
     assert "round 1" in str(e) and algorithm in str(e) and "--client_lr" in str(e)
     return
   assert runner.rows[0]["clients_dropped"] == 4.0
@@ -200,18 +200,18 @@ def test_rounds_in_a_row_with_every_client_dropped_stop_the_run(tff_runtime, dig
   ALL_DROPPED_STOP_ROUNDS such rounds the run stops with one line, its rounds
   written, instead of finishing untrained."""
   del tff_runtime
-  stop = experiment.ALL_DROPPED_STOP_ROUNDS
+  stop = round_loop.ALL_DROPPED_STOP_ROUNDS
   p = _params("virtual", rounds=stop + 2, epochs_per_round=1, max_update_ratio=1e-9)
   out = str(tmp_path / "run")
-  algo = training.build_algorithm(digits, p)
-  runner = experiment.ExperimentRunner(
+  algo = driver.build_algorithm(digits, p)
+  runner = round_loop.ExperimentRunner(
       algo, digits,
-      experiment.RunConfig(rounds=stop + 2, clients_per_round=4, output_dir=out, verbose=False))
-  with pytest.raises(experiment.AllClientsDroppedError,
+      round_loop.RunConfig(rounds=stop + 2, clients_per_round=4, output_dir=out, verbose=False))
+  with pytest.raises(round_loop.AllClientsDroppedError,
                      match=rf"\[virtual\] rounds 1-{stop}: every client update was dropped in "
                      rf"{stop} rounds in a row .*--max_update_ratio=1e-09") as e:
     runner.run()
-  assert isinstance(e.value, experiment.RunStoppedError) and "\n" not in str(e.value)
+  assert isinstance(e.value, round_loop.RunStoppedError) and "\n" not in str(e.value)
   with open(os.path.join(out, "metrics.csv")) as f:
     rows = list(csv.DictReader(f))
   assert [r["round"] for r in rows] == [str(i) for i in range(1, stop + 1)]
@@ -223,11 +223,11 @@ def test_rounds_in_a_row_with_every_client_dropped_stop_the_run(tff_runtime, dig
 def test_launcher_stops_an_all_dropped_run_with_one_line(tmp_path):
   """Through `launchers.train`: exit `RUN_STOPPED_STATUS`, one line naming the cause and
   the flag."""
-  stop = experiment.ALL_DROPPED_STOP_ROUNDS
+  stop = round_loop.ALL_DROPPED_STOP_ROUNDS
   proc = run_launcher("train", "--algorithm=fedavg", "--num_clients=4", "--hidden_units=8",
                       "--epochs_per_round=1", f"--rounds={stop + 2}", "--max_update_ratio=1e-9",
                       f"--output_dir={tmp_path}")
-  assert proc.returncode == experiment.RUN_STOPPED_STATUS, proc.stderr[-3000:]
+  assert proc.returncode == round_loop.RUN_STOPPED_STATUS, proc.stderr[-3000:]
   fatal = [line for line in proc.stderr.splitlines() if line.startswith("FATAL train:")]
   assert len(fatal) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
   assert f"rounds 1-{stop}: every client update was dropped" in fatal[0]
@@ -257,20 +257,20 @@ class _PoisonRound2:
 def test_non_finite_server_state_stops_before_writing(tff_runtime, digits, tmp_path):
   del tff_runtime
   p = _params("fedavg", rounds=3, epochs_per_round=1)
-  algo = _PoisonRound2(training.build_algorithm(digits, p))
+  algo = _PoisonRound2(driver.build_algorithm(digits, p))
   out = str(tmp_path / "run")
-  runner = experiment.ExperimentRunner(
+  runner = round_loop.ExperimentRunner(
       algo, digits,
-      experiment.RunConfig(rounds=3,
+      round_loop.RunConfig(rounds=3,
                            clients_per_round=4,
                            output_dir=out,
                            checkpoint_every=1,
                            verbose=False))
-  with pytest.raises(experiment.NonFiniteServerStateError,
+  with pytest.raises(round_loop.NonFiniteServerStateError,
                      match=r"\[fedavg\] round 2: .*non-finite.*--client_lr") as e:
     runner.run()
   assert isinstance(e.value, RuntimeError)
-  assert state_io.read_meta(os.path.join(out, experiment.CHECKPOINT))["round"] == 1
+  assert state_files.read_meta(os.path.join(out, round_loop.CHECKPOINT))["round"] == 1
   with open(os.path.join(out, "metrics.csv")) as f:
     assert [line.split(",")[0] for line in f.read().splitlines()[1:]] == ["1"]
   assert not os.path.exists(os.path.join(out, "summary.json"))
@@ -281,13 +281,13 @@ def test_launcher_prints_one_line_for_a_non_finite_server(monkeypatch, capsys):
 
   def boom(params):
     del params
-    raise experiment.NonFiniteServerStateError(
+    raise round_loop.NonFiniteServerStateError(
         "[virtual] round 3: the server state became non-finite; try a smaller --client_lr")
 
-  monkeypatch.setattr(training, "run_training", boom)
+  monkeypatch.setattr(driver, "run_training", boom)
   monkeypatch.setattr(train, "params_from_flags", dict)
   with pytest.raises(SystemExit) as e:
     train.main(["train"])
-  assert e.value.code == experiment.RUN_STOPPED_STATUS
+  assert e.value.code == round_loop.RUN_STOPPED_STATUS
   err = capsys.readouterr().err
   assert err.count("\n") == 1 and "round 3" in err and "Traceback" not in err

@@ -29,10 +29,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from tfbfl import experiment  # noqa: E402
-from tfbfl import learning  # noqa: E402
-from tfbfl import state_io  # noqa: E402
-from tfbfl import training  # noqa: E402
+from tfbfl import round_loop  # noqa: E402
+from tfbfl import tff_learning  # noqa: E402
+from tfbfl import state_files  # noqa: E402
+from tfbfl import driver  # noqa: E402
 from tfbfl.algorithms import fedavg  # noqa: E402
 from launcher_helpers import assert_one_fatal_line_before_tensorflow  # noqa: E402
 
@@ -52,12 +52,12 @@ def _params(**kw):
            rounds=2,
            verbose=False)
   p.update(kw)
-  return training.resolve_params(p)
+  return driver.resolve_params(p)
 
 
 @pytest.fixture(scope="module")
 def fd():
-  return training.load_data(_params())
+  return driver.load_data(_params())
 
 
 def _flat(weights):
@@ -66,7 +66,7 @@ def _flat(weights):
 
 def _round(algo, state, fd, r):
   data = [fd.train[c] for c in fd.client_ids]
-  seeds = [experiment.client_seed(_SEED, r, i) for i in range(len(data))]
+  seeds = [round_loop.client_seed(_SEED, r, i) for i in range(len(data))]
   clients = [algo.initial_client_state(i) for i in range(len(data))]
   new_state, _, metrics = algo.next(state, clients, seeds, data)
   return new_state, metrics
@@ -82,7 +82,7 @@ def _mean_delta(plain, weights, fd, r):
 
 def test_server_momentum_closed_form_with_a_constant_delta(tff_runtime, fd):
   lr, beta, steps = 0.5, 0.9, 5
-  algo = training.build_algorithm(fd, _params(server_lr=lr, server_momentum=beta))
+  algo = driver.build_algorithm(fd, _params(server_lr=lr, server_momentum=beta))
   state = algo.initial_server_state()
   weights, fin = state.model_weights, state.finalizer_state
   rng = np.random.default_rng(0)
@@ -101,8 +101,8 @@ def test_server_momentum_closed_form_with_a_constant_delta(tff_runtime, fd):
 
 def test_server_momentum_rounds_follow_the_recursion(tff_runtime, fd):
   lr, beta = 0.5, 0.9
-  algo = training.build_algorithm(fd, _params(server_lr=lr, server_momentum=beta))
-  plain = training.build_algorithm(fd, _params(server_lr=1.0))
+  algo = driver.build_algorithm(fd, _params(server_lr=lr, server_momentum=beta))
+  plain = driver.build_algorithm(fd, _params(server_lr=1.0))
   state = algo.initial_server_state()
   w, m = _flat(state.model_weights), 0.0
   for r in (1, 2, 3):
@@ -121,8 +121,8 @@ def test_server_momentum_rounds_follow_the_recursion(tff_runtime, fd):
 
 def test_adam_first_step_is_about_lr_times_sign_of_delta(tff_runtime, fd):
   lr, eps, beta_2 = 0.01, 1e-7, 0.999
-  algo = training.build_algorithm(fd, _params(server_optimizer="adam", server_lr=lr))
-  plain = training.build_algorithm(fd, _params(server_lr=1.0))
+  algo = driver.build_algorithm(fd, _params(server_optimizer="adam", server_lr=lr))
+  plain = driver.build_algorithm(fd, _params(server_lr=1.0))
   state = algo.initial_server_state()
   w0 = _flat(state.model_weights)
   delta = _mean_delta(plain, state.model_weights, fd, 1)
@@ -153,8 +153,8 @@ def test_unset_server_lr_is_one_for_sgd_and_adams_default_for_adam():
 
 def _run(fd, rounds, **kw):
   p = _params(rounds=rounds, **kw)
-  algo = training.build_algorithm(fd, p)
-  runner = experiment.ExperimentRunner(algo, fd, training.run_config(p))
+  algo = driver.build_algorithm(fd, p)
+  runner = round_loop.ExperimentRunner(algo, fd, driver.run_config(p))
   runner.run()
   return runner
 
@@ -165,7 +165,7 @@ def test_client_momentum_changes_the_trajectory_and_learns_on_digits(tff_runtime
            hidden_units=(32,),
            epochs_per_round=5,
            client_lr=0.05)
-  fd10 = training.load_data(_params(**p))
+  fd10 = driver.load_data(_params(**p))
   plain = _run(fd10, 4, **p)
   moment = _run(fd10, 4, client_momentum=0.9, **p)
   a = _flat(plain.state["server_state"].model_weights)
@@ -189,12 +189,12 @@ def _rows(path):
 ])
 def test_resume_keeps_the_optimizer_state(tff_runtime, tmp_path, flags, key):
   common = dict(checkpoint_every=1, export=False, **flags)
-  full = training.run_training(_params(rounds=3, output_dir=str(tmp_path / "full"), **common))
-  training.run_training(_params(rounds=2, output_dir=str(tmp_path / "part"), **common))
-  state, _ = state_io.load(str(tmp_path / "part" / experiment.CHECKPOINT))
+  full = driver.run_training(_params(rounds=3, output_dir=str(tmp_path / "full"), **common))
+  driver.run_training(_params(rounds=2, output_dir=str(tmp_path / "part"), **common))
+  state, _ = state_files.load(str(tmp_path / "part" / round_loop.CHECKPOINT))
   saved = state["server_state"].finalizer_state[key]
   assert max(float(np.max(np.abs(np.asarray(a)))) for a in saved) > 0  # not the initial zeros
-  resumed = training.run_training(
+  resumed = driver.run_training(
       _params(rounds=3, output_dir=str(tmp_path / "part"), resume=True, **common))
   assert _rows(tmp_path / "full") == _rows(tmp_path / "part")
   assert full["final_server_accuracy"] == resumed["final_server_accuracy"]
@@ -266,21 +266,21 @@ def test_bad_combination_is_one_line_before_tensorflow(argv, flag):
 
 @pytest.mark.parametrize("algorithm", ["virtual", "local", "global"])
 def test_algorithms_without_these_flags_name_them_in_a_warning(algorithm, capsys):
-  training.resolve_params(dict(algorithm=algorithm, server_optimizer="adam", client_momentum=0.9))
+  driver.resolve_params(dict(algorithm=algorithm, server_optimizer="adam", client_momentum=0.9))
   err = capsys.readouterr().err
   assert f"--algorithm={algorithm} does not use" in err
   assert "--client_momentum" in err and "--server_optimizer" in err
   # A combination only FedAvg's family refuses is not checked for them.
-  training.resolve_params(dict(algorithm=algorithm, server_optimizer="adam", server_momentum=0.9))
+  driver.resolve_params(dict(algorithm=algorithm, server_optimizer="adam", server_momentum=0.9))
 
 
 def test_learning_process_takes_the_settings(tff_runtime, fd):
-  process = learning.build_fedavg_process(fd, server_momentum=0.9, server_lr=0.5, seed=_SEED)
+  process = tff_learning.build_fedavg_process(fd, server_momentum=0.9, server_lr=0.5, seed=_SEED)
   assert process.algorithm.config.server_momentum == 0.9
   state = process.initialize()
   assert "accumulator" in state.algorithm.finalizer_state
   # A plain ModelConfig (no optimizer flags) still builds FedAvg.
-  plain = learning.build_fedavg_process(fedavg.ModelConfig(input_dim=64, num_classes=10))
+  plain = tff_learning.build_fedavg_process(fedavg.ModelConfig(input_dim=64, num_classes=10))
   assert isinstance(plain.algorithm, fedavg.FedAvgAlgorithm)
 
 
@@ -294,4 +294,4 @@ def test_library_configs_check_the_same_rules():
   with pytest.raises(ValueError, match="--server_optimizer"):
     fedavg.FedAvgConfig(input_dim=4, num_classes=2, server_optimizer="yogi")
   with pytest.raises(ValueError, match="--server_momentum"):
-    training.resolve_params(dict(algorithm="fedpa", server_optimizer="adam", server_momentum=0.9))
+    driver.resolve_params(dict(algorithm="fedpa", server_optimizer="adam", server_momentum=0.9))

@@ -12,7 +12,7 @@ import tensorflow_probability as tfp
 
 from tfbfl import gaussian
 from tfbfl import networks
-from tfbfl import training
+from tfbfl import driver
 from tfbfl.algorithms import virtual
 
 
@@ -232,8 +232,8 @@ def _majority_baseline(fd):
 
 def test_digits_learns_above_per_client_majority(tff_runtime, tmp_path):
   p = _tiny_params(tmp_path)
-  summary = training.run_training(p)
-  fd = training.load_data(training.resolve_params(p))
+  summary = driver.run_training(p)
+  fd = driver.load_data(driver.resolve_params(p))
   majority = _majority_baseline(fd)
   # Per-client majority-class guessing is what a non-learning personalised
   # model gets on Dirichlet(0.5) clients; MT must clearly beat it, and S must
@@ -265,9 +265,9 @@ def test_resume_gives_identical_metrics(tff_runtime, tmp_path):
                 epochs_per_round=1,
                 hidden_units=(8,),
                 checkpoint_every=1)
-  full = training.run_training(_tiny_params(tmp_path / "full", rounds=3, **common))
-  training.run_training(_tiny_params(tmp_path / "part", rounds=2, **common))
-  resumed = training.run_training(_tiny_params(tmp_path / "part", rounds=3, resume=True, **common))
+  full = driver.run_training(_tiny_params(tmp_path / "full", rounds=3, **common))
+  driver.run_training(_tiny_params(tmp_path / "part", rounds=2, **common))
+  resumed = driver.run_training(_tiny_params(tmp_path / "part", rounds=3, resume=True, **common))
 
   def rows(d):
     with open(tmp_path / d / "metrics.csv") as f:
@@ -283,9 +283,9 @@ def test_resume_refuses_other_flags(tff_runtime, tmp_path):
                 epochs_per_round=1,
                 hidden_units=(8,),
                 checkpoint_every=1)
-  training.run_training(_tiny_params(tmp_path, rounds=1, **common))
+  driver.run_training(_tiny_params(tmp_path, rounds=1, **common))
   with pytest.raises(ValueError, match="other flags"):
-    training.run_training(_tiny_params(tmp_path, rounds=2, resume=True, kl_weight=0.5, **common))
+    driver.run_training(_tiny_params(tmp_path, rounds=2, resume=True, kl_weight=0.5, **common))
 
 
 @pytest.mark.parametrize("bad, match", [
@@ -298,7 +298,7 @@ def test_resume_refuses_other_flags(tff_runtime, tmp_path):
 ])
 def test_bad_flags_are_clear_errors(bad, match):
   with pytest.raises(ValueError, match=match):
-    training.resolve_params({"algorithm": "virtual", **bad})
+    driver.resolve_params({"algorithm": "virtual", **bad})
 
 
 def test_config_validation():

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from tfbfl import client_store
-from tfbfl import training
+from tfbfl import driver
 from tfbfl.algorithms import registry
 from tfbfl.algorithms import virtual
 from test_virtual import _closed_form_posterior, _flat_posterior, _linear_config
@@ -28,7 +28,7 @@ K = 4
 
 def _default_step(clients_per_round):
   """The step a launcher run with the shipped flags takes (its config, as built by the driver)."""
-  p = training.resolve_params(
+  p = driver.resolve_params(
       dict(algorithm="virtual", num_clients=K, clients_per_round=clients_per_round))
   data = types.SimpleNamespace(input_shape=(3,), num_classes=1, client_ids=list(range(K)))
   return registry.get("virtual").make_config(p, data).step

@@ -172,9 +172,9 @@ class _FakeRunner:
     self.calls = []
 
   def __call__(self, params):
-    from tfbfl import experiment, state_io, training  # pylint: disable=g-import-not-at-top
+    from tfbfl import round_loop, state_files, driver  # pylint: disable=g-import-not-at-top
     self.calls.append(dict(params))
-    p = training.resolve_params(params)
+    p = driver.resolve_params(params)
     flags = {k: (list(v) if isinstance(v, tuple) else v) for k, v in p.items()}
     summary = dict(algorithm=p["algorithm"],
                    flags=flags,
@@ -183,8 +183,8 @@ class _FakeRunner:
                    best_mt_accuracy=0.6,
                    bytes_up_total=10,
                    bytes_down_total=10)
-    experiment.atomic_write_text(os.path.join(p["output_dir"], "summary.json"), json.dumps(summary))
-    state_io.save(os.path.join(p["output_dir"], experiment.CHECKPOINT),
+    round_loop.atomic_write_text(os.path.join(p["output_dir"], "summary.json"), json.dumps(summary))
+    state_files.save(os.path.join(p["output_dir"], round_loop.CHECKPOINT),
                   dict(round=p["rounds"]),
                   meta=dict(kind="checkpoint", round=p["rounds"]))
     return summary
@@ -322,13 +322,13 @@ def test_layer_log_snr_pools_trained_clients_dense_kernels():
 
 def test_flags_pass_through_to_training():
   from absl import flags  # pylint: disable=g-import-not-at-top
-  from tfbfl import training  # pylint: disable=g-import-not-at-top
+  from tfbfl import driver  # pylint: disable=g-import-not-at-top
   fv = flags.FlagValues()
   vx.define_training_flags(fv)
   fv(["prog", "--rounds=3", "--hidden_units=8,4", "--kl_weight=0.5", "--partition=homogeneous"])
   params = vx.params_from_flags(fv)
-  assert set(params) == set(vx.PASS_THROUGH) and set(vx.PASS_THROUGH) <= set(training.DEFAULTS)
-  p = training.resolve_params(dict(params, algorithm="virtual"))
+  assert set(params) == set(vx.PASS_THROUGH) and set(vx.PASS_THROUGH) <= set(driver.DEFAULTS)
+  p = driver.resolve_params(dict(params, algorithm="virtual"))
   assert p["rounds"] == 3 and p["hidden_units"] == (8, 4) and p["kl_weight"] == 0.5
   assert p["partition"] == "homogeneous" and p["server_lr"] == pytest.approx(0.1)
   # server_lr, clients_per_round and init_scale are derived when unset (1/C; min(10, K);
@@ -338,7 +338,7 @@ def test_flags_pass_through_to_training():
       "rounds", "hidden_units", "kl_weight", "partition", "server_lr", "clients_per_round",
       "filters", "lstm_units", "init_scale"
   }:
-    assert p[name] == training.DEFAULTS[name], name
+    assert p[name] == driver.DEFAULTS[name], name
   assert fv.output_dir is None and fv.fedprox_client_lr is None
 
 

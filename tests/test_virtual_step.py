@@ -22,7 +22,7 @@ import pytest
 import tensorflow as tf
 
 from tfbfl import gaussian
-from tfbfl import training
+from tfbfl import driver
 from tfbfl.algorithms import registry
 from tfbfl.algorithms import virtual
 from tfbfl.algorithms.virtual import step as virtual_step
@@ -258,7 +258,7 @@ def _rows(tmp_path, lean, monkeypatch):
            output_dir=str(out),
            verbose=False,
            client_lr=0.1)
-  summary = training.run_training(p)
+  summary = driver.run_training(p)
   with open(out / "metrics.csv") as f:
     return summary, list(csv.DictReader(f))
 

@@ -10,12 +10,12 @@ Modules, one idea each:
 * `tfbfl.algorithms`  one module per method (VIRTUAL, FedAvg/FedProx, FOLA, ...).
 * `tfbfl.matching`    PFNM neuron matching (numpy/scipy).
 * `tfbfl.data`        federated datasets, partitioners and loaders.
-* `tfbfl.experiment`  the round loop shared by every launcher; `tfbfl.run_outputs`
+* `tfbfl.round_loop`  the round loop shared by every launcher; `tfbfl.run_outputs`
                       what a run writes; `tfbfl.checkpoint` the run state's format.
 * `tfbfl.predictor`   a model as a plain-TF SavedModel; `tfbfl.export` a run's
                       models; `tfbfl.restore` a run rebuilt from its checkpoint.
-* `tfbfl.learning`    the algorithms as `tff.learning` processes.
-* `tfbfl.options`, `tfbfl.flags`, `tfbfl.training`  settings, flags, the driver.
+* `tfbfl.tff_learning`    the algorithms as `tff.learning` processes.
+* `tfbfl.options`, `tfbfl.flags`, `tfbfl.driver`  settings, flags, the driver.
 """
 
 __version__ = "0.1.0"

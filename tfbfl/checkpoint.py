@@ -1,6 +1,6 @@
 """A run's checkpoint: `<output_dir>/checkpoint.npz`, written and read here only.
 
-The file is a `tfbfl.state_io` archive (arrays + a JSON manifest with per-array
+The file is a `tfbfl.state_files` archive (arrays + a JSON manifest with per-array
 checksums; never a pickle) of the runner's state
 
     {"round": r, "server_state": ..., "rows": [...], "client_rows": [...],
@@ -10,7 +10,7 @@ checksums; never a pickle) of the runner's state
 with the manifest's `meta`
 
     {"kind": "checkpoint", "round": r, "flags": the comparable flags,
-     "data_fingerprint": tfbfl.run_dir.data_fingerprint(data),
+     "data_fingerprint": tfbfl.run_directory.data_fingerprint(data),
      "client_store": "memory" | "disk"}.
 
 A disk client store (`tfbfl.client_store.DiskClientStore`) is saved as a
@@ -33,7 +33,7 @@ from typing import Any, Dict, List, Mapping, NamedTuple, Optional
 import numpy as np
 
 from tfbfl import client_store as client_store_lib
-from tfbfl import state_io
+from tfbfl import state_files
 
 CHECKPOINT = "checkpoint.npz"
 LEGACY_CHECKPOINT = "checkpoint.pkl"  # pickles of older versions: never loaded
@@ -140,7 +140,7 @@ def save(output_dir: str, state: RunState, *, flags: Mapping[str, Any],
               flags=comparable_flags(flags),
               data_fingerprint=data_fingerprint,
               client_store=getattr(clients, "kind", "memory"))
-  state_io.save(path_in(output_dir), tree, meta=meta)
+  state_files.save(path_in(output_dir), tree, meta=meta)
   if snapshot is not None:
     client_store_lib.prune_snapshots(output_dir, keep=snapshot)
   return int(state.round)
@@ -189,7 +189,7 @@ def read_meta(output_dir: str, *, flags: Optional[Mapping[str, Any]] = None,
   path = path_in(output_dir)
   _refuse_legacy(output_dir, resume)
   try:
-    meta = state_io.read_meta(path)
+    meta = state_files.read_meta(path)
   except FileNotFoundError:
     raise FileNotFoundError(_resume_message(f"no checkpoint at {path}", resume) + (
         "." if resume else " (run with --checkpoint_every=N to write one).")) from None
@@ -208,7 +208,7 @@ def load(output_dir: str, *, flags: Optional[Mapping[str, Any]] = None,
   if not os.path.exists(path):
     read_meta(output_dir, resume=resume)  # raises its FileNotFoundError
   try:
-    state, meta = state_io.load(path)
+    state, meta = state_files.load(path)
   except ValueError as e:
     raise ValueError(_resume_message(str(e), resume)) from None
   _check_meta(path, meta, flags, data_fingerprint, resume)

@@ -13,7 +13,7 @@ same interface, a mutable mapping keyed by integer client index:
   (VIRTUAL, MLP 64-100-100-10: about 0.75 MB per client).
 * `DiskClientStore`: a `collections.abc.MutableMapping` over one state file per
   client in a directory (keys in increasing order), `client_<index>.npz` in the
-  `tfbfl.state_io` format (numpy arrays + a JSON manifest with checksums: reading
+  `tfbfl.state_files` format (numpy arrays + a JSON manifest with checksums: reading
   one never executes code, and a damaged file is one `ValueError` naming it),
   written atomically (temporary file in the same directory, fsync, rename), so a
   crash never leaves a half-written state; a state is in memory only while it is
@@ -35,7 +35,7 @@ import shutil
 import tempfile
 from typing import Iterator, Optional
 
-from tfbfl import state_io
+from tfbfl import state_files
 
 _FILE = re.compile(r"^client_(\d+)\.npz$")
 _LEGACY_FILE = re.compile(r"^client_(\d+)\.pkl$")
@@ -70,22 +70,22 @@ class DiskClientStore(collections.abc.MutableMapping):
     return os.path.join(self.directory, f"client_{index}.npz")
 
   def __getitem__(self, index: int):
-    """The state of client `index`, checked by `tfbfl.state_io.load`.
+    """The state of client `index`, checked by `tfbfl.state_files.load`.
 
     Raises:
       KeyError: no state for `index`.
       ValueError: naming the file, when it is damaged or not a state file.
     """
     try:
-      state, _ = state_io.load(self.path(index))
+      state, _ = state_files.load(self.path(index))
     except FileNotFoundError:
       raise KeyError(int(index)) from None
     return state
 
   def __setitem__(self, index: int, state) -> None:
-    """Writes the state atomically; a state that `tfbfl.state_io` cannot store
+    """Writes the state atomically; a state that `tfbfl.state_files` cannot store
     (TypeError) leaves the old file untouched."""
-    state_io.save(self.path(index), state, fsync=self.fsync)
+    state_files.save(self.path(index), state, fsync=self.fsync)
 
   def __delitem__(self, index: int) -> None:
     try:
@@ -139,9 +139,9 @@ class DiskClientStore(collections.abc.MutableMapping):
           os.link(src, dst)
         except OSError:
           shutil.copy2(src, dst)
-      state_io.fsync_dir(tmp)
+      state_files.fsync_dir(tmp)
       os.rename(tmp, dest)
-      state_io.fsync_dir(parent)
+      state_files.fsync_dir(parent)
     except BaseException:
       shutil.rmtree(tmp, ignore_errors=True)
       raise
@@ -178,7 +178,7 @@ class DiskClientStore(collections.abc.MutableMapping):
       except OSError:
         shutil.copy2(source, tmp)
       os.replace(tmp, target)
-    state_io.fsync_dir(self.directory)
+    state_files.fsync_dir(self.directory)
 
   def __getstate__(self):
     return dict(directory=self.directory, fsync=self.fsync)

@@ -2,7 +2,7 @@
 directory, flushed, renamed into place, the directory synced.
 
 Every output of a run (metrics, summaries, checkpoints, exports, records) goes
-through here or through `tfbfl.state_io`, which uses the same rule.
+through here or through `tfbfl.state_files`, which uses the same rule.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ the flag before TensorFlow is imported:
     tfbfl_flags.run(main, "train")
 
 `run` also quiets TensorFlow's C++ logs (`TF_CPP_MIN_LOG_LEVEL=3` unless set)
-and turns Ctrl-C into one line (`tfbfl.experiment.RunInterrupted` says the round
+and turns Ctrl-C into one line (`tfbfl.round_loop.RunInterrupted` says the round
 and the command that continues the run) and exit status 130.
 """
 
@@ -25,10 +25,10 @@ from typing import Any, Callable, Dict, Iterable, List, Optional
 
 from absl import flags as absl_flags
 
-from tfbfl import experiment
+from tfbfl import round_loop
 from tfbfl import options
 from tfbfl import runtime
-from tfbfl import training
+from tfbfl import driver
 
 FLAGS = absl_flags.FLAGS
 
@@ -70,7 +70,7 @@ def define(names: Optional[Iterable[str]] = None,
   `check_combinations`, one more validator runs `training.resolve_params` over the
   defined flags. Returns the names defined.
   """
-  table = training.settings()
+  table = driver.settings()
   wanted = ["algorithm", *table] if names is None else list(names)
   unknown = [n for n in wanted if n != "algorithm" and n not in table]
   if unknown:
@@ -79,10 +79,10 @@ def define(names: Optional[Iterable[str]] = None,
   for name in wanted:
     if name == "algorithm":
       absl_flags.DEFINE_enum("algorithm",
-                             defaults.pop(name, training.DEFAULT_ALGORITHM),
-                             list(training.algorithm_names()),
+                             defaults.pop(name, driver.DEFAULT_ALGORITHM),
+                             list(driver.algorithm_names()),
                              "Federated algorithm: " +
-                             "; ".join(f"{s.name}: {s.summary}" for s in training.registry.specs()),
+                             "; ".join(f"{s.name}: {s.summary}" for s in driver.registry.specs()),
                              flag_values=flag_values)
       continue
     default, option = table[name]
@@ -99,7 +99,7 @@ def define(names: Optional[Iterable[str]] = None,
 
     def combinations(values):
       try:
-        training.resolve_params(_params(values))
+        driver.resolve_params(_params(values))
       except ValueError as e:
         raise absl_flags.ValidationError(str(e)) from None
       return True
@@ -109,12 +109,12 @@ def define(names: Optional[Iterable[str]] = None,
 
 
 def _params(values: Dict[str, Any]) -> Dict[str, Any]:
-  return {k: v for k, v in values.items() if k in training.DEFAULTS and k != "verbose"}
+  return {k: v for k, v in values.items() if k in driver.DEFAULTS and k != "verbose"}
 
 
 def params(names: Optional[Iterable[str]] = None, flag_values=FLAGS) -> Dict[str, Any]:
   """The parsed values of the settings' flags, for `training.run_training`."""
-  names = training.DEFAULTS if names is None else names
+  names = driver.DEFAULTS if names is None else names
   return _params({n: flag_values[n].value for n in names if n in flag_values})
 
 
@@ -163,7 +163,7 @@ def interrupted(program: str, error: BaseException) -> None:
   threading.excepthook = lambda args: None
   sys.excepthook = lambda *args: None  # weakref finalizers at exit report through it
   sys.unraisablehook = lambda unraisable: None
-  if isinstance(error, experiment.RunInterrupted):
+  if isinstance(error, round_loop.RunInterrupted):
     line = f"{program}: {' '.join(str(error).split())}"
   else:
     line = f"{program}: interrupted."
@@ -203,7 +203,7 @@ def run(main: Callable[[List[str]], Any], program: str) -> None:
     except (app.UsageError, ValueError, FileNotFoundError) as e:
       fail(program, str(e))
     except runtime.WorkerExited as e:
-      fail(program, str(e), experiment.WORKER_EXITED_STATUS)
+      fail(program, str(e), round_loop.WORKER_EXITED_STATUS)
     except KeyboardInterrupt as e:
       interrupted(program, e)
 

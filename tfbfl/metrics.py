@@ -11,7 +11,7 @@ return per-bin *sums* (`calibration_sums`: count, summed confidence, summed
 correctness), which add over clients, so the federated ECE equals the ECE of the
 pooled test set exactly (`expected_calibration_error`). The negative
 log-likelihood (NLL) is the mean of `-log p(y | x)` under the evaluated
-predictive, which `tfbfl.experiment` reports as `server_loss` / `mt_loss`.
+predictive, which `tfbfl.round_loop` reports as `server_loss` / `mt_loss`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Named settings of the papers' experiments (dataset rows and their networks).
 
-Each preset is a dict of `tfbfl.training` parameters; launchers and the Table II
+Each preset is a dict of `tfbfl.driver` parameters; launchers and the Table II
 grid accept a preset name wherever they accept a dataset spec, and explicit flags
 override it. Sources: VIRTUAL Table I/II, Sec. IV-A/B and App. D (C = 10 clients
 per round, E = 20, B = 20, Shakespeare B = 10, MLP 2x100, FEMNIST conv net,

@@ -4,7 +4,7 @@
 `checkpoint.npz` records (`tfbfl.checkpoint`) and returns them with the saved
 states; `export_from_checkpoint(output_dir)` writes that state's export
 (`tfbfl.export.export_run`), which is what `python -m launchers.export` runs.
-This module sits above the driver (`tfbfl.training`), which builds algorithms
+This module sits above the driver (`tfbfl.driver`), which builds algorithms
 from flags; nothing in the library below imports it.
 """
 
@@ -22,9 +22,9 @@ from tfbfl import client_store as client_store_lib
 from tfbfl import data as data_lib
 from tfbfl import export
 from tfbfl import options
-from tfbfl import run_dir
+from tfbfl import run_directory
 from tfbfl import runtime
-from tfbfl import training
+from tfbfl import driver
 
 RestoredRun = collections.namedtuple(
     "RestoredRun", ["params", "data", "algorithm", "server_state", "clients", "round"])
@@ -48,12 +48,12 @@ def restore_run(output_dir: str, *, data=None, verbose: bool = False) -> Restore
   path = checkpoint.path_in(output_dir)
   meta = checkpoint.read_meta(output_dir)
   flags = dict(meta.get("flags") or {})
-  unknown = sorted(k for k in flags if k not in training.DEFAULTS)
+  unknown = sorted(k for k in flags if k not in driver.DEFAULTS)
   if unknown:
     print(f"warning: {path} records flags this tfbfl does not know, ignored: {unknown}",
           file=sys.stderr,
           flush=True)
-  dataset = flags.get("dataset", training.DEFAULTS["dataset"])
+  dataset = flags.get("dataset", driver.DEFAULTS["dataset"])
   if data is None and dataset not in data_lib.DATASETS:
     raise ValueError(f"the run in {output_dir} trained on data given in code "
                      f"(--dataset={dataset!r}); pass the same data: "
@@ -63,16 +63,16 @@ def restore_run(output_dir: str, *, data=None, verbose: bool = False) -> Restore
   skip = set(data_lib.IGNORED_SETTINGS.get(dataset, ()))
   if data is not None:
     skip |= set(options.option_fields(data_lib.DataSpec))
-  given = {k: v for k, v in flags.items() if k in training.DEFAULTS and k not in skip}
+  given = {k: v for k, v in flags.items() if k in driver.DEFAULTS and k not in skip}
   # Where the run kept things is not needed: the states come from the checkpoint.
   given.update(output_dir=None, resume=False, overwrite=False, client_store="memory")
   if data is not None:
     given["num_clients"] = len(data.client_ids)
-  p = training.resolve_params(given)
-  fd = training.load_data(p) if data is None else data
+  p = driver.resolve_params(given)
+  fd = driver.load_data(p) if data is None else data
   p["dataset"] = dataset
   p["num_clients"] = len(fd.client_ids)
-  saved = checkpoint.load(output_dir, data_fingerprint=run_dir.data_fingerprint(fd))
+  saved = checkpoint.load(output_dir, data_fingerprint=run_directory.data_fingerprint(fd))
   if saved.snapshot_dir is None:
     clients = saved.clients
   else:
@@ -81,7 +81,7 @@ def restore_run(output_dir: str, *, data=None, verbose: bool = False) -> Restore
           f"client-state snapshot {saved.snapshot_dir} of {path} does not exist.")
     clients = client_store_lib.DiskClientStore(saved.snapshot_dir)  # read only here
   runtime.set_local_runtime()
-  algorithm = training.build_algorithm(fd, p)
+  algorithm = driver.build_algorithm(fd, p)
   if verbose:
     print(f"restored {algorithm.name} at round {saved.round} from {path}", flush=True)
   return RestoredRun(p, fd, algorithm, saved.state["server_state"], clients, saved.round)
@@ -98,7 +98,7 @@ def recorded_export_samples(output_dir: str) -> int:
   except (OSError, ValueError, AttributeError, TypeError):
     pass
   try:
-    with open(os.path.join(output_dir, run_dir.FLAGS_FILE), encoding="utf-8") as f:
+    with open(os.path.join(output_dir, run_directory.FLAGS_FILE), encoding="utf-8") as f:
       for line in f:
         m = re.match(r"^--export_samples=(\d+)\s*$", line)
         if m:
@@ -128,7 +128,7 @@ def export_from_checkpoint(output_dir: str,
   output_dir = os.path.abspath(output_dir)
   if not os.path.isdir(output_dir):
     raise FileNotFoundError(f"--output_dir={output_dir} is not a directory.")
-  lock = run_dir.RunLock(output_dir)
+  lock = run_directory.RunLock(output_dir)
   lock.acquire()
   try:
     run = restore_run(output_dir, data=data, verbose=verbose)

@@ -1,6 +1,6 @@
 """What a run writes, as small objects the round loop calls: `RunOutput`s.
 
-`tfbfl.experiment.ExperimentRunner` is the round loop; every file it leaves in
+`tfbfl.round_loop.ExperimentRunner` is the round loop; every file it leaves in
 `output_dir` (and its progress lines) comes from one of these, each called at
 the start of a run, after every round and at its end, in the order given, the
 way TFF's release and state managers plug into `run_training_process`:
@@ -37,10 +37,10 @@ import numpy as np
 from tfbfl import checkpoint
 from tfbfl import export
 from tfbfl import files
-from tfbfl import run_dir as run_dir_lib
+from tfbfl import run_directory
 from tfbfl.checkpoint import RunState
 
-FLAGS_FILE = run_dir_lib.FLAGS_FILE  # the run's flags, an absl --flagfile
+FLAGS_FILE = run_directory.FLAGS_FILE  # the run's flags, an absl --flagfile
 EXPORT_DIR = "export"  # tfbfl.export.export_run's output
 TB_DIR = "tb"
 BASE_COLUMNS = ("round", "server_accuracy", "server_loss", "mt_accuracy", "mt_loss", "train_loss",
@@ -300,7 +300,7 @@ class FlagsFile(RunOutput):
     header = ("# The flags of this run. Continue it, or run it again:\n"
               f"#   {command} --resume\n"
               f"#   {command} --overwrite\n")
-    files.atomic_write_text(self.path, header + run_dir_lib.flagfile_text(self.flags, names))
+    files.atomic_write_text(self.path, header + run_directory.flagfile_text(self.flags, names))
 
 
 class MetricsFiles(RunOutput):

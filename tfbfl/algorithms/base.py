@@ -1,6 +1,6 @@
 """What every federated algorithm shares: its contract, its common settings, its seeds.
 
-The driver (`tfbfl.experiment.ExperimentRunner`) drives any object that satisfies
+The driver (`tfbfl.round_loop.ExperimentRunner`) drives any object that satisfies
 `FederatedAlgorithm`; `tfbfl.algorithms.registry` names the algorithms the launchers
 can build. This module imports neither TensorFlow nor the driver, so the settings of
 every algorithm (and the flags made from them, `tfbfl.flags`) are known, and
@@ -27,7 +27,7 @@ ARCHITECTURES = ("mlp", "conv", "lstm", "cnn")
 DEFAULT_MAX_UPDATE_RATIO = 100.0
 
 
-# The one seed rule (`client_seed`; `tfbfl.learning` applies it in TensorFlow).
+# The one seed rule (`client_seed`; `tfbfl.tff_learning` applies it in TensorFlow).
 SEED_STRIDE = 1_000_003
 
 
@@ -196,7 +196,7 @@ class SupportsExport(Protocol):
 
 @runtime_checkable
 class SupportsLearningProcess(Protocol):
-  """What `tfbfl.learning.build_process` needs for a `tff.learning` process:
+  """What `tfbfl.tff_learning.build_process` needs for a `tff.learning` process:
 
     learning_round: the TFF computation of one round, `(server_state,
       client_states, seeds, data) -> (server_state, client_states, metrics)`

@@ -532,7 +532,7 @@ class ModelComputations:
     """`federated_computation(server_weights@SERVER, client_weights@CLIENTS,
     test_data@CLIENTS)` -> per-client sums {server_loss, server_correct, mt_loss,
     mt_correct, num_examples}@CLIENTS (the evaluation protocol of
-    `tfbfl.experiment`)."""
+    `tfbfl.round_loop`)."""
 
     @tff.tensorflow.computation(self.weights_type, self.weights_type, self.data_type)
     def client_eval(server_weights, own_weights, data):
@@ -556,7 +556,7 @@ class ModelComputations:
     return evaluate_fn
 
   def build_streamed_evaluate(self):
-    """The driver's streamed evaluation (`tfbfl.experiment`), two federated
+    """The driver's streamed evaluation (`tfbfl.round_loop`), two federated
     computations with the sums of `build_evaluate` split by model:
 
     * `evaluate_server(server_weights@SERVER, client_index@CLIENTS,
@@ -696,7 +696,7 @@ class ModelComputations:
 
 
 class FedAvgAlgorithm:
-  """FedAvg (`mu = 0`) and FedProx (`mu > 0`) in the protocol of `tfbfl.experiment`.
+  """FedAvg (`mu = 0`) and FedProx (`mu > 0`) in the protocol of `tfbfl.round_loop`.
 
   `next(server_state@SERVER, client_states@CLIENTS, seeds@CLIENTS, data@CLIENTS)`
   is a federated computation returning `(server_state@SERVER,
@@ -714,12 +714,12 @@ class FedAvgAlgorithm:
   #### Examples
 
   ```python
-  from tfbfl import experiment, runtime, training
+  from tfbfl import round_loop, runtime, driver
   runtime.set_local_runtime()
-  p = training.resolve_params(dict(algorithm="fedprox", mu=0.01, rounds=5))
-  data = training.load_data(p)
-  algo = training.build_algorithm(data, p)      # FedAvgAlgorithm(name="fedprox")
-  summary = experiment.ExperimentRunner(algo, data, experiment.RunConfig(rounds=5)).run()
+  p = driver.resolve_params(dict(algorithm="fedprox", mu=0.01, rounds=5))
+  data = driver.load_data(p)
+  algo = driver.build_algorithm(data, p)      # FedAvgAlgorithm(name="fedprox")
+  summary = round_loop.ExperimentRunner(algo, data, round_loop.RunConfig(rounds=5)).run()
   ```
   """
 
@@ -792,7 +792,7 @@ class FedAvgAlgorithm:
     del seeds  # deterministic models
     return self._evaluate(server_state.model_weights, list(client_states), list(test_data))
 
-  # The driver's streamed evaluation (tfbfl.experiment): S from the server model
+  # The driver's streamed evaluation (tfbfl.round_loop): S from the server model
   # alone, MT from each client's deployed weights alone (deterministic: cacheable).
   mt_cacheable = True
 

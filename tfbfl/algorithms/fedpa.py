@@ -205,7 +205,7 @@ def posterior_delta(x0, samples, rho: float):
 
 
 class FedPAAlgorithm(fedavg.FedAvgAlgorithm):
-  """FedPA in the protocol of `tfbfl.experiment` (see the module docstring).
+  """FedPA in the protocol of `tfbfl.round_loop` (see the module docstring).
 
   FedAvg's algorithm (model, client training, server step, state, evaluation,
   communication) with another client upload after the server burn-in: `next`

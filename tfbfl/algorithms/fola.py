@@ -122,7 +122,7 @@ client's last trained weights `mu_n` on its own test data.
 ```python
 from tfbfl import data, runtime
 from tfbfl.algorithms import fola
-from tfbfl.experiment import ExperimentRunner, RunConfig
+from tfbfl.round_loop import ExperimentRunner, RunConfig
 
 runtime.set_local_runtime()
 fd = data.load_federated("digits", partition="label_dirichlet", alpha=0.1)
@@ -585,7 +585,7 @@ class FolaAlgorithm(_LaplaceBase):
 
   `next(server_state@SERVER, client_states@CLIENTS, seeds@CLIENTS, data@CLIENTS)`
   returns `(server_state, client_states, metrics)`; `evaluate` the per-client S
-  and MT sums (see `tfbfl.experiment`). `product` is the server's Gaussian
+  and MT sums (see `tfbfl.round_loop`). `product` is the server's Gaussian
   product alone (`build_gaussian_product`), for tests and other drivers.
 
   Args:

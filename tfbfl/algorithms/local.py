@@ -61,7 +61,7 @@ _MIN_PROB = 1e-30
 
 
 class LocalAlgorithm:
-  """One model per client, trained only on its own data (protocol of `tfbfl.experiment`).
+  """One model per client, trained only on its own data (protocol of `tfbfl.round_loop`).
 
   `next(round_num@SERVER, client_states@CLIENTS, seeds@CLIENTS, data@CLIENTS)` is
   a federated computation: each selected client trains its own weights
@@ -77,12 +77,12 @@ class LocalAlgorithm:
   #### Examples
 
   ```python
-  from tfbfl import experiment, runtime, training
+  from tfbfl import round_loop, runtime, driver
   runtime.set_local_runtime()
-  p = training.resolve_params(dict(algorithm="local", partition="permuted"))
-  data = training.load_data(p)
-  algo = training.build_algorithm(data, p)      # LocalAlgorithm
-  summary = experiment.ExperimentRunner(algo, data, experiment.RunConfig(rounds=5)).run()
+  p = driver.resolve_params(dict(algorithm="local", partition="permuted"))
+  data = driver.load_data(p)
+  algo = driver.build_algorithm(data, p)      # LocalAlgorithm
+  summary = round_loop.ExperimentRunner(algo, data, round_loop.RunConfig(rounds=5)).run()
   ```
   """
 

@@ -45,9 +45,9 @@ A dropped client contributes nothing: its update is zeroed, its weight in
 every weighted mean is 0, its training metrics are left out, and it keeps its
 previous client state. The round metric `clients_dropped` counts such clients.
 If every client of a round is dropped the server model does not move; after
-`tfbfl.experiment.ALL_DROPPED_STOP_ROUNDS` (3) such rounds in a row the run stops
-(`tfbfl.experiment.AllClientsDroppedError`: one line and exit 3,
-`tfbfl.experiment.RUN_STOPPED_STATUS`, through `launchers.train`) instead of finishing untrained.
+`tfbfl.round_loop.ALL_DROPPED_STOP_ROUNDS` (3) such rounds in a row the run stops
+(`tfbfl.round_loop.AllClientsDroppedError`: one line and exit 3,
+`tfbfl.round_loop.RUN_STOPPED_STATUS`, through `launchers.train`) instead of finishing untrained.
 Local and Global aggregate nothing; they apply only the finiteness check, to
 the model they would store (which then stays the previous one).
 """

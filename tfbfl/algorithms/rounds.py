@@ -8,7 +8,7 @@ def round_computation(server_type, client_state_type, seed_type, data_type):
 
       (server value @SERVER, client states @CLIENTS, seeds @CLIENTS, data @CLIENTS)
 
-  as used by `next` and `evaluate` of every algorithm (see `tfbfl.experiment`).
+  as used by `next` and `evaluate` of every algorithm (see `tfbfl.round_loop`).
   Client data come last on purpose: TFF's mergeable-context argument splitter
   takes the client count from the last argument, and clients would silently be
   dropped otherwise (remote execution, `tfbfl.runtime.RemoteRuntime`).

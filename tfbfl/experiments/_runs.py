@@ -1,7 +1,7 @@
 """What the experiment modules share: run records, metrics, figures, markdown, help texts.
 
 * Run records: a finished run leaves a JSON record in its directory
-  (`summary.json`, written by `tfbfl.experiment.ExperimentRunner`; the Table II
+  (`summary.json`, written by `tfbfl.round_loop.ExperimentRunner`; the Table II
   grid's `result.json`). `finished_run` returns it when its flags match the wanted
   ones, so a re-run skips it. Two flag sets match when they agree on every flag
   but `NOT_COMPARED` (where and how a run is written, not what it computes) and,
@@ -9,11 +9,11 @@
   record that is missing or cannot be read (a write cut off) is no record.
 * `read_metrics`: the rows of a run's `metrics.csv`; `evaluated`: those with S/MT.
 * `pyplot` / `save_figure`: matplotlib on the Agg backend; a figure saved as PNG
-  atomically (`tfbfl.experiment.atomic_write_bytes`) and closed.
+  atomically (`tfbfl.round_loop.atomic_write_bytes`) and closed.
 * `md_row` / `md_table`: pipe-table lines (`| a | b |`, `|---|---|`).
 * `mean_difference` / `beyond_error`: the claims' rule, shared by the Table II
   reports: a difference of two seed means counts only beyond its standard error.
-* `flag_help`: the help text of a training setting (`tfbfl.training.settings()`),
+* `flag_help`: the help text of a training setting (`tfbfl.driver.settings()`),
   with an experiment's note ("paper: 32") appended, for launcher flags that keep
   their own defaults.
 
@@ -30,7 +30,7 @@ import os
 import sys
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from tfbfl import experiment
+from tfbfl import round_loop
 
 SUMMARY = "summary.json"
 METRICS = "metrics.csv"
@@ -47,7 +47,7 @@ def log_line(line: str) -> None:
 # ---------------------------------------------------------------- run records
 def jsonable(obj: Any) -> Any:
   """`obj` as it reads back from JSON (tuples become lists, numpy scalars numbers)."""
-  return json.loads(json.dumps(obj, default=experiment.json_default))
+  return json.loads(json.dumps(obj, default=round_loop.json_default))
 
 
 def read_json(path: str) -> Optional[Dict[str, Any]]:
@@ -125,7 +125,7 @@ def save_figure(fig, path: str, *, dpi: int = 100, tight: bool = False) -> None:
   fig.savefig(buf, format="png", dpi=dpi)
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   plt.close(fig)
-  experiment.atomic_write_bytes(path, buf.getvalue())
+  round_loop.atomic_write_bytes(path, buf.getvalue())
 
 
 # How the reports name the algorithms of the papers' tables.
@@ -167,10 +167,10 @@ def md_table(header: Sequence[Any], rows: Iterable[Iterable[Any]] = ()) -> List[
 
 # ----------------------------------------------------------------- help texts
 def flag_help(name: str, *, paper: Any = None, note: str = "") -> str:
-  """The help text of the training setting `name` (`tfbfl.training.settings()`),
+  """The help text of the training setting `name` (`tfbfl.driver.settings()`),
   followed by `(note; paper: <paper>)` where given."""
-  from tfbfl import training  # pylint: disable=g-import-not-at-top
-  text = training.settings()[name][1].help
+  from tfbfl import driver  # pylint: disable=g-import-not-at-top
+  text = driver.settings()[name][1].help
   extra = [s for s in (note, "" if paper is None else f"paper: {paper}") if s]
   if not extra:
     return text

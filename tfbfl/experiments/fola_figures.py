@@ -1,6 +1,6 @@
 """FOLA paper experiments: Fig. 2 (first-round accuracy grids) and Fig. 3 (learning
 curves per alpha), driven by `launchers/fola_first_round.py` and
-`launchers/fola_curves.py` over `tfbfl.training.run_training` runs.
+`launchers/fola_curves.py` over `tfbfl.driver.run_training` runs.
 
 The algorithms themselves are `tfbfl.algorithms.fola` (FOLA, offline Laplace,
 FedCurv); this module holds what the experiments add: the extra method
@@ -19,8 +19,8 @@ from typing import Any, Dict, Iterable, List, Sequence
 from absl import flags as absl_flags
 import numpy as np
 
-from tfbfl import experiment
-from tfbfl import training
+from tfbfl import round_loop
+from tfbfl import driver
 from tfbfl.algorithms import registry
 from tfbfl.algorithms.fola import FolaAlgorithm
 from tfbfl.experiments import _runs
@@ -57,7 +57,7 @@ def build_method(data, params):
   name = params["algorithm"]
   if name in EXTRA_METHODS:
     return EXTRA_METHODS[name](data, params)
-  return training.build_algorithm(data, params)
+  return driver.build_algorithm(data, params)
 
 
 # ------------------------------------------------------- experiment drivers
@@ -86,7 +86,7 @@ def _resolve(params: Dict[str, Any]) -> Dict[str, Any]:
   extra = p.get("algorithm") in EXTRA_METHODS
   if extra:
     name, p["algorithm"] = p["algorithm"], "fola"
-  p = training.resolve_params(p)
+  p = driver.resolve_params(p)
   if extra:
     p["algorithm"] = name
   return p
@@ -95,7 +95,7 @@ def _resolve(params: Dict[str, Any]) -> Dict[str, Any]:
 def _methods_to_run(base_params: Dict[str, Any], methods: Sequence[str], log) -> List[str]:
   """`methods` as run on `base_params`' model (`method_for_model`), once the
   dataset is known to load (`check_dataset_available`)."""
-  check_dataset_available(base_params.get("dataset", training.DEFAULTS["dataset"]))
+  check_dataset_available(base_params.get("dataset", driver.DEFAULTS["dataset"]))
   model = base_params.get("architecture", "mlp")
   return [method_for_model(m, model, log) for m in methods]
 
@@ -122,7 +122,7 @@ def define_launcher_flags() -> None:
   calls it once at import, then `flags.adopt_module_key_flags(fola_figures)` to
   list them in its own `--helpshort`; `launcher_params(FLAGS)` reads them back.
   """
-  d, help_of = training.DEFAULTS, _runs.flag_help
+  d, help_of = driver.DEFAULTS, _runs.flag_help
   absl_flags.DEFINE_list("methods", ["fola", "fedavg", "fedcurv"], "Methods to compare.")
   absl_flags.DEFINE_list("alphas", ["0.01", "0.1", "1", "10", "100"], "Dirichlet concentrations.")
   absl_flags.DEFINE_string("data_dir", None, help_of("data_dir"))
@@ -196,7 +196,7 @@ def first_round_accuracy(base_params: Dict[str, Any],
           p["seed"] = int(base_params.get("seed", 0)) + rep
           p["clients_per_round"] = p["num_clients"]
           p = _resolve(p)
-          fd = training.load_data(p)
+          fd = driver.load_data(p)
           # The algorithm depends on the data only through shapes: reuse it
           # across alphas (the expensive part is building the computations).
           key = (method, tuple(sorted((k, str(v)) for k, v in p.items() if k != "alpha")))
@@ -204,16 +204,16 @@ def first_round_accuracy(base_params: Dict[str, Any],
             try:
               cache[key] = build_method(fd, p)
             except ValueError as e:
-              if method in training.algorithm_names() and "not available" in str(e):
+              if method in driver.algorithm_names() and "not available" in str(e):
                 log(f"[first_round] skipping {method}: {e}")
                 unavailable.add(method)
                 break
               raise
-          run_config = experiment.RunConfig(rounds=1,
+          run_config = round_loop.RunConfig(rounds=1,
                                             clients_per_round=p["num_clients"],
                                             seed=p["seed"],
                                             verbose=False)
-          runner = experiment.ExperimentRunner(cache[key], fd, run_config, flags=p)
+          runner = round_loop.ExperimentRunner(cache[key], fd, run_config, flags=p)
           summary = runner.run()
           row = dict(method=method,
                      axis=axis,
@@ -264,7 +264,7 @@ def format_first_round_table(rows: Sequence[Dict[str, Any]]) -> str:
 
 def write_rows_csv(path: str, rows: Sequence[Dict[str, Any]]) -> None:
   columns = list(rows[0]) if rows else []
-  experiment.write_csv(path, rows, columns)
+  round_loop.write_csv(path, rows, columns)
 
 
 def plot_first_round(path: str, rows: Sequence[Dict[str, Any]], title: str = "") -> None:
@@ -307,7 +307,7 @@ def add_best_global_accuracy(output_dir: str) -> Dict[str, Any]:
   with open(path) as f:
     summary = json.load(f)
   summary["best_global_accuracy"] = summary["best_server_accuracy"]
-  experiment.atomic_write_text(path, json.dumps(summary, indent=2, sort_keys=True))
+  round_loop.atomic_write_text(path, json.dumps(summary, indent=2, sort_keys=True))
   return summary
 
 
@@ -337,12 +337,12 @@ def learning_curves(base_params: Dict[str, Any],
                output_dir=run_dir,
                overwrite=True,
                export=False)  # a sweep: `launchers.export` writes a run's models later
-      p["clients_per_round"] = p.get("num_clients", training.DEFAULTS["num_clients"])
+      p["clients_per_round"] = p.get("num_clients", driver.DEFAULTS["num_clients"])
       try:
         if method in EXTRA_METHODS:
           summary = _run_extra(p)
         else:
-          summary = training.run_training(p)
+          summary = driver.run_training(p)
       except ValueError as e:
         if "not available" in str(e):
           log(f"[curves] skipping {method}: {e}")
@@ -367,10 +367,10 @@ def _run_extra(params):
   from tfbfl import runtime  # pylint: disable=g-import-not-at-top
 
   p = _resolve(params)
-  fd = training.load_data(p)
+  fd = driver.load_data(p)
   runtime.set_local_runtime()
   algorithm = build_method(fd, p)
-  run_config = experiment.RunConfig(rounds=p["rounds"],
+  run_config = round_loop.RunConfig(rounds=p["rounds"],
                                     clients_per_round=p["clients_per_round"],
                                     eval_every=p["eval_every"],
                                     seed=p["seed"],
@@ -378,7 +378,7 @@ def _run_extra(params):
                                     verbose=p["verbose"],
                                     overwrite=p.get("overwrite", False))
   flags = {k: (list(v) if isinstance(v, tuple) else v) for k, v in p.items()}
-  return experiment.ExperimentRunner(algorithm, fd, run_config, flags=flags).run()
+  return round_loop.ExperimentRunner(algorithm, fd, run_config, flags=flags).run()
 
 
 def plot_learning_curves(path: str, rows: Sequence[Dict[str, Any]]) -> None:

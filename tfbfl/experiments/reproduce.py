@@ -51,9 +51,9 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from tfbfl import experiment
+from tfbfl import round_loop
 from tfbfl import presets
-from tfbfl import run_dir
+from tfbfl import run_directory
 from tfbfl.algorithms.virtual import config as virtual_config
 from tfbfl.experiments import _runs
 
@@ -893,7 +893,7 @@ def make_record(cell: Cell, command: Sequence[str], result: Dict[str, Any], wall
            cell=_cell_fields(cell),
            flags=cell.flag_dict,
            command=" ".join(shlex.quote(a) for a in ["python"] + list(command[1:])),
-           **run_dir.source_provenance(),
+           **run_directory.source_provenance(),
            started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
            wall_time_s=round(wall_s, 1),
            machine=machine(),
@@ -932,7 +932,7 @@ def refile(cells: Sequence[Cell], records: Mapping[str, Mapping[str, Any]], resu
       continue
     moved = _runs.jsonable(dict(records[source.name], cell=_cell_fields(target),
                                 refiled_from=source.name))
-    experiment.atomic_write_text(target.record_path(results_dir),
+    round_loop.atomic_write_text(target.record_path(results_dir),
                                  json.dumps(moved, indent=1, sort_keys=True) + "\n")
     os.remove(source.record_path(results_dir))
     records[target.name] = moved
@@ -991,13 +991,13 @@ def run_cell(cell: Cell, *, results_dir: str, work_dir: str, data_root: str,
       command.append("--resume" if _resumable(cell, run_out) else "--overwrite")
     code = _run_launcher(command, log_path, log)
     resumed += _resumed_rounds(log_path)
-    if code != experiment.WORKER_EXITED_STATUS or attempt == WORKER_CRASH_ATTEMPTS:
+    if code != round_loop.WORKER_EXITED_STATUS or attempt == WORKER_CRASH_ATTEMPTS:
       break
     crashed_log = os.path.join(out_dir, "log.crashed.txt")
     os.replace(log_path, crashed_log)
     log(f"reproduce: cell {cell.name}: its TFF worker crashed "
         f"({_tail(crashed_log, 1).strip()[:200]}); running it again")
-  run_stopped = cell.launcher == "train" and code == experiment.RUN_STOPPED_STATUS
+  run_stopped = cell.launcher == "train" and code == round_loop.RUN_STOPPED_STATUS
   if code != 0 and not run_stopped:
     tail = _tail(log_path, 5)
     raise CellFailed(f"cell {cell.name}: launcher exited {code}; log {log_path}:\n{tail}")
@@ -1009,7 +1009,7 @@ def run_cell(cell: Cell, *, results_dir: str, work_dir: str, data_root: str,
     record["attempts"] = attempt
   if resumed:
     record["resumed_from_rounds"] = resumed
-  experiment.atomic_write_text(cell.record_path(results_dir),
+  round_loop.atomic_write_text(cell.record_path(results_dir),
                                json.dumps(record, indent=1, sort_keys=True) + "\n")
   return record
 
@@ -1019,14 +1019,14 @@ def _resumable(cell: Cell, run_out: str) -> bool:
   `checkpoint_every` and an earlier invocation left `checkpoint.npz` in its run
   directory (the launcher refuses one written with other flags or on other data)."""
   return bool(cell.flag_dict.get("checkpoint_every")) and os.path.exists(
-      os.path.join(run_out, experiment.CHECKPOINT))
+      os.path.join(run_out, round_loop.CHECKPOINT))
 
 
 _RESUMED = re.compile(r"^resumed from .* at round (\d+)")
 
 
 def _resumed_rounds(log_path: str) -> List[int]:
-  """The rounds a launcher's log says its run resumed from (`experiment`'s start line)."""
+  """The rounds a launcher's log says its run resumed from (`round_loop`'s start line)."""
   with open(log_path) as f:
     return [int(m.group(1)) for m in map(_RESUMED.match, f) if m]
 

@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 
 import numpy as np
 
-from tfbfl import experiment
+from tfbfl import round_loop
 from tfbfl.experiments import _runs
 from tfbfl.experiments import reproduce as rp
 
@@ -1468,7 +1468,7 @@ def write_report(results_dir: str, readme: Optional[str] = None) -> str:
     if plot(os.path.join(results_dir, "figures", name), records):
       figures.append(name)
   text = report_markdown(records, figures)
-  experiment.atomic_write_text(os.path.join(results_dir, "REPORT.md"),
+  round_loop.atomic_write_text(os.path.join(results_dir, "REPORT.md"),
                                "# Reproduction report\n\n" + text)
   if readme is not None:
     with open(readme) as f:
@@ -1480,5 +1480,5 @@ def write_report(results_dir: str, readme: Optional[str] = None) -> str:
     prefix = os.path.relpath(os.path.join(results_dir, "figures"),
                              os.path.dirname(os.path.abspath(readme))) + "/"
     block = report_markdown(records, figures, figure_prefix=prefix)
-    experiment.atomic_write_text(readme, head + README_BEGIN + "\n" + block + README_END + tail)
+    round_loop.atomic_write_text(readme, head + README_BEGIN + "\n" + block + README_END + tail)
   return text

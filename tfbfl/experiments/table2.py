@@ -22,10 +22,10 @@ VIRTUAL appears twice, tuned over the same values: `virtual` runs with
 client loss; label "VIRTUAL (w_S=1)") and `virtual_eq3` runs with
 `server_loss_weight=0`, the paper's objective eq. (3) (label "VIRTUAL eq. 3
 (w_S=0)"). Both set the weight explicitly, so the labels hold whatever
-`tfbfl.training`'s default; `--fixed` may not set it.
+`tfbfl.driver`'s default; `--fixed` may not set it.
 
 A *cell* is one run: (dataset spec, algorithm, hyperparameters, seed). It runs via
-`tfbfl.training.run_training` in its own output directory
+`tfbfl.driver.run_training` in its own output directory
 `<output_dir>/<dataset>/<algorithm>/<cell key>/` and its result (the run's flags,
 summary and per-round S/MT loss and accuracy curves) is written atomically to
 `result.json` there. A cell whose `result.json` exists with the same flags is
@@ -68,7 +68,7 @@ VIRTUAL (~40-60 s each on a quiet 2-core machine) and 9 FedAvg (~3 s): about
 Dataset specs: `name[:partition][:key=value...]` with `name` a preset of
 `tfbfl.presets` (`digits_dirichlet`, `femnist_mlp`, ...) or a dataset of
 `tfbfl.data.DATASETS`, e.g. `digits:class_dirichlet`, `digits:class_dirichlet:alpha=0.1`,
-`npz:data_dir=/data/clients.npz`; keys are `tfbfl.training` flags. A cell's flags:
+`npz:data_dir=/data/clients.npz`; keys are `tfbfl.driver` flags. A cell's flags:
 the preset, overridden by the launcher's shared flags (`--rounds`, `--fixed`, ...),
 overridden by the spec's own partition and `key=value` parts.
 """
@@ -84,8 +84,8 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 
 import numpy as np
 
-from tfbfl import experiment
-from tfbfl import training
+from tfbfl import round_loop
+from tfbfl import driver
 from tfbfl.algorithms import virtual
 from tfbfl.experiments import _runs
 
@@ -93,7 +93,7 @@ RESULT_FILE = "result.json"
 DEFAULT_DATASETS = ("digits:homogeneous", "digits:class_dirichlet", "digits:permuted")
 ALGORITHMS = ("virtual", "virtual_eq3", "fedavg", "fedprox", "fedpa", "local", "global")
 QUICK_ALGORITHMS = ("virtual", "virtual_eq3", "fedavg")
-# Grid algorithm name -> (tfbfl.training algorithm, flags it fixes). The VIRTUAL
+# Grid algorithm name -> (tfbfl.driver algorithm, flags it fixes). The VIRTUAL
 # variants differ only in the weight of the server network's own loss.
 VARIANTS: Dict[str, Tuple[str, Dict[str, Any]]] = {
     "virtual": ("virtual", dict(server_loss_weight=1.0)),
@@ -168,7 +168,7 @@ QUICK_GRID = GridSpec(client_lrs=(0.05,),
                       mus=(0.01,),
                       server_lrs=(1.0,),
                       virtual_server_lrs=(virtual.default_step(
-                          experiment.default_clients_per_round(training.DEFAULTS["num_clients"])),),
+                          round_loop.default_clients_per_round(driver.DEFAULTS["num_clients"])),),
                       seeds=(0, 1, 2))
 QUICK_PARAMS = dict(rounds=10)
 
@@ -192,7 +192,7 @@ def make_fixed(quick: bool = False, **params) -> Dict[str, Any]:
   """Flags shared by all cells: `QUICK_PARAMS` under `--quick`, then the non-None `params`."""
   fixed = dict(QUICK_PARAMS) if quick else {}
   fixed.update({k: v for k, v in params.items() if v is not None})
-  unknown = set(fixed) - set(training.DEFAULTS)
+  unknown = set(fixed) - set(driver.DEFAULTS)
   if unknown:
     raise ValueError(f"unknown training flags {sorted(unknown)}.")
   tuned = set(fixed) & (set(GRID_SET) | {"dataset", "partition"})
@@ -204,7 +204,7 @@ def make_fixed(quick: bool = False, **params) -> Dict[str, Any]:
 # ------------------------------------------------------------ dataset specs
 def _convert(name: str, text: str):
   """Parses `text` as the type of `training.DEFAULTS[name]`."""
-  default = training.DEFAULTS[name]
+  default = driver.DEFAULTS[name]
   if isinstance(default, bool):
     if text.lower() not in ("true", "false", "1", "0"):
       raise ValueError(f"--{name} must be true or false, got {text!r}.")
@@ -224,9 +224,9 @@ def parse_assignments(items: Iterable[str], flag: str = "fixed") -> Dict[str, An
   for item in items:
     name, sep, text = item.partition("=")
     name = name.strip()
-    if not sep or name not in training.DEFAULTS:
+    if not sep or name not in driver.DEFAULTS:
       raise ValueError(
-          f"--{flag}: expected name=value with name one of {sorted(training.DEFAULTS)}, "
+          f"--{flag}: expected name=value with name one of {sorted(driver.DEFAULTS)}, "
           f"got {item!r}.")
     try:
       out[name] = _convert(name, text.strip())
@@ -386,11 +386,11 @@ _SECONDS_DEFAULT = (5.0, 1.0)  # other algorithms: start-up, per round
 
 def estimate_seconds(cell: Cell, fixed: Optional[Dict[str, Any]] = None) -> float:
   """Rough wall time of one cell (`SECONDS_PER_ROUND`; digits-sized data)."""
-  p = dict(training.DEFAULTS)
+  p = dict(driver.DEFAULTS)
   p.update(cell.params("", dict(fixed or {})))
   startup = STARTUP_SECONDS.get(p["algorithm"], _SECONDS_DEFAULT[0])
   per_round = SECONDS_PER_ROUND.get(p["algorithm"], _SECONDS_DEFAULT[1])
-  clients = p["clients_per_round"] or experiment.default_clients_per_round(p["num_clients"])
+  clients = p["clients_per_round"] or round_loop.default_clients_per_round(p["num_clients"])
   return startup + (float(p["rounds"]) * per_round * float(p["epochs_per_round"]) / 20.0 *
                     float(clients) / 10.0)
 
@@ -411,7 +411,7 @@ def run_cell(params: Dict[str, Any]) -> Dict[str, Any]:
   attempt left in its directory is replaced (`overwrite=True`). Cells skip the
   SavedModel export (a sweep needs its metrics; `python -m launchers.export
   --output_dir=<cell dir>` writes a cell's models from its final checkpoint)."""
-  summary = training.run_training(dict(params, overwrite=True, export=False))
+  summary = driver.run_training(dict(params, overwrite=True, export=False))
   return dict(summary=summary, curves=read_curves(params["output_dir"]))
 
 
@@ -466,7 +466,7 @@ def run_grid(cells: Sequence[Cell],
                   summary=_runs.jsonable(out["summary"]),
                   curves=_runs.jsonable(out["curves"]),
                   cell_time_s=time.time() - t0)
-    experiment.atomic_write_text(os.path.join(cell.directory(output_dir), RESULT_FILE),
+    round_loop.atomic_write_text(os.path.join(cell.directory(output_dir), RESULT_FILE),
                                  json.dumps(result, indent=1, sort_keys=True))
     results[i] = result
     elapsed = time.time() - start
@@ -583,7 +583,7 @@ def dataset_partition(spec: str) -> str:
   except ValueError:
     parts = [x for x in spec.split(":")[1:] if x and "=" not in x]
     return parts[0] if parts else ""
-  return str(overrides.get("partition", base.get("partition", training.DEFAULTS["partition"])))
+  return str(overrides.get("partition", base.get("partition", driver.DEFAULTS["partition"])))
 
 
 def _is_permuted(row: Dict[str, Any]) -> bool:
@@ -695,8 +695,8 @@ def format_table2_md(rows: Sequence[Dict[str, Any]], claims: bool = True) -> str
 def write_table2(output_dir: str, results) -> List[Dict[str, Any]]:
   """Writes `table2.md` and `table2.csv`; returns the rows."""
   rows = table2_rows(results)
-  experiment.atomic_write_text(os.path.join(output_dir, "table2.md"), format_table2_md(rows))
-  experiment.write_csv(os.path.join(output_dir, "table2.csv"), rows, TABLE_COLUMNS)
+  round_loop.atomic_write_text(os.path.join(output_dir, "table2.md"), format_table2_md(rows))
+  round_loop.write_csv(os.path.join(output_dir, "table2.csv"), rows, TABLE_COLUMNS)
   return rows
 
 

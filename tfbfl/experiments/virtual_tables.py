@@ -17,7 +17,7 @@ are thin absl shells around this module.
   `SNR = |mu| / sigma = |eta1| / sqrt(eta2)` (`tfbfl.sparsity.snr`). Writes
   `fig4_snr_cdf.png`, `fig4_snr_cdf.csv` and `fig4_summary.csv` (quantiles).
 
-Every run goes through `tfbfl.training.run_training` into its own directory
+Every run goes through `tfbfl.driver.run_training` into its own directory
 `<output_dir>/<method>_p<percentile>` (`fedprox` for the reference) and always
 checkpoints its final round, so both launchers can share an `--output_dir`: the
 SNR launcher reuses the table's unpruned runs. A run whose `summary.json` exists
@@ -37,9 +37,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from tfbfl import client_store
-from tfbfl import experiment
-from tfbfl import state_io
-from tfbfl import training
+from tfbfl import round_loop
+from tfbfl import state_files
+from tfbfl import driver
 from tfbfl.experiments import _runs
 
 __all__ = [
@@ -211,11 +211,11 @@ def sparsity_specs(base: Dict[str, Any],
 
 
 def _checkpoint_round(run_dir: str) -> Optional[int]:
-  path = os.path.join(run_dir, experiment.CHECKPOINT)
+  path = os.path.join(run_dir, round_loop.CHECKPOINT)
   if not os.path.exists(path):
     return None
   try:
-    return int(state_io.read_meta(path)["round"])
+    return int(state_files.read_meta(path)["round"])
   except (ValueError, KeyError, TypeError):  # unreadable or not a checkpoint: start afresh
     return None
 
@@ -230,8 +230,8 @@ def _run_params(spec: RunSpec, output_dir: str, round_progress: bool = False):
                 resume=False,
                 overwrite=True,
                 export=False)  # a sweep: `launchers.export` writes a run's models later
-  params["checkpoint_every"] = int(params.get("rounds") or training.DEFAULTS["rounds"])
-  return params, training.resolve_params(params)
+  params["checkpoint_every"] = int(params.get("rounds") or driver.DEFAULTS["rounds"])
+  return params, driver.resolve_params(params)
 
 
 def ensure_run(
@@ -239,7 +239,7 @@ def ensure_run(
     output_dir: str,
     *,
     log: Optional[_Log] = None,
-    runner: Callable[[Dict[str, Any]], Dict[str, Any]] = training.run_training,
+    runner: Callable[[Dict[str, Any]], Dict[str, Any]] = driver.run_training,
     round_progress: bool = False,
     require_checkpoint: bool = False,
 ) -> Tuple[Dict[str, Any], str]:
@@ -299,7 +299,7 @@ def run_record(spec: RunSpec,
   rounds = int(summary.get("rounds") or flags.get("rounds") or 0)
   per_round = int(
       flags.get("clients_per_round") or
-      experiment.default_clients_per_round(training.DEFAULTS["num_clients"]))
+      round_loop.default_clients_per_round(driver.DEFAULTS["num_clients"]))
   uploads = rounds * per_round
   per_client = lambda total: (float(total) / uploads) if total is not None and uploads else None
   delta_bytes = per_client(summary.get("bytes_up_total"))
@@ -428,14 +428,14 @@ def format_table3_md(rows: Sequence[Dict[str, Any]], title: str = "") -> str:
 def write_table3(output_dir: str, records: Sequence[Dict[str, Any]], title: str = "") -> str:
   """Writes `table3.csv` and `table3.md` (atomically); returns the markdown."""
   rows = table3_rows(records)
-  experiment.write_csv(os.path.join(output_dir, "table3.csv"), rows, TABLE_COLUMNS)
+  round_loop.write_csv(os.path.join(output_dir, "table3.csv"), rows, TABLE_COLUMNS)
   md = format_table3_md(rows, title)
-  experiment.atomic_write_text(os.path.join(output_dir, "table3.md"), md)
+  round_loop.atomic_write_text(os.path.join(output_dir, "table3.md"), md)
   return md
 
 
 def _describe(base: Dict[str, Any]) -> str:
-  p = training.resolve_params(dict(base))
+  p = driver.resolve_params(dict(base))
   return (f"{p['dataset']}, {p['partition']}, K={p['num_clients']}, C={p['clients_per_round']}, "
           f"{p['rounds']} rounds, E={p['epochs_per_round']}, hidden {list(p['hidden_units'])}, "
           f"seed {p['seed']}")
@@ -449,7 +449,7 @@ def run_sparsity_table(base: Dict[str, Any],
                        fedprox: bool = True,
                        log: Optional[_Log] = None,
                        report_only: bool = False,
-                       runner: Callable[[Dict[str, Any]], Dict[str, Any]] = training.run_training,
+                       runner: Callable[[Dict[str, Any]], Dict[str, Any]] = driver.run_training,
                        round_progress: bool = False) -> Tuple[List[Dict[str, Any]], str]:
   """Runs (or reuses) every Table III run; writes the table. Returns (records, md)."""
   log = log or _runs.log_line
@@ -492,10 +492,10 @@ def run_sparsity_table(base: Dict[str, Any],
 def load_final_state(run_dir: str) -> Dict[str, Any]:
   """The driver state in `<run_dir>/checkpoint.npz` (incl. `clients`, a dict
   client index -> state; a disk store's snapshot is read into it), read with
-  `tfbfl.state_io.load` (checked; never unpickled)."""
-  path = os.path.join(run_dir, experiment.CHECKPOINT)
-  importlib.import_module("tfbfl.algorithms.virtual")  # its state types, for state_io.load
-  state, _ = state_io.load(path)
+  `tfbfl.state_files.load` (checked; never unpickled)."""
+  path = os.path.join(run_dir, round_loop.CHECKPOINT)
+  importlib.import_module("tfbfl.algorithms.virtual")  # its state types, for state_files.load
+  state, _ = state_files.load(path)
   snapshot = state.pop("client_snapshot", None)
   if snapshot is not None:
     snap = client_store.DiskClientStore(os.path.join(run_dir, snapshot))
@@ -605,7 +605,7 @@ def cdf_curves(per_variant: Dict[str, Dict[int, np.ndarray]],
 
 
 def write_cdf_csv(path: str, rows: Sequence[Dict[str, Any]]) -> None:
-  experiment.write_csv(path, rows,
+  round_loop.write_csv(path, rows,
                        ("layer", "leaf", "shape", "variant", "log10_snr", "snr_db", "cdf"))
 
 
@@ -670,7 +670,7 @@ def run_snr_cdf(base: Dict[str, Any],
                 variants: Sequence[str] = VARIANTS,
                 num_points: int = 400,
                 log: Optional[_Log] = None,
-                runner: Callable[[Dict[str, Any]], Dict[str, Any]] = training.run_training,
+                runner: Callable[[Dict[str, Any]], Dict[str, Any]] = driver.run_training,
                 round_progress: bool = False) -> Dict[str, Any]:
   """Trains (or reuses) the variants at `percentile`, then writes Fig. 4 and its
   data. Returns {per_variant: {variant: {leaf: log10 snr}}, rows, quantiles}."""
@@ -704,7 +704,7 @@ def run_snr_cdf(base: Dict[str, Any],
   rows = cdf_curves(per_variant, num_points, shapes)
   quantiles = cdf_quantiles(per_variant)
   write_cdf_csv(os.path.join(output_dir, "fig4_snr_cdf.csv"), rows)
-  experiment.write_csv(os.path.join(output_dir, "fig4_summary.csv"), quantiles,
+  round_loop.write_csv(os.path.join(output_dir, "fig4_summary.csv"), quantiles,
                        list(quantiles[0]) if quantiles else ["layer"])
   plot_snr_cdf(os.path.join(output_dir, "fig4_snr_cdf.png"),
                rows,

@@ -11,7 +11,7 @@ launchers can call these functions directly on trained Keras weights.
 
 from tfbfl.matching.dpmeans import dp_means, dpmeans_single_layer
 from tfbfl.matching.multilayer import multilayer_atoms, patch_outgoing, pfnm_multilayer
-from tfbfl.matching.pfnm import (MatchingHyperparams, MatchResult, assignment_cost,
+from tfbfl.matching.single_layer import (MatchingHyperparams, MatchResult, assignment_cost,
                                  class_frequency_weights, coordinate_blocks, existing_neuron_gain,
                                  group_popularity_log_odds, match_layer, new_neuron_gain,
                                  new_neuron_log_prior, num_new_columns, pfnm_single_layer,

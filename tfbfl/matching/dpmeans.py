@@ -25,7 +25,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from tfbfl.matching.pfnm import (_check_single_layer_weights, class_frequency_weights,
+from tfbfl.matching.single_layer import (_check_single_layer_weights, class_frequency_weights,
                                  single_layer_atoms, split_single_layer_atoms)
 
 __all__ = ["dp_means", "dpmeans_single_layer"]

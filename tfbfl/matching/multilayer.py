@@ -45,7 +45,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from tfbfl.matching.pfnm import (MatchingHyperparams, MatchResult, class_frequency_weights,
+from tfbfl.matching.single_layer import (MatchingHyperparams, MatchResult, class_frequency_weights,
                                  match_layer, softmax_bias_posterior)
 
 __all__ = ["pfnm_multilayer", "multilayer_atoms", "patch_outgoing"]

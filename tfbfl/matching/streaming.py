@@ -39,7 +39,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from tfbfl.matching.pfnm import (MatchingHyperparams, MatchResult, _check_single_layer_weights,
+from tfbfl.matching.single_layer import (MatchingHyperparams, MatchResult, _check_single_layer_weights,
                                  base_prior_mean, class_frequency_weights, match_layer,
                                  single_layer_atoms, single_layer_obs_var, softmax_bias_posterior,
                                  split_single_layer_atoms)

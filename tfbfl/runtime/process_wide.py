@@ -91,7 +91,7 @@ def mergeable_context_active() -> bool:
   e.g. a `RemoteRuntime`'s. Under it, CLIENTS-placed results come back in
   subround completion order, and in a computation that also aggregates, the
   client work producing CLIENTS-placed results runs twice (before and after the
-  merge); drivers use this to pick a two-phase round (see `tfbfl.experiment`)."""
+  merge); drivers use this to pick a two-phase round (see `tfbfl.round_loop`)."""
   return isinstance(tff.framework.get_context_stack().current,
                     tff.framework.MergeableCompExecutionContext)
 

@@ -227,7 +227,7 @@ class RemoteRuntime:
   subround, runs the slices on the workers in parallel, merges the single
   aggregation and returns CLIENTS-placed results concatenated in *completion
   order* (results per client must carry their client index; see
-  `tfbfl.experiment`). Per worker:
+  `tfbfl.round_loop`). Per worker:
 
       DeadlineGrpcStub -> tff.framework.RemoteExecutor
         -> tff.framework.ResourceManagingExecutorFactory

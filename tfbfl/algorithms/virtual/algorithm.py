@@ -252,7 +252,7 @@ class VirtualAlgorithm:
           client_eval_comp,
           (tff.federated_broadcast(server_state.posterior), client_states, seeds, data))
 
-    # The driver's streamed evaluation (`tfbfl.experiment`): S from the server
+    # The driver's streamed evaluation (`tfbfl.round_loop`): S from the server
     # posterior alone, MT from each client's state alone (so it can be cached).
     index_type = tff.TensorType(np.int32)
 

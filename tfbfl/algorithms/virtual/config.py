@@ -18,7 +18,7 @@ from tfbfl import options
 from tfbfl.algorithms import base
 
 # The state types keep the module name of the former `tfbfl/algorithms/virtual.py`:
-# `tfbfl.state_io` records a namedtuple as `module:qualname` and finds it in that
+# `tfbfl.state_files` records a namedtuple as `module:qualname` and finds it in that
 # module on load (the package re-exports them), so checkpoints keep loading.
 _STATE_MODULE = "tfbfl.algorithms.virtual"
 

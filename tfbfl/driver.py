@@ -3,35 +3,42 @@
 `run_training(params)` checks every flag, loads the federated data (`DataSpec`),
 builds the algorithm named by `params["algorithm"]` from
 `tfbfl.algorithms.registry`, starts the owned TFF runtime and drives the rounds
-with `tfbfl.experiment.ExperimentRunner`. Every launcher (and the grid
+with `tfbfl.round_loop.ExperimentRunner`. Every launcher (and the grid
 launchers, once per grid cell) goes through it, so flags mean the same thing
 everywhere.
 
 The settings are declared once, as `tfbfl.options` fields of their owners: the
-driver's `experiment.RunConfig`, the runtime's `runtime.RuntimeOptions`, the data's
+driver's `round_loop.RunConfig`, the runtime's `runtime.RuntimeOptions`, the data's
 `data.DataSpec` and each registered algorithm's config dataclass. `settings()`
 collects them (a flag declared twice with different defaults or rules is an error
 at import), `DEFAULTS` is their default values, and `tfbfl.flags` makes the absl
 flags from the same table. Nothing here imports TensorFlow before the runtime starts.
+
+A setting travels down once: `resolve_params` fills and checks the flag values;
+`load_data` builds the `DataSpec`, loads the data and settles what the data decide
+(an npz file's client count and the defaults that follow from it); `configs` then
+builds every typed config from those values in one pass (`Configs`: data, algorithm,
+round loop, runtime), and the round loop runs on them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from typing import Any, Dict, Optional, Tuple
 
 from tfbfl import algorithms  # noqa: F401  (registers every algorithm)
 from tfbfl import data as data_lib
-from tfbfl import experiment
+from tfbfl import round_loop
 from tfbfl import options
-from tfbfl import run_dir
+from tfbfl import run_directory
 from tfbfl import runtime as runtime_lib
 from tfbfl.algorithms import registry
 
 DEFAULT_ALGORITHM = "virtual"
 # Owners of the algorithm-independent settings (the algorithms' come from the registry).
-COMMON_SETTINGS = (experiment.RunConfig, runtime_lib.RuntimeOptions, data_lib.DataSpec)
+COMMON_SETTINGS = (round_loop.RunConfig, runtime_lib.RuntimeOptions, data_lib.DataSpec)
 
 
 def settings() -> Dict[str, Tuple[Any, options.Option]]:
@@ -62,7 +69,7 @@ DEFAULTS: Dict[str, Any] = dict(algorithm=DEFAULT_ALGORITHM,
 
 
 # `launchers.train` and its flags, for a run's `flags.txt`.
-REPLAY = experiment.Replay(experiment.TRAIN_LAUNCHER.command, ("algorithm", *DEFAULTS))
+REPLAY = round_loop.Replay(round_loop.TRAIN_LAUNCHER.command, ("algorithm", *DEFAULTS))
 
 
 def _bounds(kind):
@@ -92,7 +99,7 @@ def resolve_params(params: Dict[str, Any]) -> Dict[str, Any]:
       p[name] = option.check(p[name], name)
   p["hidden_units"] = p["hidden_units"] or ()
   if p["clients_per_round"] is None:
-    p["clients_per_round"] = experiment.default_clients_per_round(p["num_clients"])
+    p["clients_per_round"] = round_loop.default_clients_per_round(p["num_clients"])
   # Unset values the algorithm derives (VIRTUAL's step 1/C): recorded as used.
   p.update(spec.config_cls.derived_defaults(p))
   _check_applicable(p, params, spec)
@@ -131,22 +138,42 @@ def _check_applicable(p: Dict[str, Any], given: Dict[str, Any], spec) -> None:
           flush=True)
 
 
+@dataclasses.dataclass(frozen=True)
+class Configs:
+  """A run's typed settings, each built once from its resolved flags (`configs`): the
+  data it trains on, the algorithm's config, the round loop's and the runtime's."""
+  data: data_lib.DataSpec
+  algorithm: Any
+  run: round_loop.RunConfig
+  runtime: runtime_lib.RuntimeOptions
+
+
 def data_spec(p: Dict[str, Any]) -> data_lib.DataSpec:
   return options.from_flags(data_lib.DataSpec, p, seed=p["seed"])
 
 
-def run_config(p: Dict[str, Any], **fixed) -> experiment.RunConfig:
-  return options.from_flags(experiment.RunConfig, p, verbose=p.get("verbose", True), **fixed)
+def run_config(p: Dict[str, Any], **fixed) -> round_loop.RunConfig:
+  return options.from_flags(round_loop.RunConfig, p, verbose=p.get("verbose", True), **fixed)
 
 
 def runtime_options(p: Dict[str, Any]) -> runtime_lib.RuntimeOptions:
   return options.from_flags(runtime_lib.RuntimeOptions, p)
 
 
+def configs(p: Dict[str, Any], data: data_lib.FederatedData, **run_fixed) -> Configs:
+  """Every typed config of a run from its resolved flags `p` (`resolve_params`, then
+  `load_data`) and its `data` (the model's shapes), in one pass; the algorithm's own
+  checks run here, before TensorFlow Federated starts. `run_fixed`: RunConfig fields
+  that come from elsewhere (the data fingerprint)."""
+  spec = registry.get(p["algorithm"])
+  return Configs(data=data_spec(p), algorithm=spec.make_config(p, data),
+                 run=run_config(p, **run_fixed), runtime=runtime_options(p))
+
+
 def build_algorithm(data: data_lib.FederatedData, params: Dict[str, Any]):
   """The algorithm `params["algorithm"]` over `data` (its config checked first)."""
-  spec = registry.get(params["algorithm"])
-  return spec.build(data, spec.make_config(params, data), run_config(params))
+  c = configs(params, data)
+  return registry.get(params["algorithm"]).build(data, c.algorithm, c.run)
 
 
 def _check_output_dir(p: Dict[str, Any]) -> None:
@@ -175,8 +202,25 @@ def _check_output_dir(p: Dict[str, Any]) -> None:
     raise ValueError(f"--output_dir={out} lies under the regular file {parent}.")
 
 
-def load_data(p: Dict[str, Any]) -> data_lib.FederatedData:
-  return data_lib.load_federated(data_spec(p))
+def load_data(p: Dict[str, Any], given: Optional[Dict[str, Any]] = None
+              ) -> data_lib.FederatedData:
+  """The federated data of the resolved flags `p`. Where the data decide how many
+  clients there are (`--dataset=npz`: the file's), `p` is settled here, once: its
+  `num_clients`, and, unless `given` (the flags as passed) set them, the defaults that
+  derive from it (`clients_per_round`, the algorithm's derived defaults)."""
+  fd = data_lib.load_federated(data_spec(p))
+  if p["dataset"] == "npz":
+    given = {} if given is None else given
+    p["num_clients"] = len(fd.client_ids)
+    if given.get("clients_per_round") is None:
+      p["clients_per_round"] = round_loop.default_clients_per_round(p["num_clients"])
+      if given.get("server_lr") is None:
+        spec = registry.get(p["algorithm"])
+        p.update(spec.config_cls.derived_defaults(dict(p, server_lr=None)))
+    if p["clients_per_round"] > p["num_clients"]:
+      raise ValueError(f"--clients_per_round={p['clients_per_round']} exceeds the "
+                       f"{p['num_clients']} clients in {p['data_dir']}.")
+  return fd
 
 
 def run_training(params: Dict[str, Any],
@@ -209,45 +253,33 @@ def run_training(params: Dict[str, Any],
     params = dict(params, num_clients=len(data.client_ids))
   p = resolve_params(params)
   if p["output_dir"]:
-    run_dir.prepare(p["output_dir"])
-    run_dir.check_free(p["output_dir"])
+    run_directory.prepare(p["output_dir"])
+    run_directory.check_free(p["output_dir"])
     if not p["overwrite"]:
-      run_dir.refuse_or_clear(p["output_dir"], resume=p["resume"], overwrite=False)
+      run_directory.refuse_or_clear(p["output_dir"], resume=p["resume"], overwrite=False)
   spec = registry.get(p["algorithm"])
   if data is not None:
     fd = data
     p["dataset"] = "user"  # recorded; the data fingerprint identifies it
   else:
-    fd = load_data(p)
-  if p["dataset"] == "npz":
-    # Natural clients: the file decides how many there are.
-    p["num_clients"] = len(fd.client_ids)
-    if params.get("clients_per_round") is None:
-      p["clients_per_round"] = experiment.default_clients_per_round(p["num_clients"])
-      if params.get("server_lr") is None:
-        p.update(spec.config_cls.derived_defaults(dict(p, server_lr=None)))
-    if p["clients_per_round"] > p["num_clients"]:
-      raise ValueError(f"--clients_per_round={p['clients_per_round']} exceeds the "
-                       f"{p['num_clients']} clients in {p['data_dir']}.")
+    fd = load_data(p, params)
   flags = {k: (list(v) if isinstance(v, tuple) else v) for k, v in p.items()}
   fingerprint = None
   if p["resume"]:
-    fingerprint = run_dir.data_fingerprint(fd)
-    experiment.ExperimentRunner.check_resumable(p["output_dir"], flags, fingerprint)
-  config = spec.make_config(p, fd)  # the algorithm's own checks, before TFF starts
-  run = run_config(p, data_fingerprint=fingerprint)
-  rt = runtime_options(p)
-  if rt.executor == "remote":
+    fingerprint = run_directory.data_fingerprint(fd)
+    round_loop.ExperimentRunner.check_resumable(p["output_dir"], flags, fingerprint)
+  c = configs(p, fd, data_fingerprint=fingerprint)
+  if c.runtime.executor == "remote":
     runtime_lib.set_runtime("remote",
-                            workers=rt.workers,
-                            call_timeout_s=rt.call_timeout_s,
-                            tls_ca=rt.tls_ca,
-                            tls_cert=rt.tls_cert,
-                            tls_key=rt.tls_key)
+                            workers=c.runtime.workers,
+                            call_timeout_s=c.runtime.call_timeout_s,
+                            tls_ca=c.runtime.tls_ca,
+                            tls_cert=c.runtime.tls_cert,
+                            tls_key=c.runtime.tls_key)
   else:
     runtime_lib.set_local_runtime()
-  algorithm = spec.build(fd, config, run)
-  runner = experiment.ExperimentRunner(algorithm, fd, run, flags=flags, round_hook=round_hook,
+  algorithm = spec.build(fd, c.algorithm, c.run)
+  runner = round_loop.ExperimentRunner(algorithm, fd, c.run, flags=flags, round_hook=round_hook,
                                        replay=REPLAY)
   try:
     return runner.run()

@@ -29,7 +29,7 @@ one ``ValueError`` naming the flag), and ``settings_from_flags`` turns the share
 ones into an ``ExperimentSettings``.  Defaults are the paper's (Table 1 and
 section 4) except where digits (64 inputs instead of MNIST's 784) needs
 otherwise; each such choice is stated in the flag's help.  Flags named like
-``tfbfl.training``'s settings take their help text (and, where the paper sets
+``tfbfl.driver``'s settings take their help text (and, where the paper sets
 none, their default) from ``training.settings()``.
 """
 
@@ -48,9 +48,9 @@ from typing import (Any, Callable, Collection, Dict, List, Mapping, Optional, Se
 import numpy as np
 
 from tfbfl import data as data_lib
-from tfbfl import experiment
+from tfbfl import round_loop
 from tfbfl import options
-from tfbfl import training
+from tfbfl import driver
 from tfbfl.algorithms import oneshot_baselines as baselines
 from tfbfl.algorithms import pfnm
 from tfbfl.experiments import _runs
@@ -284,10 +284,10 @@ class DataOptions:
       "class_dirichlet", PARTITION_CHOICES, "homogeneous (IID) or class_dirichlet (per class "
       "p_k ~ Dir_J(alpha); paper's heterogeneous partition).")
   alpha: float = options.real(0.2, _runs.flag_help("alpha", paper=0.2), **_POSITIVE)
-  min_size: int = options.integer(training.DEFAULTS["min_size"], _runs.flag_help("min_size"),
+  min_size: int = options.integer(driver.DEFAULTS["min_size"], _runs.flag_help("min_size"),
                                   **_ANY)
   seed: int = options.integer(
-      training.DEFAULTS["seed"],
+      driver.DEFAULTS["seed"],
       _runs.flag_help("seed", note="the master seed: every trial derives its seeds from it"),
       high=None)
   output_dir: Optional[str] = options.text(None,
@@ -820,14 +820,14 @@ def _write_results(output_dir,
                    extra=None):
   """``results.csv`` (``summary`` in ``columns``), ``trials.csv``, ``settings.json``
   (``settings`` and ``extra``) and ``results.md`` (the text ``md``)."""
-  experiment.write_csv(os.path.join(output_dir, "results.csv"), summary, columns)
+  round_loop.write_csv(os.path.join(output_dir, "results.csv"), summary, columns)
   os.makedirs(output_dir, exist_ok=True)
-  experiment.write_csv(os.path.join(output_dir, "trials.csv"), trial_rows, trial_columns)
+  round_loop.write_csv(os.path.join(output_dir, "trials.csv"), trial_rows, trial_columns)
   payload = {"settings": settings.to_json()}
   payload.update(extra or {})
-  experiment.atomic_write_text(os.path.join(output_dir, "settings.json"),
+  round_loop.atomic_write_text(os.path.join(output_dir, "settings.json"),
                                json.dumps(payload, indent=2, default=str) + "\n")
-  experiment.atomic_write_text(os.path.join(output_dir, "results.md"), md)
+  round_loop.atomic_write_text(os.path.join(output_dir, "results.md"), md)
 
 
 def _label_axes(ax, xlabel, ylabel="test accuracy", legend=True):

@@ -57,7 +57,7 @@ round loop calls (`ExperimentRunner.standard_outputs`; pass `outputs=` for other
   the events of rounds after its checkpoint, so no (tag, round) is written twice.
 * `curves.png`: S/MT accuracy, S/MT loss, train loss and (with `bytes_up`) the
   cumulative bytes per round.
-* `checkpoint.npz` (a `tfbfl.state_io` file: arrays + a JSON manifest, never a
+* `checkpoint.npz` (a `tfbfl.state_files` file: arrays + a JSON manifest, never a
   pickle): every `checkpoint_every` rounds and always after the last round, so
   nothing trained is lost.
 * `export/`: the final server and client models (`tfbfl.export.export_run`,
@@ -85,10 +85,10 @@ from tfbfl import client_store as client_store_lib
 from tfbfl import evaluation
 from tfbfl import files
 from tfbfl import options
-from tfbfl import run_dir as run_dir_lib
+from tfbfl import run_directory
 from tfbfl import run_outputs
 from tfbfl import runtime
-from tfbfl import state_io
+from tfbfl import state_files
 from tfbfl.algorithms import base
 from tfbfl.algorithms.base import FederatedAlgorithm
 from tfbfl.algorithms.base import client_seed  # noqa: F401  (the driver's seed rule)
@@ -146,7 +146,7 @@ class RunConfig:
   overwrite: bool = options.boolean(
       False, "Replace the outputs of a previous run in --output_dir (without it, or "
       "--resume, such a directory is refused).")
-  data_fingerprint: Optional[str] = None  # tfbfl.run_dir.data_fingerprint; None: computed
+  data_fingerprint: Optional[str] = None  # tfbfl.run_directory.data_fingerprint; None: computed
   # Streamed evaluation (see `ExperimentRunner.evaluate`): at most this many clients
   # per evaluation call; 0: one call with every client (`algorithm.evaluate`).
   eval_chunk: int = options.integer(
@@ -218,7 +218,7 @@ class Replay:
   flag_names: Optional[Sequence[str]] = None
 
 
-# The round driver's launcher (`tfbfl.training.REPLAY` names its flags).
+# The round driver's launcher (`tfbfl.driver.REPLAY` names its flags).
 TRAIN_LAUNCHER = Replay("python -m launchers.train")
 
 
@@ -354,7 +354,7 @@ class ExperimentRunner:
 
   def _data_fingerprint(self) -> str:
     if self.config.data_fingerprint is None:
-      self.config.data_fingerprint = run_dir_lib.data_fingerprint(self.data)
+      self.config.data_fingerprint = run_directory.data_fingerprint(self.data)
     return self.config.data_fingerprint
 
   @classmethod
@@ -392,7 +392,7 @@ class ExperimentRunner:
   def _start_state(self):
     """Takes `output_dir` for this run and returns the state to start from.
 
-    With an `output_dir`: creates it, takes its lock (`tfbfl.run_dir.RunLock`,
+    With an `output_dir`: creates it, takes its lock (`tfbfl.run_directory.RunLock`,
     held until `close()`; a directory in use by another run is refused at
     once), removes stale `.tmp-*` files of interrupted writes, then refuses a
     directory holding another run unless `resume` (its checkpoint is then
@@ -402,15 +402,15 @@ class ExperimentRunner:
     cfg = self.config
     if not cfg.output_dir:
       return self._load_checkpoint() if cfg.resume else self._fresh_state()
-    run_dir_lib.prepare(cfg.output_dir)
+    run_directory.prepare(cfg.output_dir)
     if self._lock is None:
-      self._lock = run_dir_lib.RunLock(cfg.output_dir)
+      self._lock = run_directory.RunLock(cfg.output_dir)
     self._lock.acquire(owner=self)
     try:
       store_dir = cfg.client_store_dir or os.path.join(cfg.output_dir, "client_states")
       for directory in (cfg.output_dir, store_dir):
-        state_io.remove_stale_temporaries(directory)
-      removed = run_dir_lib.refuse_or_clear(cfg.output_dir,
+        state_files.remove_stale_temporaries(directory)
+      removed = run_directory.refuse_or_clear(cfg.output_dir,
                                             resume=cfg.resume,
                                             overwrite=cfg.overwrite)
       if removed and cfg.verbose:
@@ -503,7 +503,7 @@ class ExperimentRunner:
     saved = None
     if cfg.output_dir:
       try:
-        saved = int(state_io.read_meta(checkpoint.path_in(cfg.output_dir))["round"])
+        saved = int(state_files.read_meta(checkpoint.path_in(cfg.output_dir))["round"])
       except (OSError, ValueError, KeyError, TypeError):
         saved = None
     command = f"{self.replay.command} --flagfile=" + shlex.quote(
@@ -672,5 +672,5 @@ class ExperimentRunner:
         bytes_up_total=state.bytes_up_total,
         bytes_down_total=state.bytes_down_total,
         tfbfl_version=tfbfl.__version__,
-        **run_dir_lib.source_provenance(),
+        **run_directory.source_provenance(),
         data_fingerprint=self._data_fingerprint())

@@ -14,11 +14,11 @@ import time
 import numpy as np
 import pytest
 
-from tfbfl import experiment
+from tfbfl import round_loop
 from tfbfl import run_outputs
-from tfbfl import run_dir
-from tfbfl import state_io
-from tfbfl import training
+from tfbfl import run_directory
+from tfbfl import state_files
+from tfbfl import driver
 from tfbfl.data import from_client_arrays
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -68,9 +68,9 @@ def _run(out, data=None, **kw):
              output_dir=str(out),
              export=False)
   cfg.update(kw)
-  runner = experiment.ExperimentRunner(_Counter(),
+  runner = round_loop.ExperimentRunner(_Counter(),
                                        data or _data(),
-                                       experiment.RunConfig(**cfg),
+                                       round_loop.RunConfig(**cfg),
                                        flags=dict(algorithm="counter", seed=1))
   try:
     return runner.run()
@@ -84,12 +84,12 @@ def _rows(out):
 
 
 def test_lock_refuses_a_second_run(tmp_path):
-  holder = run_dir.RunLock(str(tmp_path)).acquire()
+  holder = run_directory.RunLock(str(tmp_path)).acquire()
   try:
-    with pytest.raises(run_dir.RunDirBusyError, match="in use by another run"):
+    with pytest.raises(run_directory.RunDirBusyError, match="in use by another run"):
       _run(tmp_path)
-    with pytest.raises(run_dir.RunDirBusyError, match="in use"):
-      run_dir.check_free(str(tmp_path))
+    with pytest.raises(run_directory.RunDirBusyError, match="in use"):
+      run_directory.check_free(str(tmp_path))
   finally:
     holder.release()
   _run(tmp_path)  # free again
@@ -100,8 +100,8 @@ def test_lock_refuses_a_second_run(tmp_path):
 def test_lock_of_another_process(tmp_path):
   script = textwrap.dedent(f"""
       import sys, time
-      from tfbfl import run_dir
-      lock = run_dir.RunLock({str(tmp_path)!r}).acquire()
+      from tfbfl import run_directory
+      lock = run_directory.RunLock({str(tmp_path)!r}).acquire()
       print("locked", flush=True)
       sys.stdin.read()  # until the test closes stdin (or dies)
       """)
@@ -134,7 +134,7 @@ def test_lock_of_another_process(tmp_path):
       holder.kill()
       holder.wait()
   # The holder exited: the lock went with it.
-  run_dir.check_free(str(tmp_path))
+  run_directory.check_free(str(tmp_path))
 
 
 def test_old_run_refused_unless_resume_or_overwrite(tmp_path, monkeypatch):
@@ -145,7 +145,7 @@ def test_old_run_refused_unless_resume_or_overwrite(tmp_path, monkeypatch):
                      match=r"already holds another run \(.*metrics\.csv.*--resume.*--overwrite"):
     _run(tmp_path)
   with pytest.raises(ValueError, match="already holds another run"):
-    training.run_training(dict(output_dir=str(tmp_path), rounds=1))  # refused before TFF starts
+    driver.run_training(dict(output_dir=str(tmp_path), rounds=1))  # refused before TFF starts
   with pytest.raises(ValueError, match="exclude each other"):
     _run(tmp_path, resume=True, overwrite=True)
   with monkeypatch.context() as m:  # no final checkpoint: any left would be the old run's
@@ -153,7 +153,7 @@ def test_old_run_refused_unless_resume_or_overwrite(tmp_path, monkeypatch):
     _run(tmp_path, overwrite=True, rounds=2)
   assert not (tmp_path / "tb" / "old_events").exists()
   assert (tmp_path / "notes.txt").read_text() == "mine"  # not a run output: kept
-  assert len(_rows(tmp_path)) == 2 and not (tmp_path / experiment.CHECKPOINT).exists()
+  assert len(_rows(tmp_path)) == 2 and not (tmp_path / round_loop.CHECKPOINT).exists()
   # --resume continues it (same flags and data).
   _run(tmp_path, checkpoint_every=1, overwrite=True, rounds=2)
   _run(tmp_path, checkpoint_every=1, resume=True, rounds=3)
@@ -167,9 +167,9 @@ def test_resume_refuses_changed_data(tmp_path):
   with pytest.raises(ValueError, match="the data changed since checkpoint"):
     _run(tmp_path, data=_data(shift=1e-3), resume=True)
   with pytest.raises(ValueError, match="other flags"):
-    runner = experiment.ExperimentRunner(_Counter(),
+    runner = round_loop.ExperimentRunner(_Counter(),
                                          _data(),
-                                         experiment.RunConfig(rounds=3,
+                                         round_loop.RunConfig(rounds=3,
                                                               clients_per_round=2,
                                                               seed=1,
                                                               output_dir=str(tmp_path),
@@ -206,9 +206,9 @@ def test_output_dir_errors_before_tff_starts(tmp_path, monkeypatch):
                                                                 "lies under the regular file"),
                      ("/proc/tfbfl_x/y", "cannot be created")):
     with pytest.raises(ValueError, match=f"--output_dir=.*{match}"):
-      training.run_training(dict(output_dir=str(out), rounds=1))
+      driver.run_training(dict(output_dir=str(out), rounds=1))
   with pytest.raises(ValueError, match="--resume needs --output_dir"):
-    training.resolve_params(dict(resume=True))
+    driver.resolve_params(dict(resume=True))
 
 
 class _Payload:
@@ -280,7 +280,7 @@ def _kill_group(proc):
 
 def _checkpoint_round(out):
   try:
-    return state_io.read_meta(os.path.join(out, experiment.CHECKPOINT))["round"]
+    return state_files.read_meta(os.path.join(out, round_loop.CHECKPOINT))["round"]
   except (FileNotFoundError, ValueError):
     return 0
 

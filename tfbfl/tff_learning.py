@@ -15,7 +15,7 @@ copy of their maths: `next` calls the algorithm's round computation
 (its `learning_round`: `VirtualAlgorithm.next_per_client`, `FolaAlgorithm.next`,
 `FedAvgAlgorithm.next`, signature `(server_state@SERVER, client_states@CLIENTS, seeds@CLIENTS,
 data@CLIENTS)`) inside one federated computation that adds only what the driver
-(`tfbfl.experiment`) does outside TFF: the clients' seeds, their states, and
+(`tfbfl.round_loop`) does outside TFF: the clients' seeds, their states, and
 turning a client's `tf.data.Dataset` into the `(x, y)` tensors the algorithms
 train on.
 
@@ -38,8 +38,8 @@ a `ClientInput(client_index, data)`:
   (`tfbfl.algorithms.base.client_seed`), and VIRTUAL's client state (below) is
   keyed by it. `client_inputs(client_data, ids)` builds the list.
 
-So a round of a process equals a round of `tfbfl.experiment.ExperimentRunner` on
-the same clients (`tests/test_learning.py` checks it; measured on digits: the
+So a round of a process equals a round of `tfbfl.round_loop.ExperimentRunner` on
+the same clients (`tests/test_tff_learning.py` checks it; measured on digits: the
 same server posterior / weights to the last bit). Any `tff.simulation` loop
 works, e.g. `tff.simulation.run_training_process(process, lambda r:
 client_inputs(client_data, ids_of_round(r)), total_rounds)`. VIRTUAL runs one
@@ -81,16 +81,16 @@ federated_aggregate state rows are not split into mergeable subrounds here).
 #### Example
 
 ```python
-from tfbfl import data, experiment, learning, runtime
+from tfbfl import data, round_loop, tff_learning, runtime
 runtime.set_local_runtime()
 fd = data.load_federated("digits", num_clients=4, seed=0)
-client_data = learning.to_client_data(fd)
-process = learning.build_virtual_process(fd, hidden_units=(32,), epochs=2, clients_per_round=2)
+client_data = tff_learning.to_client_data(fd)
+process = tff_learning.build_virtual_process(fd, hidden_units=(32,), epochs=2, clients_per_round=2)
 state = process.initialize()
 for r in range(1, 4):
-  ids = experiment.sample_clients(0, r, 4, 2)
-  state, metrics = process.next(state, learning.client_inputs(client_data, ids))
-  print(r, learning.evaluate(process, state, fd)["server_accuracy"])
+  ids = round_loop.sample_clients(0, r, 4, 2)
+  state, metrics = process.next(state, tff_learning.client_inputs(client_data, ids))
+  print(r, tff_learning.evaluate(process, state, fd)["server_accuracy"])
 ```
 """
 
@@ -119,7 +119,7 @@ ProcessState.__doc__ = """The state of a tfbfl learning process (placed at SERVE
 
 `algorithm`: the algorithm's own server state (e.g. VIRTUAL's `ServerState(
 posterior, aggregator_state, round_num)`, FOLA's `FolaServerState`, FedAvg's
-`ServerState`), exactly what `tfbfl.experiment` keeps. `clients`: VIRTUAL: every
+`ServerState`), exactly what `tfbfl.round_loop` keeps. `clients`: VIRTUAL: every
 client's `ClientState`, each leaf stacked over the K clients (row i = client i;
 never-selected clients hold their initial state); stateless processes: `()`.
 `round_num`: rounds done (int32); round `round_num + 1` is next."""
@@ -201,7 +201,7 @@ def client_inputs(client_data: tff.simulation.datasets.ClientData,
       position in `client_data.client_ids` (which must be the
       `FederatedData.client_ids` order the process was built with).
     clients: client ids (str) or indices (int), e.g.
-      `tfbfl.experiment.sample_clients(seed, round, K, C)`. Each at most once.
+      `tfbfl.round_loop.sample_clients(seed, round, K, C)`. Each at most once.
   """
   ids = list(client_data.client_ids)
   position = {c: i for i, c in enumerate(ids)}

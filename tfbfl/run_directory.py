@@ -1,6 +1,6 @@
 """One run per output directory: a lock, ownership of old outputs, the data fingerprint.
 
-`tfbfl.experiment.ExperimentRunner` takes its `output_dir` with these helpers
+`tfbfl.round_loop.ExperimentRunner` takes its `output_dir` with these helpers
 before it reads or writes anything there:
 
 * `prepare(path)` creates the directory, or raises one `ValueError` naming
@@ -42,7 +42,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 import numpy as np
 
-from tfbfl import state_io
+from tfbfl import state_files
 
 LOCK_FILE = ".tfbfl.lock"
 # Files and directories a run writes into its output directory (besides the
@@ -249,7 +249,7 @@ def data_fingerprint(data) -> str:
         for a in split[cid]:
           yield np.asarray(a)
 
-  digest = state_io.sha256_arrays(arrays())
+  digest = state_files.sha256_arrays(arrays())
   try:
     data._tfbfl_fingerprint = digest  # pylint: disable=protected-access
   except AttributeError:

@@ -1,4 +1,4 @@
-"""State files (`tfbfl.state_io`): exact round trips, and crafted or damaged files
+"""State files (`tfbfl.state_files`): exact round trips, and crafted or damaged files
 (pickles with a payload, truncated, random, empty, wrong version, modified arrays)
 give one clear error naming the file and never run code."""
 
@@ -18,7 +18,8 @@ import pytest
 
 from tfbfl import client_store
 from tfbfl import gaussian
-from tfbfl import state_io
+from tfbfl import state_files
+from tfbfl import tff_learning
 
 Plain = collections.namedtuple("Plain", ["a", "b"])
 
@@ -81,11 +82,11 @@ def _assert_same(a, b, path="$"):
 def test_round_trip_is_exact(tmp_path):
   tree = _nested()
   path = str(tmp_path / "s.npz")
-  state_io.save(path, tree, meta=dict(round=3, flags=dict(lr=0.1, gamma=float("inf"), h=[8])))
-  got, meta = state_io.load(path)
+  state_files.save(path, tree, meta=dict(round=3, flags=dict(lr=0.1, gamma=float("inf"), h=[8])))
+  got, meta = state_files.load(path)
   _assert_same(tree, got)
   assert meta == dict(round=3, flags=dict(lr=0.1, gamma=float("inf"), h=[8]))
-  assert state_io.read_meta(path) == meta
+  assert state_files.read_meta(path) == meta
   # tfbfl namedtuples come back as their own class; others as namedtuples of the
   # same fields (never imported by name).
   assert type(got["server_state"].a) is gaussian.NaturalGaussian
@@ -99,16 +100,16 @@ def test_real_algorithm_namedtuples_keep_their_class(tmp_path):
   from tfbfl.algorithms import fedavg  # pylint: disable=g-import-not-at-top
 
   state = fedavg.ServerState(*[np.float32(i) for i in range(len(fedavg.ServerState._fields))])
-  state_io.save(str(tmp_path / "s.npz"), [state])
-  got, _ = state_io.load(str(tmp_path / "s.npz"))
+  state_files.save(str(tmp_path / "s.npz"), [state])
+  got, _ = state_files.load(str(tmp_path / "s.npz"))
   assert type(got[0]) is fedavg.ServerState
 
 
 def test_unknown_namedtuple_name_is_not_imported(tmp_path):
   path = str(tmp_path / "s.npz")
-  state_io.save(path, Plain(1, 2))
+  state_files.save(path, Plain(1, 2))
   _rewrite_manifest(path, lambda m: m["structure"].update(name="os:system"))
-  got, _ = state_io.load(path)
+  got, _ = state_files.load(path)
   assert got == (1, 2) and got._fields == ("a", "b") and type(got).__name__ == "system"
 
 
@@ -116,29 +117,29 @@ def test_refuses_what_it_cannot_store_before_writing(tmp_path):
   path = tmp_path / "s.npz"
   for bad in (np.array([object()], dtype=object), {"x": _Payload(tmp_path / "m")}, {1, 2}):
     with pytest.raises(TypeError, match="cannot store"):
-      state_io.save(str(path), bad)
+      state_files.save(str(path), bad)
   assert os.listdir(tmp_path) == []
 
 
 def test_save_is_atomic(tmp_path, monkeypatch):
   path = str(tmp_path / "s.npz")
-  state_io.save(path, dict(v=np.ones(3)))
+  state_files.save(path, dict(v=np.ones(3)))
 
   def crash(src, dst):
     raise OSError("disk full")
 
-  monkeypatch.setattr(state_io.os, "replace", crash)
+  monkeypatch.setattr(state_files.os, "replace", crash)
   with pytest.raises(OSError, match="disk full"):
-    state_io.save(path, dict(v=np.zeros(3)))
+    state_files.save(path, dict(v=np.zeros(3)))
   monkeypatch.undo()
-  np.testing.assert_array_equal(state_io.load(path)[0]["v"], np.ones(3))
+  np.testing.assert_array_equal(state_files.load(path)[0]["v"], np.ones(3))
   assert os.listdir(tmp_path) == ["s.npz"]
 
 
 # --------------------------------------------------------------- bad files
 def _one_line_error(path, match, exc=ValueError):
   with pytest.raises(exc, match=match) as info:
-    state_io.load(str(path))
+    state_files.load(str(path))
   message = str(info.value)
   assert str(path) in message and "\n" not in message, message
   return message
@@ -146,7 +147,7 @@ def _one_line_error(path, match, exc=ValueError):
 
 def _valid(tmp_path, name="s.npz"):
   path = tmp_path / name
-  state_io.save(str(path), _nested(), meta=dict(round=3))
+  state_files.save(str(path), _nested(), meta=dict(round=3))
   return path
 
 
@@ -237,7 +238,7 @@ def test_empty_random_truncated_files(tmp_path):
     _one_line_error(truncated, "truncated or corrupted")
   _one_line_error(tmp_path / "missing.npz", "no such state file", FileNotFoundError)
   with pytest.raises(ValueError, match="not a regular file"):
-    state_io.load(str(tmp_path))
+    state_files.load(str(tmp_path))
 
 
 def test_wrong_version_format_and_structure(tmp_path):
@@ -281,10 +282,10 @@ def test_stale_temporaries_are_removed(tmp_path):
   (tmp_path / ".tmp-snapshot-x").mkdir()
   (tmp_path / ".tmp-snapshot-x" / "client_0.npz").write_bytes(b"")
   (tmp_path / "keep.txt").write_text("mine")
-  removed = state_io.remove_stale_temporaries(str(tmp_path))
+  removed = state_files.remove_stale_temporaries(str(tmp_path))
   assert sorted(removed) == [".tmp-snapshot-x", ".tmp-state-abc.npz"]
   assert os.listdir(tmp_path) == ["keep.txt"]
-  assert state_io.remove_stale_temporaries(str(tmp_path / "nope")) == []
+  assert state_files.remove_stale_temporaries(str(tmp_path / "nope")) == []
 
 
 # ------------------------------------------------------------ property tests
@@ -311,16 +312,28 @@ _trees = st.recursive(
 def test_any_tree_round_trips_and_any_flipped_byte_is_caught(tree, flip, byte):
   with tempfile.TemporaryDirectory() as d:
     path = os.path.join(d, "s.npz")
-    state_io.save(path, tree)
-    got, _ = state_io.load(path)
+    state_files.save(path, tree)
+    got, _ = state_files.load(path)
     _assert_same(tree, got)
     data = bytearray(open(path, "rb").read())
     data[flip % len(data)] ^= byte
     with open(path, "wb") as f:
       f.write(data)
     try:
-      again, _ = state_io.load(path)
+      again, _ = state_files.load(path)
     except ValueError as e:
       assert "s.npz" in str(e) and "\n" not in str(e)
     else:  # the byte was in a part nobody reads (zip metadata): the contents are intact
       _assert_same(tree, again)
+
+
+def test_a_type_recorded_under_a_renamed_module_loads_as_the_class():
+  """Files written before issue 33's renames name `tfbfl.learning:ProcessState` and the
+  like; they load into the class under its new module, not into a look-alike."""
+  fields = tuple(tff_learning.ProcessState._fields)
+  assert state_files._namedtuple_type("tfbfl.learning:ProcessState",
+                                      fields) is tff_learning.ProcessState
+  assert state_files._namedtuple_type("tfbfl.tff_learning:ProcessState",
+                                      fields) is tff_learning.ProcessState
+  look_alike = state_files._namedtuple_type("tfbfl.nowhere:ProcessState", fields)
+  assert look_alike is not tff_learning.ProcessState and look_alike._fields == fields

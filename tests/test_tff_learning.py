@@ -1,8 +1,8 @@
-"""tfbfl.learning (our algorithms as `tff.learning` processes over `tff.simulation`
+"""tfbfl.tff_learning (our algorithms as `tff.learning` processes over `tff.simulation`
 client data) and `tfbfl.aggregators.PrecisionWeightedMeanFactory` (a
 `model_aggregator` for `tff.learning.algorithms.build_weighted_fed_avg`).
 
-References: the round driver `tfbfl.experiment.ExperimentRunner` on the same
+References: the round driver `tfbfl.round_loop.ExperimentRunner` on the same
 algorithm object, clients and seeds (the processes must reproduce it), TFF's
 `MeanFactory` and numpy closed forms of the precision-weighted mean.
 """
@@ -17,8 +17,8 @@ import tensorflow_federated as tff
 
 from tfbfl import aggregators
 from tfbfl import data as data_lib
-from tfbfl import experiment
-from tfbfl import learning
+from tfbfl import round_loop
+from tfbfl import tff_learning
 from tfbfl.algorithms import fedavg
 from tfbfl.algorithms import fola
 from tfbfl.algorithms import virtual
@@ -27,25 +27,25 @@ pytestmark = pytest.mark.usefixtures("tff_runtime")
 
 # README snippets: executed as-is by the tests at the end of this file.
 README_SNIPPET_PROCESS = """\
-from tfbfl import data, experiment, learning, runtime
+from tfbfl import data, round_loop, tff_learning, runtime
 runtime.set_local_runtime()
 fd = data.load_federated("digits", num_clients=4, seed=0)
-client_data = learning.to_client_data(fd)  # tff.simulation ClientData: batches of (x, y)
-process = learning.build_virtual_process(fd, hidden_units=(32,), epochs=5, clients_per_round=2)
+client_data = tff_learning.to_client_data(fd)  # tff.simulation ClientData: batches of (x, y)
+process = tff_learning.build_virtual_process(fd, hidden_units=(32,), epochs=5, clients_per_round=2)
 state = process.initialize()  # a tff.learning.templates.LearningProcess
-accuracy = [learning.evaluate(process, state, fd)["server_accuracy"]]
+accuracy = [tff_learning.evaluate(process, state, fd)["server_accuracy"]]
 for r in range(1, 4):
-  ids = experiment.sample_clients(0, r, 4, 2)  # the driver's sampling; any ids will do
-  state, metrics = process.next(state, learning.client_inputs(client_data, ids))
-  accuracy.append(learning.evaluate(process, state, fd)["server_accuracy"])
+  ids = round_loop.sample_clients(0, r, 4, 2)  # the driver's sampling; any ids will do
+  state, metrics = process.next(state, tff_learning.client_inputs(client_data, ids))
+  accuracy.append(tff_learning.evaluate(process, state, fd)["server_accuracy"])
   print(f"round {r}: train loss {metrics['train']['train_loss']:.3f}, S accuracy {accuracy[-1]:.3f}")
 """
 
 README_SNIPPET_AGGREGATOR = """\
 import tensorflow as tf, tensorflow_federated as tff
-from tfbfl import aggregators, data, learning, runtime
+from tfbfl import aggregators, data, tff_learning, runtime
 runtime.set_local_runtime()
-client_data = learning.to_client_data(data.load_federated("digits", num_clients=4, seed=0))
+client_data = tff_learning.to_client_data(data.load_federated("digits", num_clients=4, seed=0))
 datasets = [client_data.create_tf_dataset_for_client(c) for c in client_data.client_ids]
 model_fn = lambda: tff.learning.models.from_keras_model(
     tf.keras.Sequential([tf.keras.layers.Dense(10, input_shape=(64,))]), input_spec=client_data.element_type_structure,
@@ -69,14 +69,14 @@ def digits():
 
 @pytest.fixture(scope="module")
 def client_data(digits):
-  return learning.to_client_data(digits, batch_size=16)
+  return tff_learning.to_client_data(digits, batch_size=16)
 
 
 def _drive(algorithm, fd):
   """Our own driver on `algorithm`: `_ROUNDS` rounds of `_C` clients, seed `_SEED`."""
-  runner = experiment.ExperimentRunner(
+  runner = round_loop.ExperimentRunner(
       algorithm, fd,
-      experiment.RunConfig(rounds=_ROUNDS,
+      round_loop.RunConfig(rounds=_ROUNDS,
                            clients_per_round=_C,
                            seed=_SEED,
                            eval_every=_ROUNDS,
@@ -90,15 +90,15 @@ def _run_process(process, client_data):
   state = process.initialize()
   states, all_metrics = [state], []
   for r in range(1, _ROUNDS + 1):
-    ids = experiment.sample_clients(_SEED, r, _K, _C)
-    state, metrics = process.next(state, learning.client_inputs(client_data, ids))
+    ids = round_loop.sample_clients(_SEED, r, _K, _C)
+    state, metrics = process.next(state, tff_learning.client_inputs(client_data, ids))
     states.append(state)
     all_metrics.append(metrics)
   return states, all_metrics
 
 
 def _assert_same_tree(actual, expected, rtol=1e-6, atol=1e-7):
-  a, e = learning._leaves(actual), learning._leaves(expected)  # pylint: disable=protected-access
+  a, e = tff_learning._leaves(actual), tff_learning._leaves(expected)  # pylint: disable=protected-access
   assert len(a) == len(e)
   for x, y in zip(a, e):
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol)
@@ -115,12 +115,12 @@ def test_to_client_data_yields_the_clients_arrays_in_batches(digits, client_data
   assert max(len(b[1]) for b in batches) == 16
   np.testing.assert_array_equal(np.concatenate([b[0] for b in batches]), digits.train[cid][0])
   np.testing.assert_array_equal(np.concatenate([b[1] for b in batches]), digits.train[cid][1])
-  inputs = learning.client_inputs(client_data, [3, digits.client_ids[1]])
+  inputs = tff_learning.client_inputs(client_data, [3, digits.client_ids[1]])
   assert [int(i.client_index) for i in inputs] == [3, 1]
   with pytest.raises(ValueError, match="once per round"):
-    learning.client_inputs(client_data, [1, 1])
+    tff_learning.client_inputs(client_data, [1, 1])
   with pytest.raises(ValueError, match="outside"):
-    learning.client_inputs(client_data, [_K])
+    tff_learning.client_inputs(client_data, [_K])
 
 
 # -------------------------------------------------------------------- VIRTUAL
@@ -135,7 +135,7 @@ def virtual_runs(digits, client_data):
                                  epochs=3,
                                  seed=_SEED)
   algorithm = virtual.VirtualAlgorithm(config)
-  process = learning.build_virtual_process(algorithm)
+  process = tff_learning.build_virtual_process(algorithm)
   states, metrics = _run_process(process, client_data)
   return algorithm, process, states, metrics, _drive(algorithm, digits)
 
@@ -146,7 +146,7 @@ def test_virtual_process_is_a_learning_process_with_client_states_at_server(virt
   assert process.stateful_clients and process.num_clients == _K
   init = states[0]
   _assert_same_tree(init.algorithm, algorithm.initial_server_state(), rtol=0, atol=0)
-  stored = learning.client_states(process, init)
+  stored = tff_learning.client_states(process, init)
   for i in range(_K):
     _assert_same_tree(stored[i], algorithm.initial_client_state(i), rtol=0, atol=0)
   assert int(states[-1].round_num) == _ROUNDS
@@ -159,10 +159,10 @@ def test_virtual_process_rounds_equal_the_driver(virtual_runs):
   final = states[-1]
   _assert_same_tree(final.algorithm.posterior, runner.state["server_state"].posterior)
   assert int(final.algorithm.round_num) == int(runner.state["server_state"].round_num) == _ROUNDS
-  stored = learning.client_states(process, final)
+  stored = tff_learning.client_states(process, final)
   selected = set()
   for r in range(1, _ROUNDS + 1):
-    selected |= set(experiment.sample_clients(_SEED, r, _K, _C))
+    selected |= set(round_loop.sample_clients(_SEED, r, _K, _C))
   for i in range(_K):
     expected = runner.state["clients"].get(i) if i in selected else None
     if expected is None:
@@ -173,8 +173,8 @@ def test_virtual_process_rounds_equal_the_driver(virtual_runs):
 
 def test_virtual_process_learns_and_evaluates_like_the_driver(virtual_runs, digits):
   _, process, states, metrics, runner = virtual_runs
-  before = learning.evaluate(process, states[0], digits)
-  after = learning.evaluate(process, states[-1], digits)
+  before = tff_learning.evaluate(process, states[0], digits)
+  after = tff_learning.evaluate(process, states[-1], digits)
   assert after["server_accuracy"] > before["server_accuracy"] + 0.1, (before, after)
   assert metrics[-1]["num_examples"] > 0
   row = runner.rows[-1]
@@ -209,7 +209,7 @@ def fola_runs(digits, client_data):
                          batch_size=20,
                          client_lr=0.1,
                          seed=_SEED))
-  process = learning.build_fola_process(algorithm)
+  process = tff_learning.build_fola_process(algorithm)
   states, metrics = _run_process(process, client_data)
   return process, states, metrics, _drive(algorithm, digits)
 
@@ -226,10 +226,10 @@ def test_fola_process_rounds_equal_the_driver(fola_runs, digits):
   _assert_same_tree(final.prior_mean, expected.prior_mean)
   assert int(final.round_num) == _ROUNDS
   assert float(np.max(np.abs(np.asarray(final.precision[0])))) > 0  # a Fisher was aggregated
-  ev = learning.evaluate(process, states[-1], digits)
+  ev = tff_learning.evaluate(process, states[-1], digits)
   assert ev["server_accuracy"] == pytest.approx(runner.rows[-1]["server_accuracy"], abs=1e-6)
   assert "mt_accuracy" not in ev
-  assert ev["server_accuracy"] > learning.evaluate(process, states[0], digits)["server_accuracy"]
+  assert ev["server_accuracy"] > tff_learning.evaluate(process, states[0], digits)["server_accuracy"]
   weights = process.get_model_weights(states[-1])
   _assert_same_tree(weights.trainable, final.weights, rtol=0, atol=0)
   assert metrics[-1]["clients_dropped"] == 0
@@ -238,42 +238,42 @@ def test_fola_process_rounds_equal_the_driver(fola_runs, digits):
 def test_fedavg_process_rounds_equal_the_driver(digits, client_data):
   algorithm = fedavg.FedAvgAlgorithm(
       fedavg.ModelConfig(input_dim=64, num_classes=10, hidden_units=(16,), epochs=2, seed=_SEED))
-  process = learning.build_fedavg_process(algorithm)
+  process = tff_learning.build_fedavg_process(algorithm)
   states, _ = _run_process(process, client_data)
   runner = _drive(algorithm, digits)
   _assert_same_tree(process.get_model_weights(states[-1]),
                     runner.state["server_state"].model_weights)
-  ev = learning.evaluate(process, states[-1], digits)
+  ev = tff_learning.evaluate(process, states[-1], digits)
   assert ev["server_accuracy"] == pytest.approx(runner.rows[-1]["server_accuracy"], abs=1e-6)
 
 
 def test_fedpa_gets_its_process_from_its_own_hooks(digits, client_data):
   """FedPA declares no process of its own: `build_process("fedpa", ...)` finds its
   `base.SupportsLearningProcess` hooks, and its rounds equal the driver's."""
-  process = learning.build_process("fedpa", digits, hidden_units=(16,), epochs=3,
+  process = tff_learning.build_process("fedpa", digits, hidden_units=(16,), epochs=3,
                                    fedpa_burn_in=1, fedpa_server_burn_in=1, seed=_SEED)
   assert process.algorithm.name == "fedpa" and not process.stateful_clients
   states, _ = _run_process(process, client_data)
   runner = _drive(process.algorithm, digits)
   _assert_same_tree(process.get_model_weights(states[-1]),
                     runner.state["server_state"].model_weights)
-  ev = learning.evaluate(process, states[-1], digits)
+  ev = tff_learning.evaluate(process, states[-1], digits)
   assert ev["server_accuracy"] == pytest.approx(runner.rows[-1]["server_accuracy"], abs=1e-6)
 
 
 def test_build_process_names_the_algorithms_that_have_one(digits):
   with pytest.raises(TypeError, match=r"'local' has no tff.learning process.*'fedpa'"):
-    learning.build_process("local", digits)
+    tff_learning.build_process("local", digits)
 
 
 def test_builders_take_data_and_settings_and_refuse_unknown_fields(digits):
-  process = learning.build_fola_process(digits, hidden_units=(8,), epochs=1, seed=3)
+  process = tff_learning.build_fola_process(digits, hidden_units=(8,), epochs=1, seed=3)
   assert process.algorithm.config.seed == 3 and process.seed == 3
   assert process.algorithm.config.input_shape == (64,)
   with pytest.raises(TypeError, match="no field"):
-    learning.build_fola_process(digits, not_a_field=1)
+    tff_learning.build_fola_process(digits, not_a_field=1)
   with pytest.raises(TypeError, match="expected a FederatedData"):
-    learning.build_virtual_process(object())
+    tff_learning.build_virtual_process(object())
 
 
 # ------------------------------------------------- precision-weighted mean

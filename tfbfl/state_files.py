@@ -1,6 +1,6 @@
 """State files that cannot execute code: `.npz` arrays plus a JSON manifest.
 
-Checkpoints (`tfbfl.experiment`) and stored client states (`tfbfl.client_store`)
+Checkpoints (`tfbfl.round_loop`) and stored client states (`tfbfl.client_store`)
 are nested Python structures of numpy arrays and scalars, strings, lists,
 tuples, dicts, OrderedDicts and namedtuples (`ServerState`, `ClientState`,
 `tfbfl.gaussian.NaturalGaussian`, ...). `save(path, tree, meta=...)` writes
@@ -94,8 +94,19 @@ def _is_namedtuple(x) -> bool:
   return isinstance(x, tuple) and isinstance(getattr(type(x), "_fields", None), tuple)
 
 
+# Modules renamed since state files recorded their types (issue 33): a file written
+# before a rename still loads into the class, found under its new module.
+MOVED_MODULES = {"tfbfl.experiment": "tfbfl.round_loop", "tfbfl.training": "tfbfl.driver",
+                 "tfbfl.learning": "tfbfl.tff_learning", "tfbfl.state_io": "tfbfl.state_files",
+                 "tfbfl.run_dir": "tfbfl.run_directory",
+                 "tfbfl.matching.pfnm": "tfbfl.matching.single_layer",
+                 "tfbfl.experiments.pfnm": "tfbfl.experiments.pfnm_figures"}
+
+
 def _namedtuple_type(name: str, fields: Tuple[str, ...]) -> type:
   """The class for a recorded namedtuple, found without importing anything."""
+  module_name, _, qualname = name.partition(":")
+  name = f"{MOVED_MODULES.get(module_name, module_name)}:{qualname}"
   cls = _REGISTRY.get(name)
   if cls is None:
     module_name, _, qualname = name.partition(":")
@@ -130,10 +141,10 @@ class _Encoder:
 
   def _array(self, a: np.ndarray, scalar: bool, path: str):
     if not self.allow_arrays:
-      raise TypeError(f"state_io: meta may hold only JSON scalars, lists and dicts; "
+      raise TypeError(f"state_files: meta may hold only JSON scalars, lists and dicts; "
                       f"got an array at {path}.")
     if a.dtype.kind not in _ALLOWED_KINDS or a.dtype.hasobject:
-      raise TypeError(f"state_io: cannot store dtype {a.dtype} at {path} (object and "
+      raise TypeError(f"state_files: cannot store dtype {a.dtype} at {path} (object and "
                       "structured arrays are not supported).")
     key = f"a{len(self.arrays)}"
     self.arrays[key] = _contiguous(a)
@@ -165,7 +176,7 @@ class _Encoder:
       }
     if isinstance(x, (list, tuple)):
       if type(x) not in (list, tuple):
-        raise TypeError(f"state_io: cannot store {type(x).__name__} at {path}.")
+        raise TypeError(f"state_files: cannot store {type(x).__name__} at {path}.")
       return {
           "t": "list" if isinstance(x, list) else "tuple",
           "v": [self.encode(v, f"{path}[{i}]") for i, v in enumerate(x)]
@@ -178,7 +189,7 @@ class _Encoder:
           "k": [self.encode(k, f"{path}<key>") for k in keys],
           "v": [self.encode(x[k], f"{path}[{k!r}]") for k in keys]
       }
-    raise TypeError(f"state_io: cannot store a {type(x).__module__}.{type(x).__qualname__} "
+    raise TypeError(f"state_files: cannot store a {type(x).__module__}.{type(x).__qualname__} "
                     f"at {path}; states hold arrays, scalars, str, lists, tuples, dicts "
                     "and namedtuples only.")
 

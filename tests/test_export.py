@@ -74,7 +74,7 @@ def _launch(module, *args, timeout=300):
 def _train(params, out, launcher=False):
   """Runs `params` into `out` and returns the summary, with the export in
   `out/export`: the driver's, or (until the driver writes one) `export_run` of
-  the final state of a run driven here exactly as `training.run_training` does.
+  the final state of a run driven here exactly as `driver.run_training` does.
   `launcher`: as a user runs it, `python -m launchers.train` (TensorFlow then
   starts inside `absl.app.run`, see `tfbfl.predictor.eager_scope`)."""
   params = dict(params, output_dir=str(out))

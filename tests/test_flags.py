@@ -3,8 +3,8 @@
 What is checked here (each can fail):
 * `launchers.train --rounds=-1` prints one line naming `--rounds` and exits 1 within a
   few seconds, TensorFlow never imported (a subprocess, as a user runs it);
-* the absl validators and `training.resolve_params` apply the same rule to a value;
-* every setting has one declaration (`training.settings` refuses a second one with
+* the absl validators and `driver.resolve_params` apply the same rule to a value;
+* every setting has one declaration (`driver.settings` refuses a second one with
   another default) and the flags' defaults are the configs' field defaults;
 * nothing in `tfbfl/algorithms/` imports the driver, the runtime, absl or the data
   loaders, and importing the algorithms (every spec registered) loads no TensorFlow;

@@ -13,7 +13,7 @@ import re
 import pytest
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_MODULES = ("test_export", "test_layers_keras", "test_learning")
+_MODULES = ("test_export", "test_layers_keras", "test_tff_learning")
 
 
 def _readme_blocks():

@@ -6,7 +6,7 @@ client's true site `p^(1/K) * lik_i` whatever its cavity, so damped EP with step
 `alpha` converges geometrically, `(1 - alpha)^visits`, to the closed-form global
 posterior, and `s = prod_i s_i` must hold after *every* round for any `alpha`,
 any `C < K` and pruning on or off. The tests run at the shipped default step
-(the config the driver builds from `training.DEFAULTS`), at the paper's `alpha = 1`, at 0.5
+(the config the driver builds from `driver.DEFAULTS`), at the paper's `alpha = 1`, at 0.5
 and at `1/C`. Mutating the step rule (server and client taking different steps,
 as the shipped code did before) breaks `factor_gap` and the limit at once.
 """

@@ -166,7 +166,7 @@ def test_sparsity_specs_and_percentiles():
 
 
 class _FakeRunner:
-  """Stands in for `training.run_training`: writes summary.json and a checkpoint."""
+  """Stands in for `driver.run_training`: writes summary.json and a checkpoint."""
 
   def __init__(self):
     self.calls = []

@@ -1,10 +1,10 @@
 """absl flags made from the settings' declarations, checked while argv is parsed.
 
 Every flag of `launchers.train` (and the flags a grid launcher shares with it) comes
-from one declaration, a `tfbfl.options` field of its owner (`training.settings()`):
+from one declaration, a `tfbfl.options` field of its owner (`driver.settings()`):
 same name, default and help text everywhere. Each flag gets an absl validator with
 the field's rule, and one more validator checks the combinations
-(`training.resolve_params`), so a bad value ends the program with one line naming
+(`driver.resolve_params`), so a bad value ends the program with one line naming
 the flag before TensorFlow is imported:
 
     from tfbfl import flags as tfbfl_flags
@@ -67,7 +67,7 @@ def define(names: Optional[Iterable[str]] = None,
 
   `defaults` overrides the declared default of some flags (a launcher running a
   paper's experiment, e.g. FOLA's B = 32); the help text says so. With
-  `check_combinations`, one more validator runs `training.resolve_params` over the
+  `check_combinations`, one more validator runs `driver.resolve_params` over the
   defined flags. Returns the names defined.
   """
   table = driver.settings()
@@ -113,7 +113,7 @@ def _params(values: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def params(names: Optional[Iterable[str]] = None, flag_values=FLAGS) -> Dict[str, Any]:
-  """The parsed values of the settings' flags, for `training.run_training`."""
+  """The parsed values of the settings' flags, for `driver.run_training`."""
   names = driver.DEFAULTS if names is None else names
   return _params({n: flag_values[n].value for n in names if n in flag_values})
 
@@ -191,7 +191,7 @@ def run(main: Callable[[List[str]], Any], program: str) -> None:
   """`app.run(main)` for a launcher: a bad flag (at parse time) or a `ValueError`,
   `FileNotFoundError` or `app.UsageError` raised by `main` ends the program with one
   line `FATAL <program>: ...` and status 1, without the module's help; a crashed TFF
-  worker (`runtime.WorkerExited`) with one line and `experiment.WORKER_EXITED_STATUS`;
+  worker (`runtime.WorkerExited`) with one line and `round_loop.WORKER_EXITED_STATUS`;
   Ctrl-C with one line and status 130 (`interrupted`). TensorFlow's C++ logs are
   quieted first (`quiet_tensorflow`)."""
   quiet_tensorflow()

@@ -39,7 +39,7 @@ def restore_run(output_dir: str, *, data=None, verbose: bool = False) -> Restore
   Args:
     output_dir: the run's `--output_dir`.
     data: the `FederatedData` of a run trained on data given in code
-      (`training.run_training(data=...)`); None: loaded from the recorded flags.
+      (`driver.run_training(data=...)`); None: loaded from the recorded flags.
 
   Raises:
     FileNotFoundError, ValueError: one line naming the checkpoint.

@@ -422,7 +422,7 @@ class ExperimentRunner:
 
   def close(self) -> None:
     """Closes the outputs and releases the lock on `output_dir` (idempotent).
-    `training.run_training` calls it when the run ends; the lock also goes with
+    `driver.run_training` calls it when the run ends; the lock also goes with
     the runner object or the process."""
     outputs, self._session_outputs = self._session_outputs, []
     for output in outputs:

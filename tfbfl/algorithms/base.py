@@ -120,7 +120,7 @@ class ClientTraining:
   def derived_defaults(cls, params: Mapping[str, Any]) -> Dict[str, Any]:
     """Flag values this algorithm derives from others when they are unset (None).
 
-    `training.resolve_params` fills them in, so the recorded flags of a run show
+    `driver.resolve_params` fills them in, so the recorded flags of a run show
     the values it used. Subclasses extend it (VIRTUAL: `server_lr = 1/C`).
     """
     del params

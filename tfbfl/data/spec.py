@@ -43,6 +43,6 @@ class DataSpec:
   seed: int = 0  # the run's --seed: the same seed gives identical data
 
   def __post_init__(self):
-    # Values are checked by the flags (`training.resolve_params`) and, with the
+    # Values are checked by the flags (`driver.resolve_params`) and, with the
     # loaders' own messages, by the loaders; the partition name by both.
     federate.check_partition(self.partition)

@@ -81,7 +81,7 @@ def check_dataset_available(dataset: str) -> None:
 
 
 def _resolve(params: Dict[str, Any]) -> Dict[str, Any]:
-  """`training.resolve_params` for every method name, `EXTRA_METHODS` included."""
+  """`driver.resolve_params` for every method name, `EXTRA_METHODS` included."""
   p = dict(params)
   extra = p.get("algorithm") in EXTRA_METHODS
   if extra:
@@ -103,7 +103,7 @@ def _methods_to_run(base_params: Dict[str, Any], methods: Sequence[str], log) ->
 SWEEP_AXES = ("alpha", "num_clients", "batch_size", "epochs_per_round", "client_lr")
 
 # The method hyperparameters the FOLA launchers expose as float flags (defaults
-# and help texts: `training.settings()`).
+# and help texts: `driver.settings()`).
 _METHOD_FLAGS = ("fola_lambda", "fola_gamma", "fola_eps", "fola_clip_norm", "compress_p",
                  "fedcurv_lambda")
 # Training flags both launchers take as they are (the paper's E and B as defaults).
@@ -118,7 +118,7 @@ def define_launcher_flags() -> None:
   `--epochs_per_round` (paper: 5), `--client_lr`, `--seed`, and the method
   hyperparameters (`--fola_lambda`, `--fola_gamma`, `--fola_eps`,
   `--fola_clip_norm`, `--compress_p`, `--fedcurv_lambda`). Help texts, and the
-  defaults the paper does not set, come from `training.settings()`. A launcher
+  defaults the paper does not set, come from `driver.settings()`. A launcher
   calls it once at import, then `flags.adopt_module_key_flags(fola_figures)` to
   list them in its own `--helpshort`; `launcher_params(FLAGS)` reads them back.
   """
@@ -316,7 +316,7 @@ def learning_curves(base_params: Dict[str, Any],
                     alphas: Sequence[float],
                     output_dir: str,
                     log=print) -> List[Dict[str, Any]]:
-  """Learning curves per alpha and method (Fig. 3) through `training.run_training`.
+  """Learning curves per alpha and method (Fig. 3) through `driver.run_training`.
 
   Each run writes `metrics.csv`, `summary.json` (with `best_global_accuracy`) and
   `curves.png` to `output_dir/<method>/alpha_<alpha>`. Partition
@@ -363,7 +363,7 @@ def learning_curves(base_params: Dict[str, Any],
 
 
 def _run_extra(params):
-  """`training.run_training` for an `EXTRA_METHODS` name."""
+  """`driver.run_training` for an `EXTRA_METHODS` name."""
   from tfbfl import runtime  # pylint: disable=g-import-not-at-top
 
   p = _resolve(params)

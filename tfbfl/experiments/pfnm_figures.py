@@ -30,7 +30,7 @@ ones into an ``ExperimentSettings``.  Defaults are the paper's (Table 1 and
 section 4) except where digits (64 inputs instead of MNIST's 784) needs
 otherwise; each such choice is stated in the flag's help.  Flags named like
 ``tfbfl.driver``'s settings take their help text (and, where the paper sets
-none, their default) from ``training.settings()``.
+none, their default) from ``driver.settings()``.
 """
 
 from __future__ import annotations

@@ -970,9 +970,9 @@ def run_cell(cell: Cell, *, results_dir: str, work_dir: str, data_root: str,
   The launcher's output goes to the console and to `<work_dir>/<cell>/log.txt`.
   `CellFailed` (naming the log) if the launcher fails; the record is written only
   after a finished run, atomically. A training run the robust rounds stopped (exit
-  `experiment.RUN_STOPPED_STATUS`) is finished: its record keeps the rounds it ran
+  `round_loop.RUN_STOPPED_STATUS`) is finished: its record keeps the rounds it ran
   and, under `result["stopped"]`, the launcher's one-line cause. A launcher whose TFF
-  worker crashed (exit `experiment.WORKER_EXITED_STATUS`) runs once more from the
+  worker crashed (exit `round_loop.WORKER_EXITED_STATUS`) runs once more from the
   start (its log kept as `log.crashed.txt`; the record then says `"attempts": 2`, and
   its wall time counts both runs). A cell that sets `checkpoint_every` continues from
   the checkpoint an interrupted invocation (or a crashed attempt) left in its run

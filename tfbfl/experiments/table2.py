@@ -203,7 +203,7 @@ def make_fixed(quick: bool = False, **params) -> Dict[str, Any]:
 
 # ------------------------------------------------------------ dataset specs
 def _convert(name: str, text: str):
-  """Parses `text` as the type of `training.DEFAULTS[name]`."""
+  """Parses `text` as the type of `driver.DEFAULTS[name]`."""
   default = driver.DEFAULTS[name]
   if isinstance(default, bool):
     if text.lower() not in ("true", "false", "1", "0"):
@@ -219,7 +219,7 @@ def _convert(name: str, text: str):
 
 
 def parse_assignments(items: Iterable[str], flag: str = "fixed") -> Dict[str, Any]:
-  """`["name=value", ...]` -> {name: typed value} for `training.DEFAULTS` names."""
+  """`["name=value", ...]` -> {name: typed value} for `driver.DEFAULTS` names."""
   out = {}
   for item in items:
     name, sep, text = item.partition("=")
@@ -300,7 +300,7 @@ class Cell:
     return os.path.join(output_dir, _slug(self.dataset), self.algorithm, _slug(self.key))
 
   def params(self, output_dir: str, fixed: Dict[str, Any]) -> Dict[str, Any]:
-    """The `training.run_training` flags of this cell: the dataset spec's base
+    """The `driver.run_training` flags of this cell: the dataset spec's base
     (preset), the shared `fixed` flags, the spec's overrides, then the cell's own."""
     base, overrides = parse_dataset_spec(self.dataset)
     p = dict(base)
@@ -405,7 +405,7 @@ def read_curves(run_dir: str) -> Dict[str, List[float]]:
 
 
 def run_cell(params: Dict[str, Any]) -> Dict[str, Any]:
-  """Runs one cell with `training.run_training`; returns {summary, curves}.
+  """Runs one cell with `driver.run_training`; returns {summary, curves}.
 
   A cell runs only when it has no result yet, so whatever a cut-off earlier
   attempt left in its directory is replaced (`overwrite=True`). Cells skip the

@@ -85,7 +85,7 @@ TABLE_COLUMNS = ("row", "pruned_percent", "metric", "virtual_fedavg_init", "virt
                  "delta_nonzeros_virtual_fedavg_init", "delta_nonzeros_virtual",
                  "delta_bytes_virtual_fedavg_init", "delta_bytes_virtual")
 
-# Training flags the launchers pass through to `training.run_training` unchanged
+# Training flags the launchers pass through to `driver.run_training` unchanged
 # (VIRTUAL-specific ones are ignored by FedProx and vice versa).
 PASS_THROUGH = ("dataset", "data_dir", "partition", "alpha", "min_size", "classes_per_client",
                 "test_fraction", "num_clients", "clients_per_round", "rounds", "epochs_per_round",
@@ -99,7 +99,7 @@ _Log = Callable[[str], None]
 
 # ------------------------------------------------------------------- flags
 def define_training_flags(flag_values=None) -> None:
-  """absl flags for `PASS_THROUGH` (defaults and help texts: `training.settings()`,
+  """absl flags for `PASS_THROUGH` (defaults and help texts: `driver.settings()`,
   via `tfbfl.flags`) plus `--output_dir` and `--fedprox_client_lr`, on
   `flag_values` (default FLAGS)."""
   from absl import flags as absl_flags  # pylint: disable=g-import-not-at-top
@@ -114,7 +114,7 @@ def define_training_flags(flag_values=None) -> None:
                           None,
                           "FedProx client learning rate (default: --client_lr).",
                           flag_values=fv)
-  # Combinations are checked per run (`training.resolve_params`), not while parsing.
+  # Combinations are checked per run (`driver.resolve_params`), not while parsing.
   tfbfl_flags.define(PASS_THROUGH, flag_values=fv, check_combinations=False)
 
 

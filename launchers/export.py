@@ -16,7 +16,7 @@ unchanged: fingerprint), then `tfbfl.export.export_run` writes
 
 Serving (any TensorFlow, no tfbfl): `tf.saved_model.load(path)
 .signatures["serving_default"](x=...)` -> {"probabilities", "predictions"}; see
-`tfbfl/export.py` and the README. A run directory in use by a run is refused.
+`tfbfl/export.py` and docs/library.md. A run directory in use by a run is refused.
 """
 
 from absl import app

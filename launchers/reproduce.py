@@ -42,7 +42,8 @@ flags.DEFINE_string("data_root", os.path.join("..", "shared", "data"),
                     "Folder holding mnist/ and femnist/ (see data/README.md).")
 flags.DEFINE_bool("list", False, "Print every selected cell with its status and stop.")
 flags.DEFINE_bool("report", False, "Only rebuild the report from the records.")
-flags.DEFINE_string("readme", "README.md", "README whose reproduction block the report rewrites "
+flags.DEFINE_string("readme", "docs/reproduction.md", "The docs page holding the reproduction "
+                    "block (between the reproduction markers) that the report rewrites "
                     "(empty: none).")
 flags.DEFINE_integer("max_cells", None, "Stop after this many cells.", lower_bound=1)
 flags.DEFINE_float("max_hours", None, "Start no cell that would end past this many hours.",

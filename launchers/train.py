@@ -7,8 +7,8 @@ r"""Trains one federated algorithm and writes metrics, summary, curves, checkpoi
 
 With no dataset flags it runs on scikit-learn's bundled handwritten digits (10
 clients, per-class Dirichlet(0.5) partition). Every flag is declared once, next to
-the code it configures (`tfbfl.flags`); `--helpfull` lists them. See README.md for
-every algorithm.
+the code it configures (`tfbfl.flags`); `--helpfull` lists them. See docs/running.md
+for the flags, outputs and checkpoints of every algorithm.
 
 A run with --output_dir writes its flags to <output_dir>/flags.txt; after Ctrl-C
 (exit 130, one line) it continues with

@@ -5,7 +5,7 @@ A run's `export/server` and `export/clients/<id>` SavedModels, loaded with plain
 `summary.json` exactly (the same count of correct predictions), for VIRTUAL,
 FedAvg, FOLA and Local; `python -m launchers.export` rewrites the same models from
 the run's checkpoint; VIRTUAL's Monte Carlo server predictive is deterministic in its
-seed and replays an evaluation; the README's serving snippet runs as written.
+seed and replays an evaluation; docs/library.md's serving snippet runs as written.
 """
 
 import dataclasses
@@ -32,7 +32,7 @@ pytestmark = pytest.mark.usefixtures("tff_runtime")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# The README's "Serving an exported model" snippet, executed as written by
+# docs/library.md's "Serving an exported model" snippet, executed as written by
 # `test_load_and_readme_snippet_serve_the_export` (from a directory where runs/virtual
 # is a run of the bundled digits).
 README_SNIPPET = """\
@@ -376,7 +376,7 @@ def test_load_and_readme_snippet_serve_the_export(virtual_run, virtual_outputs, 
   x, _ = fd.test[cid]
   np.testing.assert_array_equal(model(x), outputs[cid][2])
   np.testing.assert_array_equal(model.predictions(x), outputs[cid][3])
-  # The README snippet, as written, from a directory where runs/virtual is the run,
+  # The docs/library.md snippet, as written, from a directory where runs/virtual is the run,
   # in a fresh Python where tfbfl cannot be imported: plain TensorFlow serves it.
   os.makedirs(tmp_path / "runs")
   os.symlink(virtual_run, tmp_path / "runs" / "virtual")

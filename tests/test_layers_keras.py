@@ -1,6 +1,6 @@
 """The Bayesian layers as plain Keras layers: `fit`, training-mode sampling, KL
 weighting (`kl_weight`, `divergence_fn`), saving and reloading without
-`custom_objects`, and the README snippet."""
+`custom_objects`, and the docs/library.md snippet."""
 
 import os
 
@@ -17,7 +17,7 @@ from tfbfl.layers import (  # noqa: E402
 
 tfd = tfp.distributions
 
-# The README's example, executed verbatim by `test_readme_snippet` (keep them equal).
+# docs/library.md's example, executed verbatim by `test_readme_snippet` (keep them equal).
 README_SNIPPET = '''\
 import tensorflow as tf
 from tfbfl.data import load_digits_arrays

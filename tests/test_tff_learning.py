@@ -25,7 +25,7 @@ from tfbfl.algorithms import virtual
 
 pytestmark = pytest.mark.usefixtures("tff_runtime")
 
-# README snippets: executed as-is by the tests at the end of this file.
+# docs/library.md's snippets: executed as-is by the tests at the end of this file.
 README_SNIPPET_PROCESS = """\
 from tfbfl import data, round_loop, tff_learning, runtime
 runtime.set_local_runtime()

@@ -3,8 +3,8 @@
 `registry.names()` lists what `launchers.train --algorithm` accepts; every module
 below declares its settings (`tfbfl.options` fields of its config dataclass) and
 registers an `AlgorithmSpec` without importing TensorFlow (it loads when an
-algorithm is built). Adding an algorithm: one module, one line here (README,
-"Adding an algorithm").
+algorithm is built). Adding an algorithm: one module, one line here
+(docs/adding-an-algorithm.md).
 """
 
 from tfbfl.algorithms import fedavg  # fedavg, fedprox

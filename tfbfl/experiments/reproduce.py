@@ -97,7 +97,7 @@ TABLE2_TUNING = {
     "fedpa": dict(client_lr=TABLE2_BASELINE_LRS),
 }
 # Per-row departures from TABLE2_TUNING: PMNIST's VIRTUAL cells tune the lr alone, at
-# the default beta (why, measured: the README's "Reproduction on the papers' data"),
+# the default beta (why, measured: docs/reproduction.md),
 # up to the baselines' 0.5 (added when lr 0.2, the grid's top, won: 83.9 against 83.8
 # at 0.1).
 _DEFAULT_BETA = next(f.default for f in dataclasses.fields(virtual_config.VirtualConfig)

@@ -2,8 +2,9 @@
 table, rebuilt from the campaign's records alone (`tfbfl.experiments.reproduce`).
 
 `write_report` writes `<results_dir>/REPORT.md`, `<results_dir>/figures/*.png` and the
-README's reproduction block. Every number is read from a record; nothing here runs
-a cell. This module imports neither TensorFlow nor absl.
+reproduction block of docs/reproduction.md (the launcher's `--readme`). Every number is
+read from a record; nothing here runs a cell. This module imports neither TensorFlow
+nor absl.
 """
 
 from __future__ import annotations

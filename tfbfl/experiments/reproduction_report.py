@@ -805,6 +805,29 @@ def plot_pfnm(path: str, records: Mapping[str, Mapping[str, Any]]) -> bool:
   return True
 
 
+def plot_pfnm_more(path: str, records: Mapping[str, Mapping[str, Any]]) -> bool:
+  """Fig. 4 (accuracy vs depth C per method) and the streaming experiment (accuracy per
+  step per method), one column per partition."""
+  panels = [("depth", ("C", "method"), "number of hidden layers C", "Fig. 4, J = 10"),
+            ("streaming", ("step", "method"), "streaming step", "streaming, J = 3")]
+  data = {(e, part): _summarise(_pfnm_rows_of(records, e, part), keys, "accuracy")
+          for e, keys, _, _ in panels for part in rp.PFNM_PARTITIONS}
+  if not any(data.values()):
+    return False
+  plt = _runs.pyplot()
+  fig, axes = plt.subplots(len(panels), len(rp.PFNM_PARTITIONS), figsize=(11, 7.5),
+                           squeeze=False)
+  for i, (e, _, xlabel, title) in enumerate(panels):
+    for j, part in enumerate(rp.PFNM_PARTITIONS):
+      acc = data[(e, part)]
+      for m in sorted({m for _, m in acc}):
+        pts = sorted((x, np.mean(v)) for (x, mm), v in acc.items() if mm == m)
+        axes[i][j].plot(*zip(*pts), marker="o", label=m)
+      _label(axes[i][j], xlabel, "test accuracy", f"MNIST {part}: {title}")
+  _runs.save_figure(fig, path, tight=True)
+  return True
+
+
 def plot_fola(path: str, records: Mapping[str, Mapping[str, Any]]) -> bool:
   """Fig. 2(a)-(d): first-round GA vs alpha (one line per method and N; FOLA solid,
   FedAvg dashed), then vs B, E and lr."""
@@ -1437,6 +1460,7 @@ def coverage_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
 
 FIGURES = (("table2_curves.png", plot_table2_curves), ("virtual_beta.png", plot_beta),
            ("virtual_snr_cdf.png", plot_snr_cdf), ("pfnm_j_sweep.png", plot_pfnm),
+           ("pfnm_depth_streaming.png", plot_pfnm_more),
            ("fola_first_round.png", plot_fola), ("fola_curves.png", plot_fola_curves))
 README_BEGIN = "<!-- reproduction:begin (written by `python -m launchers.reproduce --report`) -->"
 README_END = "<!-- reproduction:end -->"

@@ -310,7 +310,7 @@ def test_quick_protocol_and_progress_lines(tmp_path):
   assert {c.seed for c in cells} == {0, 1, 2}
   step = float(
       grid.virtual.default_step(
-          grid.experiment.default_clients_per_round(grid.training.DEFAULTS["num_clients"])))
+          grid.round_loop.default_clients_per_round(grid.driver.DEFAULTS["num_clients"])))
   assert {c.hparams for c in cells if c.algorithm != "fedavg"
          } == {(("client_lr", 0.05), ("kl_weight", 1e-4), ("server_lr", step))}
   assert {c.hparams for c in cells if c.algorithm == "fedavg"} == {(("client_lr", 0.05),

@@ -9,6 +9,7 @@ import pytest
 
 from tfbfl.experiments import reproduce
 from tfbfl.experiments import reproduction_report as report
+from tfbfl.experiments import virtual_tables
 
 from launcher_helpers import ROOT
 
@@ -65,6 +66,8 @@ def test_femnist_experiments_run_at_table_iis_tuned_setting_and_the_conv_cells_c
   assert all(c.flag_dict.get("fedavg_init") for c in table3 if "fedavg_init" in c.algorithm)
   betas = {c.flag_dict["kl_weight"] for c in cells if c.experiment == "beta"}
   assert chosen["kl_weight"] not in betas and betas | {chosen["kl_weight"]} == set(reproduce.BETAS)
+  snr = [c for c in cells if c.experiment == "snr_cdf"]
+  assert sorted(c.flag_dict["variants"] for c in snr) == sorted(virtual_tables.VARIANTS)
   conv = [c for c in cells if c.experiment == "table2_conv"]
   assert conv and all(c.flag_dict["architecture"] == "conv" and
                       c.flag_dict["checkpoint_every"] > 0 for c in conv)

@@ -600,7 +600,7 @@ def virtual_figure_cells(records: Mapping[str, Mapping[str, Any]]) -> List[Cell]
                                          f"prune={fmt_number(p)}", seed, knob, tuned_as="virtual"))
   for variant, extra in TABLE3_VARIANTS.items():
     for seed in SNR_SEEDS:
-      snr = dict(variants=variant if variant == "virtual" else "fedavg_init")
+      snr = dict(variants=variant)
       cells.append(_femnist_train_cell(records, "snr_cdf", "virtual", variant, "prune=0", seed,
                                        snr, launcher="virtual_snr_cdf"))
   for algorithm in TABLE4_ALGORITHMS:

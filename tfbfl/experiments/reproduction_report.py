@@ -971,15 +971,9 @@ def table3_records(records: Mapping[str, Mapping[str, Any]], variant: str,
                    percentile: float) -> List[Mapping[str, Any]]:
   """Table III's runs of `variant` at `percentile` (VIRTUAL at 0 %: Table II's tuned cells)."""
   if variant == "virtual" and percentile == 0.0:
-    return _virtual_records(records, "table2", rp.FEMNIST_ROW, "virtual")
+    return _records_of(records, "virtual", "table2", row=rp.FEMNIST_ROW, algorithm="virtual")
   return _records_of(records, "virtual", "table3", algorithm=variant,
                      setting=f"prune={rp.fmt_number(percentile)}")
-
-
-def _virtual_records(records, experiment_name, row, algorithm):
-  """`_cell_records` of the VIRTUAL paper only."""
-  return [r for r in _cell_records(records, experiment_name, row, algorithm)
-          if r["cell"]["paper"] == "virtual"]
 
 
 _VARIANT_LABEL = {"virtual": "VIRTUAL", "virtual_fedavg_init": "VIRTUAL + FedAvg init"}
@@ -989,7 +983,7 @@ def table3_claims(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
   """Table III's claims: VIRTUAL above its FedAvg-init variant at every pruning level, and
   above FedProx (Table II) up to 75 %."""
   lines = []
-  fedprox = _virtual_records(records, "table2", rp.FEMNIST_ROW, "fedprox")
+  fedprox = _records_of(records, "virtual", "table2", row=rp.FEMNIST_ROW, algorithm="fedprox")
   for p in rp.TABLE3_PERCENTILES:
     v = _bests(table3_records(records, "virtual", p), "mt_accuracy")
     lines.append(_above_claim(f"{p:g} % pruned: VIRTUAL's MT above VIRTUAL + FedAvg init's", v,
@@ -1011,7 +1005,7 @@ def table3_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
                    _pm(_bests(recs, "mt_accuracy")), paper_s, _pm(_bests(recs, "server_accuracy")),
                    rp.VIRTUAL_TABLE3_DELTA[p], _mean_text([_delta_entries(r) for r in recs]),
                    _mean_text([_upload_kb(r) for r in recs], "{:.1f}"), len(recs)))
-  fedprox = _virtual_records(records, "table2", rp.FEMNIST_ROW, "fedprox")
+  fedprox = _records_of(records, "virtual", "table2", row=rp.FEMNIST_ROW, algorithm="fedprox")
   rows.append(("dense", "FedProx (Table II)", rp.VIRTUAL_TABLE2[rp.FEMNIST_ROW]["MT"]["fedprox"],
                _pm(_bests(fedprox, "mt_accuracy")),
                rp.VIRTUAL_TABLE2[rp.FEMNIST_ROW]["S"]["fedprox"],
@@ -1160,7 +1154,7 @@ def beta_records(records: Mapping[str, Mapping[str, Any]]) -> Dict[float, List[M
   """beta -> its runs (the tuned beta's are Table II's FEMNIST-MLP VIRTUAL cells)."""
   out: Dict[float, List[Mapping[str, Any]]] = {}
   for r in _records_of(records, "virtual", "beta") + [
-      r for r in _virtual_records(records, "table2", rp.FEMNIST_ROW, "virtual")
+      r for r in _records_of(records, "virtual", "table2", row=rp.FEMNIST_ROW, algorithm="virtual")
       if r["cell"]["seed"] in rp.BETA_SEEDS]:
     if "kl_weight" in r["flags"]:
       out.setdefault(float(r["flags"]["kl_weight"]), []).append(r)

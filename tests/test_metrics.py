@@ -78,6 +78,34 @@ def test_federated_ece_is_the_pooled_ece():
   assert abs(mean_of_clients - pooled) > 1e-3
 
 
+def test_evaluation_keeps_the_reliability_bins_and_each_clients_calibration():
+  """`calibration`: the pooled bins (a reliability diagram) and, per client, its MT NLL
+  and ECE on its own test data, from which the pooled values follow again."""
+  rng = np.random.default_rng(2)
+  per_client, data = [], []
+  for n in (5, 60, 0, 200):
+    p = _random_probs(rng, n, 4, 2.5)
+    y = rng.integers(0, 4, size=n)
+    nll = float(-np.log(p[np.arange(n), y]).sum()) if n else 0.0
+    bins = metrics.numpy_calibration_sums(p, y)
+    per_client.append(dict(server_loss=nll, server_correct=0.0, mt_loss=nll, mt_correct=0.0,
+                           num_examples=float(n), server_calibration=bins, mt_calibration=bins))
+    data.append((p, y, nll))
+  cal = round_loop.aggregate_evaluation(per_client)["calibration"]
+  assert cal["client_num_examples"] == [5, 60, 0, 200]
+  assert cal["client_mt_nll"][2] is None and cal["client_mt_ece"][2] is None
+  for k in (0, 1, 3):
+    p, y, nll = data[k]
+    assert cal["client_mt_nll"][k] == pytest.approx(nll / len(y))
+    assert cal["client_mt_ece"][k] == pytest.approx(
+        metrics.expected_calibration_error(metrics.numpy_calibration_sums(p, y)))
+  pooled = metrics.numpy_calibration_sums(np.concatenate([d[0] for d in data]),
+                                          np.concatenate([d[1] for d in data]))
+  np.testing.assert_allclose(cal["mt_bins"], pooled)
+  np.testing.assert_allclose(cal["server_bins"], pooled)
+  assert np.asarray(cal["mt_bins"])[0].sum() == 265
+
+
 def test_strict_json_has_no_nan_or_infinity():
   import json
   out = json.dumps(round_loop.strict_json(

@@ -54,7 +54,8 @@ class RunState:
   client never selected has none). `rows` are `metrics.csv`'s rows and
   `client_rows` `client_metrics.csv`'s; `wall_time_s` counts every session of
   the run; the byte totals are kept for algorithms that count bytes
-  (`base.ReportsRoundBytes`). Read access by key (`state["round"]`) is kept
+  (`base.ReportsRoundBytes`); `calibration` is the last evaluation's reliability
+  bins and per-client calibration. Read access by key (`state["round"]`) is kept
   for code written when the state was a dict.
   """
   round: int
@@ -65,14 +66,16 @@ class RunState:
   wall_time_s: float = 0.0
   bytes_up_total: Optional[int] = None
   bytes_down_total: Optional[int] = None
+  # The last evaluation's reliability bins and per-client calibration (None before one).
+  calibration: Optional[Dict[str, Any]] = None
 
-  _COUNTS = ("bytes_up_total", "bytes_down_total")
+  _OPTIONAL = ("bytes_up_total", "bytes_down_total", "calibration")
 
   def tree(self) -> Dict[str, Any]:
-    """The checkpoint's tree, without the clients (the byte totals only once counted)."""
+    """The checkpoint's tree, without the clients (the optional fields only once set)."""
     out = dict(round=self.round, server_state=self.server_state, rows=self.rows,
                client_rows=self.client_rows, wall_time_s=self.wall_time_s)
-    out.update({k: getattr(self, k) for k in self._COUNTS if getattr(self, k) is not None})
+    out.update({k: getattr(self, k) for k in self._OPTIONAL if getattr(self, k) is not None})
     return out
 
   @classmethod

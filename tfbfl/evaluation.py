@@ -40,11 +40,29 @@ def aggregate_evaluation(per_client: Sequence[Dict[str, Any]]) -> Dict[str, Any]
                  float(c["mt_correct"]) / max(float(c["num_examples"]), 1.0) for c in per_client
              ])
   # Calibration bins add over clients: the ECE of the pooled test set.
+  detail = {}
   for key in ("server", "mt"):
     if all(f"{key}_calibration" in c for c in per_client):
       bins = sum(np.asarray(c[f"{key}_calibration"], np.float64) for c in per_client)
       out[f"{key}_ece"] = metrics_lib.expected_calibration_error(bins)
+      detail[f"{key}_bins"] = bins.tolist()
+  if "mt_bins" in detail:
+    detail.update(calibration_per_client(per_client))
+  if detail:
+    out["calibration"] = detail
   return out
+
+
+def calibration_per_client(per_client: Sequence[Dict[str, Any]]) -> Dict[str, List[Any]]:
+  """Each client's MT NLL and ECE on its own test data (None for a client without
+  test examples) and its test-set size, in client order."""
+  nll, ece, sizes = [], [], []
+  for c in per_client:
+    n = float(c["num_examples"])
+    sizes.append(int(n))
+    nll.append(float(c["mt_loss"]) / n if n > 0 else None)
+    ece.append(metrics_lib.expected_calibration_error(c["mt_calibration"]) if n > 0 else None)
+  return dict(client_mt_nll=nll, client_mt_ece=ece, client_num_examples=sizes)
 
 
 def plain_sums(result) -> Dict[str, Any]:

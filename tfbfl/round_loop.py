@@ -628,7 +628,8 @@ class ExperimentRunner:
       self._diagnostic_keys.update(extra)
       row.update(extra)
     ev = self.evaluate(state)
-    row.update({k: v for k, v in ev.items() if k != "client_mt_accuracy"})
+    row.update({k: v for k, v in ev.items() if k not in ("client_mt_accuracy", "calibration")})
+    state.calibration = ev.get("calibration")
     state.client_rows.append(
         dict(round=row["round"], **dict(zip(self.client_ids, ev["client_mt_accuracy"]))))
 
@@ -668,6 +669,9 @@ class ExperimentRunner:
         final_mt_nll=rows[-1]["mt_loss"],
         final_server_ece=rows[-1].get("server_ece"),
         final_mt_ece=rows[-1].get("mt_ece"),
+        # The last evaluation's pooled reliability bins (S and MT) and per-client MT
+        # NLL and ECE (`evaluation.aggregate_evaluation`).
+        final_calibration=state.calibration,
         wall_time_s=state.wall_time_s,
         bytes_up_total=state.bytes_up_total,
         bytes_down_total=state.bytes_down_total,

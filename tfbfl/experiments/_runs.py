@@ -30,6 +30,8 @@ import os
 import sys
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+import numpy as np
+
 from tfbfl import round_loop
 
 SUMMARY = "summary.json"
@@ -155,6 +157,30 @@ def beyond_error(diff: float, se: float) -> int:
 
 
 # ------------------------------------------------------------------- markdown
+def mean_std(values: Sequence[Optional[float]],
+             scale: float = 1.0) -> Tuple[float, float, int]:
+  """`(mean, std with ddof 1, n)` of the finite `values` times `scale` (nan, nan, 0 for none)."""
+  v = np.array([x for x in values if x is not None and math.isfinite(x)], dtype=float) * scale
+  if not len(v):
+    return float("nan"), float("nan"), 0
+  return float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else 0.0, len(v)
+
+
+def anchor(name: str, title: str) -> List[str]:
+  """A section heading with an explicit anchor the coverage table links to."""
+  return [f'<a id="{name}"></a>', "", f"### {title}", ""]
+
+
+def label_axes(ax, xlabel: str, ylabel: str, title: str) -> None:
+  """Axis labels, title, a light grid and, where lines are labelled, a small legend."""
+  ax.set_xlabel(xlabel)
+  ax.set_ylabel(ylabel)
+  ax.set_title(title)
+  ax.grid(alpha=0.3, which="both")
+  if ax.get_legend_handles_labels()[0]:
+    ax.legend(fontsize=7)
+
+
 def md_row(cells: Iterable[Any]) -> str:
   """`| a | b | c |`."""
   return "| " + " | ".join(str(c) for c in cells) + " |"

@@ -587,6 +587,42 @@ def _femnist_train_cell(records, experiment_name: str, algorithm: str, label: st
               (_row_data(row),), depends=why)
 
 
+# Issue 34: VIRTUAL settings whose predictive may be calibrated, beside today's tuned
+# setting and FedAvg's, on the tuning protocol (validation split, TABLE2_ROUNDS["tune"]
+# rounds) of every Table II row: each setting changes the row's tuned VIRTUAL setting
+# only where it says. "scale_adam": the scales' own Adam step (`--scale_optimizer`).
+CALIBRATION_SETTINGS = (
+    ("tuned", {}),
+    ("eval_samples=10", dict(eval_samples=10)),
+    ("scale_adam", dict(scale_optimizer="adam", scale_lr=1e-3)),
+    ("scale_adam,eval_samples=10", dict(scale_optimizer="adam", scale_lr=1e-3, eval_samples=10)),
+    ("scale_adam=0.01,eval_samples=10",
+     dict(scale_optimizer="adam", scale_lr=1e-2, eval_samples=10)),
+)
+CALIBRATION_BASELINES = ("fedavg",)
+CALIBRATION_SEEDS = (0, 1)
+
+
+def calibration_cells(records: Mapping[str, Mapping[str, Any]]) -> List[Cell]:
+  """Issue 34's cells: `CALIBRATION_SETTINGS` of VIRTUAL and the baselines at their tuned
+  settings, per Table II row and seed, on the tuning protocol (waiting for the row's tuning)."""
+  cells = []
+  rounds = TABLE2_ROUNDS["tune"]
+  for row in TABLE2_ROWS:
+    for algorithm in ("virtual",) + CALIBRATION_BASELINES:
+      chosen, why = tuned_setting(records, row, algorithm)
+      settings = CALIBRATION_SETTINGS if algorithm == "virtual" else (("tuned", {}),)
+      for name, knob in settings:
+        samples = knob.get("eval_samples", 1) or 1
+        for seed in CALIBRATION_SEEDS:
+          cells.append(
+              Cell("virtual", "calibration", row, algorithm, name, seed, "train",
+                   _table2_flags(row, algorithm, dict(chosen or {}, **knob), rounds, seed, True),
+                   _train_estimate_s(row, algorithm, rounds, True, 1 + 0.1 * (samples - 1)),
+                   (_row_data(row),), depends="" if chosen is not None else why))
+  return cells
+
+
 def virtual_figure_cells(records: Mapping[str, Mapping[str, Any]]) -> List[Cell]:
   """VIRTUAL's Table III, Fig. 4, Table IV (MLP), Fig. 2 and FEMNIST-conv cells."""
   cells = []
@@ -739,7 +775,8 @@ def smoke_cells() -> List[Cell]:
 CATALOGUES = {"papers": lambda records: (table2_cells(records) + default_step_cells(records) +
                                          ablation_cells(records) + virtual_figure_cells(records) +
                                          v1_cells() + pfnm_cells() + pfnm_figure_cells() +
-                                         fola_cells() + fola_figure_cells()),
+                                         fola_cells() + fola_figure_cells() +
+                                         calibration_cells(records)),
               "smoke": lambda records: smoke_cells()}
 
 
@@ -826,17 +863,21 @@ CURVE_COLUMNS = ("round", "server_accuracy", "server_loss", "server_ece", "mt_ac
                  "mt_ece", "train_loss", "clients_dropped", "delta_nonzeros", "bytes_up_total",
                  "bytes_down_total",
                  "wall_time_s")
+# Curves kept when a run has them: VIRTUAL's variance trajectories (metrics.csv's
+# `log_prec_*` columns, `mean_shared_log_precision`).
+CURVE_PREFIXES = ("log_prec_", "mean_shared_log_precision")
 SUMMARY_KEYS = ("best_server_accuracy", "best_mt_accuracy", "final_server_accuracy",
                 "final_mt_accuracy", "final_server_nll", "final_mt_nll", "final_server_ece",
                 "final_mt_ece", "rounds", "wall_time_s", "bytes_up_total", "bytes_down_total",
-                "data_fingerprint")
+                "data_fingerprint", "final_calibration")
 
 
 def collect_train(output_dir: str) -> Dict[str, Any]:
   """A training cell's result: per-round curves (evaluated rounds) and summary keys."""
   rows = _runs.read_metrics(output_dir)
+  extra = sorted({c for r in rows for c in r if c.startswith(CURVE_PREFIXES)})
   curves = {c: [_number(r.get(c, "")) if r.get(c, "") != "" else None for r in rows]
-            for c in CURVE_COLUMNS}
+            for c in CURVE_COLUMNS + tuple(extra)}
   summary = _runs.read_json(os.path.join(output_dir, _runs.SUMMARY)) or {}
   return dict(curves=curves, summary={k: summary.get(k) for k in SUMMARY_KEYS})
 

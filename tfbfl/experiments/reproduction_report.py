@@ -10,7 +10,6 @@ nor absl.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import re
 import warnings
@@ -20,6 +19,7 @@ import numpy as np
 
 from tfbfl import round_loop
 from tfbfl.experiments import _runs
+from tfbfl.experiments import calibration_report
 from tfbfl.experiments import reproduce as rp
 
 # The windows `_late_rise` compares: the last LATE_WINDOW evaluated rounds against
@@ -36,11 +36,7 @@ def _late_rise(rec: Mapping[str, Any], key: str) -> float:
   return float(np.mean(vals[-LATE_WINDOW:]) - np.mean(vals[-2 * LATE_WINDOW:-LATE_WINDOW]))
 
 
-def _mean_std(values: Sequence[float], scale: float = 1.0) -> Tuple[float, float, int]:
-  v = np.array([x for x in values if x is not None and math.isfinite(x)], dtype=float) * scale
-  if not len(v):
-    return float("nan"), float("nan"), 0
-  return float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else 0.0, len(v)
+_mean_std = _runs.mean_std
 
 
 def _pm(values: Sequence[float], scale: float = 100.0, digits: int = 1) -> str:
@@ -926,9 +922,7 @@ def _finals(recs: Sequence[Mapping[str, Any]], key: str) -> List[float]:
   return [rp.final_value(r, key) for r in recs]
 
 
-def _anchor(name: str, title: str) -> List[str]:
-  """A section heading with an explicit anchor the coverage table links to."""
-  return [f'<a id="{name}"></a>', "", f"### {title}", ""]
+_anchor = _runs.anchor
 
 
 def _per_client_round(rec: Mapping[str, Any], total: Any) -> Optional[float]:
@@ -1215,13 +1209,7 @@ def plot_beta(path: str, records: Mapping[str, Mapping[str, Any]]) -> bool:
   return True
 
 
-def _label(ax, xlabel: str, ylabel: str, title: str) -> None:
-  ax.set_xlabel(xlabel)
-  ax.set_ylabel(ylabel)
-  ax.set_title(title)
-  ax.grid(alpha=0.3, which="both")
-  if ax.get_legend_handles_labels()[0]:
-    ax.legend(fontsize=7)
+_label = _runs.label_axes
 
 
 V1_NAMES = {"global": "Global", "local": "Local", "fedavg": "FedAvg", "virtual": "VIRTUAL"}
@@ -1355,6 +1343,9 @@ COVERAGE = (
                  "figures", note="the records hold every round's train loss, S and MT; "
                  "plotted as cross-entropy and error"),
     CoverageItem("virtual", "Fig. 6 (E = 100 curves)", ("virtual/table4",), "figures"),
+    CoverageItem("tfbfl", "VIRTUAL's calibration beside FedAvg's (ours, issue 34)",
+                 ("virtual/calibration",), calibration_report.ANCHOR,
+                 calibration_report.calibration_claims),
     CoverageItem("tfbfl", "VIRTUAL's knobs beside Table II's setting (ours, not the paper's)",
                  ("virtual/ablate",), "virtual-table-ii",
                  note="server step, lateral gate, precision step, Monte Carlo predictive"),
@@ -1455,7 +1446,8 @@ def coverage_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
 FIGURES = (("table2_curves.png", plot_table2_curves), ("virtual_beta.png", plot_beta),
            ("virtual_snr_cdf.png", plot_snr_cdf), ("pfnm_j_sweep.png", plot_pfnm),
            ("pfnm_depth_streaming.png", plot_pfnm_more),
-           ("fola_first_round.png", plot_fola), ("fola_curves.png", plot_fola_curves))
+           ("fola_first_round.png", plot_fola), ("fola_curves.png", plot_fola_curves)
+          ) + calibration_report.FIGURES
 README_BEGIN = "<!-- reproduction:begin (written by `python -m launchers.reproduce --report`) -->"
 README_END = "<!-- reproduction:end -->"
 
@@ -1477,6 +1469,7 @@ def report_markdown(records: Mapping[str, Mapping[str, Any]], figures: Iterable[
   lines += table2_markdown(records) + [""]
   lines += default_step_markdown(records)
   lines += ablation_markdown(records)
+  lines += calibration_report.calibration_markdown(records)
   for section in (conv_markdown, table3_markdown, snr_markdown, table4_markdown, beta_markdown,
                   v1_markdown, pfnm_markdown, pfnm_depth_markdown, pfnm_streaming_markdown,
                   pfnm_sensitivity_markdown, pfnm_sigma_markdown, pfnm_dsgd_markdown, fola_markdown, fola_n_markdown,

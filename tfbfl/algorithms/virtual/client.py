@@ -36,6 +36,7 @@ from tfbfl.algorithms.virtual.config import VirtualConfig
 from tfbfl.algorithms.virtual.model import build_networks
 from tfbfl.algorithms.virtual.model import data_loss
 from tfbfl.algorithms.virtual.model import flatten_for_mlp
+from tfbfl.algorithms.virtual.model import log_precision_metrics
 
 # TensorFlow and the modules built on it load when an algorithm is built (`tfbfl._lazy`).
 tf = _lazy.load("tensorflow")
@@ -92,8 +93,9 @@ def _client_prior(cfg: VirtualConfig, server_posterior, state: ClientState):
   return old_factor, cavity, cavity_floored, prior
 
 
-def _client_output(cfg: VirtualConfig, server_posterior, state: ClientState, old_factor, cavity,
-                   cavity_floored, q_new, private, loss_sum, correct_sum, n, seen) -> ClientOutput:
+def _client_output(cfg: VirtualConfig, net, server_posterior, state: ClientState, old_factor,
+                   cavity, cavity_floored, q_new, private, loss_sum, correct_sum, n,
+                   seen) -> ClientOutput:
   """Steps 3-4 of one client's round from its trained `q_new` and `private`
   weights: the new factor, `Delta_i` (pruned), the damped factor step, and the
   robust-round check."""
@@ -109,6 +111,7 @@ def _client_output(cfg: VirtualConfig, server_posterior, state: ClientState, old
   stored = gaussian.product(old_factor, gaussian.power(delta, cfg.step))
   new_state = ClientState(stored, q_new, list(private), tf.constant(True), state.client_index)
   metrics = collections.OrderedDict(train_loss=loss_sum / seen, train_accuracy=correct_sum / seen)
+  metrics.update(log_precision_metrics(net, q_new, list(private) if cfg.private else []))
   # Robust rounds: a non-finite Delta_i or state, or a q_i whose mean moved far from
   # s^(t)'s (`robust.check_posterior`; natural parameters are no scale: precisions
   # legitimately grow by large factors) is dropped: identity factor sent, previous
@@ -180,7 +183,7 @@ def client_update_batch(cfg: VirtualConfig,
       q_c = gaussian.NaturalGaussian([t[c] for t in q_new.eta1], [t[c] for t in q_new.eta2])
       seen = tf.cast(n[c] * cfg.epochs, tf.float32)
       outputs.append(
-          _client_output(cfg, server_posterior, s, old_factor, cavity, cavity_floored, q_c,
+          _client_output(cfg, net, server_posterior, s, old_factor, cavity, cavity_floored, q_c,
                          [w[c] for w in private], loss_sum[c], correct_sum[c], n[c], seen))
     return tf.nest.map_structure(lambda *t: tf.stack(t), *outputs)
 
@@ -234,7 +237,7 @@ def client_update(cfg: VirtualConfig,
       loss_sum, correct_sum = sgd_epochs(n)
       q_new = net.shared_posterior()
       seen *= cfg.epochs
-    return _client_output(cfg, server_posterior, state, old_factor, cavity, cavity_floored, q_new,
-                          net.get_private_weights(), loss_sum, correct_sum, n, seen)
+    return _client_output(cfg, net, server_posterior, state, old_factor, cavity, cavity_floored,
+                          q_new, net.get_private_weights(), loss_sum, correct_sum, n, seen)
 
   return train()

@@ -72,6 +72,16 @@ class VirtualConfig(base.ClientTraining):
       0.0, "VIRTUAL: natural-gradient step rho in [0, 1] of the shared posterior's "
       "precisions (0: plain SGD on the softplus scales, as the paper).",
       high=1.0)
+  # The paper's plain SGD leaves the softplus scales where they start (their gradient is
+  # O(sigma^2 curvature) and beta / N_i small); Adam's per-entry normalisation lets them
+  # reach the objective's optimum within a run (docs/virtual.md, "Variances").
+  scale_optimizer: str = options.choice(
+      "sgd", ("sgd", "adam"), "VIRTUAL (MLP, lean step): update of the softplus scales of the "
+      "shared and private posteriors: sgd (the means' SGD step, the paper) or adam (Adam of "
+      "their own, step --scale_lr, moments reset each round).")
+  scale_lr: float = options.real(1e-3,
+                                 "VIRTUAL --scale_optimizer=adam: Adam's step on the scales.",
+                                 low_open=True)
   # beta; the paper finds 1e-6..1e-3 harmless (Fig. 2)
   kl_weight: float = options.real(1e-4, "VIRTUAL: KL multiplier beta.", high=options.MAX_WEIGHT)
   prior_scale: float = options.real(1.0, "VIRTUAL: std of the N(0, s^2) priors.", low_open=True)
@@ -167,6 +177,14 @@ class VirtualConfig(base.ClientTraining):
     if self.aggregator != "sum" and self.clients_per_group > 1:
       raise ValueError(f"--clients_per_group={self.clients_per_group} needs --aggregator=sum "
                        "(a group uploads the plain sum of its clients' deltas).")
+    if self.scale_optimizer == "adam":
+      if not (self.lean_step and self.architecture == "mlp" and self.local_solver == "sgd"):
+        raise ValueError("--scale_optimizer=adam needs the lean MLP step (--architecture=mlp, "
+                         f"lean_step, local_solver='sgd'); got --architecture={self.architecture}"
+                         f", lean_step={self.lean_step}, local_solver={self.local_solver!r}.")
+      if self.precision_step > 0:
+        raise ValueError("--scale_optimizer=adam and --precision_step > 0 both update the "
+                         "shared scales; set one of them.")
     if self.local_solver not in ("sgd", "conjugate"):
       raise ValueError(f"local_solver must be 'sgd' or 'conjugate', got {self.local_solver!r}.")
     if self.local_solver == "conjugate" and not (self.likelihood == "gaussian" and not self.private

@@ -11,6 +11,8 @@ cross-entropy (`likelihood="categorical"`) or `(y - f(x))^2 / (2 noise_scale^2)`
 
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 
 from tfbfl import _lazy
@@ -96,3 +98,40 @@ def build_networks(cfg: VirtualConfig):
 def flatten_for_mlp(cfg: VirtualConfig, x):
   """`x` as `[n, input_dim]` rows for the MLP (images are flattened); as is otherwise."""
   return tf.reshape(x, [tf.shape(x)[0], cfg.input_dim]) if cfg.architecture == "mlp" else x
+
+
+def log_precision_metrics(net, posterior, private) -> "collections.OrderedDict":
+  """Mean `log(1 / sigma^2)` per layer of a client's posterior: the variance trajectories.
+
+  `log_prec_shared_<l>`: the shared posterior `posterior` (a `NaturalGaussian` in
+  `net.shared_posterior()`'s order) over server layer `l` (1-based), kernel and bias
+  together; `log_prec_private_<l>`: client layer `l` of the `private` weights (values of
+  `net.private_trainable_variables`); `log_prec_lateral`: every lateral adapter together.
+  Returns scalar tensors.
+  """
+  out = collections.OrderedDict()
+  eta2 = [tf.reshape(t, [-1]) for t in tf.nest.flatten(posterior.eta2)]
+  start = 0
+  for l, layer in enumerate(net.server_layers):
+    count = len(layer.parameter_names)
+    out[f"log_prec_shared_{l + 1}"] = tf.reduce_mean(tf.math.log(tf.concat(eta2[start:start + count],
+                                                                           0)))
+    start += count
+  position = {v.ref(): j for j, v in enumerate(net.private_trainable_variables)}
+
+  def mean_log_precision(layers_):
+    log_prec = []
+    for layer in layers_:
+      for name in layer.parameter_names:
+        u = private[position[getattr(layer, f"{name}_untransformed_scale").ref()]]
+        sigma = tf.nn.softplus(tf.reshape(u, [-1])) + layer.min_scale
+        log_prec.append(-2.0 * tf.math.log(sigma))
+    return tf.reduce_mean(tf.concat(log_prec, 0))
+
+  if private:
+    for l, layer in enumerate(net.client_layers):
+      out[f"log_prec_private_{l + 1}"] = mean_log_precision([layer])
+    adapters = [a for lat in net.laterals for a in (lat.adapter_in, lat.adapter_out)]
+    if adapters:
+      out["log_prec_lateral"] = mean_log_precision(adapters)
+  return out

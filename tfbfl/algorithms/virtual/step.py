@@ -44,7 +44,9 @@ take SGD or, with `cfg.natural_precision_step`, the natural-gradient precision s
 `fused_step` (`FusedPlan`'s packed vectors; the default without the natural
 precision step) takes the same step as `mu <- A mu + B - C g'` and `u <- u -
 sigmoid(u) (sigma (g_v + K1) - K2 / sigma)` with the per-round constants of
-`round_constants`.
+`round_constants`; with `cfg.scale_optimizer == "adam"` the scales (shared and
+private) take Adam steps of `cfg.scale_lr` on that same gradient instead
+(`adam_update`, moments reset each round).
 
 **Clients batched** (`train_clients`): every vector carries the client axis, the
 minibatches are `[C, B, ...]` and the matmuls batched (`client_batch`): C clients
@@ -73,6 +75,8 @@ layers = _lazy.load("tfbfl.layers")
 client_batch = _lazy.load("tfbfl.algorithms.client_batch")
 
 __all__ = [
+    "adam_start",
+    "adam_update",
     "Layout",
     "Parameters",
     "data_loss_and_gradients",
@@ -688,18 +692,51 @@ def round_constants(cfg, plan: FusedPlan, kl_scale, shared_prior, private_prior)
   return tuple(plan.pack(t) for t in (a_s, b_s, c_s, k1_s)) + (lr * kl_scale,)
 
 
+ADAM_BETA1, ADAM_BETA2, ADAM_EPSILON = 0.9, 0.999, 1e-8
+
+
+def adam_start(u):
+  """Adam's zero moments and step count for the scales `u` (`[C, P]`, or `[P]`)."""
+  count = tf.zeros(tf.shape(u)[:-1], tf.float32)
+  return tf.zeros_like(u), tf.zeros_like(u), count
+
+
+def adam_update(u, grad, moments, lr):
+  """One Adam step (Kingma & Ba, 2015) on `u` with gradient `grad`.
+
+  ```none
+  m <- b1 m + (1 - b1) g,   v <- b2 v + (1 - b2) g^2,   t <- t + 1
+  u <- u - lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
+  ```
+
+  `moments = (m, v, t)`, `t` per client (`[C]`, a scalar for one client), so a client
+  idle in a step of a batched loop (kept by `client_batch.train_loop`) keeps its
+  count. Returns `(new u, new moments)`.
+  """
+  m, v, t = moments
+  t = t + 1.0
+  m = ADAM_BETA1 * m + (1.0 - ADAM_BETA1) * grad
+  v = ADAM_BETA2 * v + (1.0 - ADAM_BETA2) * tf.square(grad)
+  tb = t[..., None] if t.shape.rank == 1 else t
+  m_hat = m / (1.0 - tf.pow(ADAM_BETA1, tb))
+  v_hat = v / (1.0 - tf.pow(ADAM_BETA2, tb))
+  return u - lr * m_hat / (tf.sqrt(v_hat) + ADAM_EPSILON), (m, v, t)
+
+
 def fused_step(cfg, plan: FusedPlan, state, xb, yb, mask, step_seeds, constants,
                data_loss: Callable):
   """One SGD step of `sgd_step` (no natural precision step) on the packed state.
 
-  `state`: `(loc, u, gates)`; `constants`: `round_constants`. Per step: one softplus,
+  `state`: `(loc, u, gates)`, with `cfg.scale_optimizer == "adam"` followed by the
+  scales' Adam moments (`adam_start`), which then update `u` (`adam_update`) with the
+  same gradient SGD takes; `constants`: `round_constants`. Per step: one softplus,
   one variance, the matmuls, one concat per gradient, then the update of
   `round_constants` in one expression per role: 3 + 4 + 6 passes over the packed
   parameters (docs/virtual.md, "The fused step").
 
   Returns `(new state, data_loss * sum(mask), correct)`.
   """
-  loc, u, gates = state
+  loc, u, gates = state[:3]
   a, b, c, k1, k2 = constants
   sigma = tf.math.log1p(tf.exp(u)) + plan.min_scale  # softplus(u) + min_scale
   var = tf.square(sigma)
@@ -720,9 +757,13 @@ def fused_step(cfg, plan: FusedPlan, state, xb, yb, mask, step_seeds, constants,
     total = tf.reduce_sum(loss) * (2.0 * cfg.client_lr)
   grads = tape.gradient(total, sources, unconnected_gradients=tf.UnconnectedGradients.ZERO)
   new_loc = a * loc + (b - c * grads[0])
-  new_u = u - tf.raw_ops.SoftplusGrad(gradients=sigma * (grads[1] + k1) - k2 / sigma, features=u)
+  # lr times dL/du, the KL part included (`round_constants`).
+  lr_grad_u = tf.raw_ops.SoftplusGrad(gradients=sigma * (grads[1] + k1) - k2 / sigma, features=u)
   new_gates = gates - 0.5 * grads[2] if plan.private else gates
-  return (new_loc, new_u, new_gates), loss * tf.reduce_sum(mask, axis=-1), correct
+  if cfg.scale_optimizer == "adam":
+    new_u, moments = adam_update(u, lr_grad_u / cfg.client_lr, state[3:], cfg.scale_lr)
+    return (new_loc, new_u, new_gates) + moments, loss * tf.reduce_sum(mask, axis=-1), correct
+  return (new_loc, u - lr_grad_u, new_gates), loss * tf.reduce_sum(mask, axis=-1), correct
 
 
 def train_clients(cfg, layout: Layout, params: Parameters, shared_prior, x, y, n, seeds,
@@ -750,6 +791,8 @@ def train_clients(cfg, layout: Layout, params: Parameters, shared_prior, x, y, n
     fused = not cfg.natural_precision_step
   if fused and cfg.natural_precision_step:
     raise ValueError("the fused step has no natural precision step (precision_step > 0).")
+  if not fused and cfg.scale_optimizer != "sgd":
+    raise ValueError(f"scale_optimizer={cfg.scale_optimizer!r} runs in the fused step only.")
   schedule = client_batch.MinibatchSchedule(seeds, n, tf.shape(y)[1], cfg.epochs, cfg.batch_size)
   kl_scale = (cfg.kl_weight / tf.cast(tf.maximum(n, 1), tf.float32))[:, None]
   private_prior = layout.private_prior() if cfg.private else (tf.zeros([0]), tf.zeros([0]))
@@ -774,6 +817,8 @@ def train_clients(cfg, layout: Layout, params: Parameters, shared_prior, x, y, n
     private_u = params.private_u if cfg.private else None
     start = (plan.pack(params.shared_loc, private), plan.pack(params.shared_u, private_u),
              params.gates)
+    if cfg.scale_optimizer == "adam":
+      start += adam_start(start[1])
     constants = round_constants(cfg, plan, kl_scale[0, 0] if single else kl_scale,
                                 tuple(one(t) for t in shared_prior), private_prior)
 
@@ -787,7 +832,7 @@ def train_clients(cfg, layout: Layout, params: Parameters, shared_prior, x, y, n
 
     state, (loss_sum, correct_sum) = client_batch.train_loop(schedule, x, y, start, fused_fn,
                                                              (zeros, zeros))
-    loc, u, gates = state
+    loc, u, gates = state[:3]
     shared_loc, private_loc = plan.unpack(loc)
     shared_u, private_u = plan.unpack(u)
     if not cfg.private:

@@ -1,0 +1,71 @@
+"""Issue 34's report section, from records: the claims' rule, the per-client pairing, figures."""
+
+import time
+
+import numpy as np
+
+from tfbfl import metrics
+from tfbfl.experiments import calibration_report
+from tfbfl.experiments import reproduce
+
+
+def _calibration(rng, client_nll, confidence):
+  """`final_calibration` of a run whose clients have MT NLLs `client_nll` and whose
+  predictions all have top probability `confidence` (right 80 % of the time)."""
+  n = 50
+  probs = np.full((n, 2), 1 - confidence, np.float32)
+  probs[:, 0] = confidence
+  labels = (rng.random(n) > 0.8).astype(int)
+  bins = metrics.numpy_calibration_sums(probs, labels).tolist()
+  return dict(server_bins=bins, mt_bins=bins, client_mt_nll=list(client_nll),
+              client_mt_ece=[abs(confidence - 0.8)] * len(client_nll),
+              client_num_examples=[n] * len(client_nll))
+
+
+def _record(cell, mt_accuracy, mt_loss, client_nll, confidence, log_prec=None):
+  rng = np.random.default_rng(cell.seed)
+  curves = dict(round=[1, 2], mt_accuracy=[0.5, mt_accuracy], mt_loss=[1.0, mt_loss],
+                server_accuracy=[0.5, 0.9], server_loss=[1.0, 0.3], server_ece=[0.1, 0.02],
+                mt_ece=[0.1, abs(confidence - 0.8)])
+  if log_prec is not None:
+    curves.update(log_prec_shared_1=[5.99, log_prec], log_prec_private_1=[5.99, log_prec - 1])
+  result = dict(curves=curves,
+                summary=dict(final_calibration=_calibration(rng, client_nll, confidence)))
+  return reproduce.make_record(cell, cell.command("out", "/data"), result, 10.0, time.time())
+
+
+def test_claims_table_and_figures_follow_the_records(tmp_path):
+  cells = {c.name: c for c in reproduce.catalogue({})}
+  records = {}
+
+  def add(algorithm, setting, seed, *args, **kw):
+    name = f"virtual/calibration/mnist/{algorithm}/{setting}/seed{seed}"
+    records[name] = _record(cells[name], *args, **kw)
+
+  for seed in (0, 1):
+    add("fedavg", "tuned", seed, 0.915, 0.30, [0.30, 0.30, 0.30], 0.85)
+    add("virtual", "tuned", seed, 0.910 + 0.002 * seed, 0.40, [0.40, 0.40, 0.40], 0.95, 5.99)
+    # Calibrated at the tuned accuracy: lower NLL on two of three clients.
+    add("virtual", "eval_samples=10", seed, 0.911, 0.28, [0.20, 0.25, 0.35], 0.82, 5.99)
+    # Lower NLL but an accuracy far below the tuned setting's: not held.
+    add("virtual", "scale_adam", seed, 0.85, 0.25, [0.25, 0.25, 0.25], 0.80, 4.0)
+  claims = calibration_report.calibration_claims(records)
+  by_setting = {l.split(":")[0].split("VIRTUAL ")[1]: l for l in claims}
+  assert ": held (MT NLL 0.280 vs FedAvg 0.300" in by_setting["eval_samples=10"]
+  assert ": not held (" in by_setting["scale_adam"]
+  assert ": not held (" in by_setting["tuned"]  # 0.40 above FedAvg's 0.30
+  share = calibration_report.paired_client_share(
+      calibration_report.calibration_records(records, "mnist", "virtual", "eval_samples=10"),
+      calibration_report.calibration_records(records, "mnist", "fedavg", "tuned"))
+  assert share == 2 / 3
+  text = "\n".join(calibration_report.calibration_markdown(records))
+  assert "| VIRTUAL eval_samples=10 | 2 |" in text and "| 67 % |" in text
+  assert "| FedAvg | 2 |" in text
+  # One seed of a setting: its claim waits.
+  del records["virtual/calibration/mnist/virtual/scale_adam/seed1"]
+  assert any("scale_adam" in l and "pending" in l
+             for l in calibration_report.calibration_claims(records))
+  for name, plot in calibration_report.FIGURES:
+    assert plot(str(tmp_path / name), records), name
+    assert (tmp_path / name).stat().st_size > 1000
+  assert not calibration_report.plot_reliability(str(tmp_path / "none.png"), {})

@@ -1,0 +1,223 @@
+"""Issue 34's report: is VIRTUAL's predictive calibrated, beside FedAvg's?
+
+From the `virtual/calibration` records (`reproduce.calibration_cells`: the tuning
+protocol of every Table II row, `reproduce.CALIBRATION_SETTINGS` of VIRTUAL beside
+FedAvg at its tuned setting, `reproduce.CALIBRATION_SEEDS`):
+
+* a table per row: final S and MT accuracy, NLL and ECE (mean ± standard error over
+  the seeds), the MT NLL against FedAvg's, the final mean log precision of the first
+  shared and private layer;
+* per-client calibration: each client's MT NLL against FedAvg's on the same client and
+  seed (the share of clients where it is lower), and the median client MT ECE;
+* claim lines: a setting "is calibrated" when its final MT NLL is at or below FedAvg's
+  mean and its final MT accuracy is within one standard error of the tuned VIRTUAL's;
+* figures: reliability diagrams (accuracy against confidence, the records' pooled
+  bins summed over seeds, S and MT) and the variance trajectories (mean log
+  precision per round of the shared and private layers).
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from tfbfl.experiments import _runs
+from tfbfl.experiments import reproduce as rp
+
+EXPERIMENT = "calibration"
+ANCHOR = "virtual-calibration"
+REFERENCE = "tuned"
+BASELINE = "fedavg"
+
+
+def calibration_records(records: Mapping[str, Mapping[str, Any]], row: str, algorithm: str,
+                        setting: str) -> List[Mapping[str, Any]]:
+  """The records of one row, algorithm and setting, by seed."""
+  return sorted((r for r in records.values()
+                 if r["cell"]["experiment"] == EXPERIMENT and r["cell"]["paper"] == "virtual" and
+                 (r["cell"]["row"], r["cell"]["algorithm"], r["cell"]["setting"]) ==
+                 (row, algorithm, setting)), key=lambda r: r["cell"]["seed"])
+
+
+def _groups(records: Mapping[str, Mapping[str, Any]],
+            row: str) -> List[Tuple[str, List[Mapping[str, Any]]]]:
+  """`(label, records)` of the row: VIRTUAL's settings, then the baselines', where recorded."""
+  out = [(f"VIRTUAL {name}", calibration_records(records, row, "virtual", name))
+         for name, _ in rp.CALIBRATION_SETTINGS]
+  out += [(_runs.ALGORITHM_NAMES.get(a, a), calibration_records(records, row, a, REFERENCE))
+          for a in rp.CALIBRATION_BASELINES]
+  return [(label, recs) for label, recs in out if recs]
+
+
+def _finals(recs: Sequence[Mapping[str, Any]], key: str) -> List[float]:
+  return [rp.final_value(r, key) for r in recs]
+
+
+def _mean_se(values: Sequence[Optional[float]], scale: float = 1.0) -> Tuple[float, float, int]:
+  m, s, n = _runs.mean_std(values, scale)
+  return m, (s / np.sqrt(n) if n > 1 else float("nan")), n
+
+
+def _text(values: Sequence[Optional[float]], scale: float = 1.0, digits: int = 3) -> str:
+  m, se, n = _mean_se(values, scale)
+  if n == 0:
+    return "—"
+  return f"{m:.{digits}f}" if n == 1 else f"{m:.{digits}f} ± {se:.{digits}f}"
+
+
+def _client_values(rec: Mapping[str, Any], key: str) -> Optional[List[Optional[float]]]:
+  calibration = rec["result"]["summary"].get("final_calibration") or {}
+  return calibration.get(key)
+
+
+def paired_client_share(recs: Sequence[Mapping[str, Any]],
+                        baseline: Sequence[Mapping[str, Any]]) -> Optional[float]:
+  """The share of (client, seed) pairs whose final MT NLL is below the baseline's on the
+  same client and seed (None without a pair)."""
+  by_seed = {r["cell"]["seed"]: _client_values(r, "client_mt_nll") for r in baseline}
+  wins = total = 0
+  for r in recs:
+    mine, theirs = _client_values(r, "client_mt_nll"), by_seed.get(r["cell"]["seed"])
+    if not mine or not theirs or len(mine) != len(theirs):
+      continue
+    for a, b in zip(mine, theirs):
+      if a is not None and b is not None:
+        wins += a < b
+        total += 1
+  return wins / total if total else None
+
+
+def _median_client_ece(recs: Sequence[Mapping[str, Any]]) -> Optional[float]:
+  values = [v for r in recs for v in (_client_values(r, "client_mt_ece") or []) if v is not None]
+  return float(np.median(values)) if values else None
+
+
+def calibration_claims(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
+  """Per row and VIRTUAL setting: final MT NLL at or below FedAvg's mean, at an MT accuracy
+  within one standard error of the tuned VIRTUAL's (pending below two seeds of each)."""
+  lines = []
+  for row in rp.TABLE2_ROWS:
+    reference = calibration_records(records, row, "virtual", REFERENCE)
+    baseline = calibration_records(records, row, BASELINE, REFERENCE)
+    for name, _ in rp.CALIBRATION_SETTINGS:
+      recs = calibration_records(records, row, "virtual", name)
+      if not recs:
+        continue
+      text = (f"{row}, VIRTUAL {name}: final MT NLL at or below FedAvg's, MT accuracy within "
+              "one s.e. of the tuned VIRTUAL's")
+      if min(len(recs), len(reference), len(baseline)) < 2:
+        lines.append(f"- {text}: pending ({len(recs)}, {len(reference)} and {len(baseline)} "
+                     "seeds of it, the tuned VIRTUAL and FedAvg recorded).")
+        continue
+      nll, _, _ = _mean_se(_finals(recs, "mt_loss"))
+      nll_base, _, _ = _mean_se(_finals(baseline, "mt_loss"))
+      acc, _, _ = _mean_se(_finals(recs, "mt_accuracy"), 100)
+      acc_ref, se_ref, _ = _mean_se(_finals(reference, "mt_accuracy"), 100)
+      held = nll <= nll_base and acc >= acc_ref - se_ref
+      verdict = "held" if held else "not held"
+      lines.append(f"- {text}: {verdict} (MT NLL {nll:.3f} vs FedAvg {nll_base:.3f}; MT "
+                   f"accuracy {acc:.2f} vs tuned {acc_ref:.2f} ± {se_ref:.2f} s.e.).")
+  return lines
+
+
+_LAYERS = ("log_prec_shared_1", "log_prec_private_1")
+
+
+def calibration_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
+  """The section: one table per row, the per-client table, the claims."""
+  lines = _runs.anchor(ANCHOR, "Calibration of VIRTUAL's predictive beside FedAvg's (ours, "
+                       "issue 34)")
+  lines += [
+      f"Tuning protocol (validation split, {rp.TABLE2_ROUNDS['tune']} rounds), each row's tuned "
+      "settings; a VIRTUAL setting changes the tuned one only where its name says "
+      "(`scale_adam`: `--scale_optimizer=adam --scale_lr=1e-3`; `eval_samples=10`: the Monte "
+      "Carlo predictive). Final round, mean ± standard error over the seeds; log precision "
+      "`log(1/sigma^2)` of the first shared and private layer (4.61 is sigma = 0.1, 5.99 the "
+      "initial sigma = 0.05).", ""
+  ]
+  header = ("setting", "seeds", "S acc", "S NLL", "S ECE", "MT acc", "MT NLL", "MT ECE",
+            "log prec shared 1", "log prec private 1", "clients with MT NLL below FedAvg's",
+            "median client MT ECE")
+  any_row = False
+  for row in rp.TABLE2_ROWS:
+    groups = _groups(records, row)
+    if not groups:
+      continue
+    any_row = True
+    baseline = calibration_records(records, row, BASELINE, REFERENCE)
+    table = []
+    for label, recs in groups:
+      share = paired_client_share(recs, baseline) if not label.startswith("FedAvg") else None
+      median = _median_client_ece(recs)
+      table.append((label, len(recs), _text(_finals(recs, "server_accuracy"), 100, 2),
+                    _text(_finals(recs, "server_loss")), _text(_finals(recs, "server_ece")),
+                    _text(_finals(recs, "mt_accuracy"), 100, 2), _text(_finals(recs, "mt_loss")),
+                    _text(_finals(recs, "mt_ece")),
+                    *[_text(_finals(recs, k), digits=2) for k in _LAYERS],
+                    "—" if share is None else f"{100 * share:.0f} %",
+                    "—" if median is None else f"{median:.3f}"))
+    lines += [f"**{row}**", ""] + _runs.md_table(header, table) + [""]
+  if not any_row:
+    lines += ["No record yet (`python -m launchers.reproduce --cells='virtual/calibration/*'`).",
+              ""]
+  claims = calibration_claims(records)
+  return lines + claims + ([""] if claims else [])
+
+
+def _reliability(recs: Sequence[Mapping[str, Any]], key: str) -> Optional[np.ndarray]:
+  bins = [(r["result"]["summary"].get("final_calibration") or {}).get(key) for r in recs]
+  bins = [np.asarray(b, np.float64) for b in bins if b is not None]
+  return sum(bins) if bins else None
+
+
+def plot_reliability(path: str, records: Mapping[str, Mapping[str, Any]]) -> bool:
+  """Reliability diagrams: per row, S and MT accuracy against mean confidence per bin."""
+  rows = [row for row in rp.TABLE2_ROWS
+          if any(_reliability(recs, "mt_bins") is not None for _, recs in _groups(records, row))]
+  if not rows:
+    return False
+  plt = _runs.pyplot()
+  fig, axes = plt.subplots(len(rows), 2, figsize=(10, 4 * len(rows)), squeeze=False)
+  for axes_row, row in zip(axes, rows):
+    for ax, (key, name) in zip(axes_row, (("server_bins", "S"), ("mt_bins", "MT"))):
+      ax.plot([0, 1], [0, 1], color="grey", lw=0.8, ls="--")
+      for label, recs in _groups(records, row):
+        bins = _reliability(recs, key)
+        if bins is None:
+          continue
+        count, conf, correct = bins
+        used = count > 0
+        ax.plot(conf[used] / count[used], correct[used] / count[used], marker="o", ms=3,
+                label=label)
+      _runs.label_axes(ax, "confidence", "accuracy", f"{row}: {name} reliability")
+  _runs.save_figure(fig, path, tight=True)
+  return True
+
+
+def plot_variances(path: str, records: Mapping[str, Mapping[str, Any]]) -> bool:
+  """Variance trajectories: per row, the first shared and private layer's mean log precision
+  per round, one line per VIRTUAL setting (mean over seeds)."""
+  rows = [row for row in rp.TABLE2_ROWS
+          if any(recs and _LAYERS[0] in recs[0]["result"]["curves"]
+                 for label, recs in _groups(records, row) if label.startswith("VIRTUAL"))]
+  if not rows:
+    return False
+  plt = _runs.pyplot()
+  fig, axes = plt.subplots(len(rows), 2, figsize=(10, 3.8 * len(rows)), squeeze=False)
+  for axes_row, row in zip(axes, rows):
+    for ax, key in zip(axes_row, _LAYERS):
+      for label, recs in _groups(records, row):
+        curves = [r["result"]["curves"] for r in recs if key in r["result"]["curves"]]
+        if not curves:
+          continue
+        length = min(len(c[key]) for c in curves)
+        values = np.array([[np.nan if v is None else v for v in c[key][:length]] for c in curves])
+        ax.plot(curves[0]["round"][:length], np.nanmean(values, axis=0), label=label)
+      _runs.label_axes(ax, "round", "mean log precision", f"{row}: {key[len('log_prec_'):]}")
+  _runs.save_figure(fig, path, tight=True)
+  return True
+
+
+FIGURES = (("virtual_reliability.png", plot_reliability), ("virtual_variances.png",
+                                                           plot_variances))

@@ -145,17 +145,17 @@ def test_natural_precision_step_reaches_the_conjugate_precision(tff_runtime):
   assert natural_error < 0.7 * sgd_error, (prec / want_prec, sgd_prec / want_prec)
 
 
-@pytest.mark.parametrize("scale_lr", [0.01, 0.03])
-def test_adam_on_the_scales_reaches_the_conjugate_precision(tff_runtime, scale_lr):
+def test_adam_on_the_scales_reaches_the_conjugate_precision(tff_runtime):
   """`--scale_optimizer=adam`: the softplus scales take Adam steps of their own on the
   same gradient. On the orthogonal linear-Gaussian model the mean-field optimum of eq. (3)
   (beta = 1) *is* the closed-form posterior, so the server precision must land near it,
-  where plain SGD on the scales stays far off (measured 0.60..0.65 x)."""
+  where plain SGD on the scales stays far off (measured: Adam 0.98..1.14 x the closed
+  form at step 0.03, 0.90..1.16 x at 0.01; SGD 0.60..0.65 x)."""
   clients = _orthogonal_regression_clients(K, 3, 0.5, seed=3)
   want_mean, want_prec = _closed_form_posterior(clients, 2.0, 0.5)
   kw = dict(local_solver="sgd", epochs=100, batch_size=64, client_lr=0.02, server_lr=1.0)
   alg = virtual.VirtualAlgorithm(
-      _linear_config(K, scale_optimizer="adam", scale_lr=scale_lr, **kw))
+      _linear_config(K, scale_optimizer="adam", scale_lr=0.03, **kw))
   server, worst_gap = _run(alg, clients, 3, K, client_store.MemoryClientStore())
   assert worst_gap <= 1e-5, worst_gap
   mean, prec = _flat_posterior(server)
@@ -164,7 +164,6 @@ def test_adam_on_the_scales_reaches_the_conjugate_precision(tff_runtime, scale_l
   _, sgd_prec = _flat_posterior(_run(sgd, clients, 3, K, client_store.MemoryClientStore())[0])
   adam_error = np.mean(np.abs(prec / want_prec - 1))
   sgd_error = np.mean(np.abs(sgd_prec / want_prec - 1))
-  print("adam", prec / want_prec, "sgd", sgd_prec / want_prec)
   assert adam_error < 0.25, prec / want_prec
   assert adam_error < 0.5 * sgd_error, (prec / want_prec, sgd_prec / want_prec)
 

@@ -161,6 +161,7 @@ aggregators = _lazy.load("tfbfl.aggregators")
 communication = _lazy.load("tfbfl.communication")
 compression = _lazy.load("tfbfl.compression")
 gaussian = _lazy.load("tfbfl.gaussian")
+metrics_lib = _lazy.load("tfbfl.metrics")
 conv_nets = _lazy.load("tfbfl.networks.conv")
 mlp_nets = _lazy.load("tfbfl.networks.mlp")
 client_batch = _lazy.load("tfbfl.algorithms.client_batch")
@@ -506,15 +507,18 @@ class _LaplaceBase:
           logits = model(x, training=False)
           nll = tf.reduce_sum(
               tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
-          return nll, _cross_entropy(logits, y)[1]
+          return (nll, _cross_entropy(logits, y)[1],
+                  metrics_lib.calibration_sums(tf.nn.softmax(logits), y))
 
-        s_loss, s_correct = score(list(server_weights))
-        m_loss, m_correct = score(list(state.weights))
+        s_loss, s_correct, s_cal = score(list(server_weights))
+        m_loss, m_correct, m_cal = score(list(state.weights))
         return collections.OrderedDict(server_loss=s_loss,
                                        server_correct=s_correct,
                                        mt_loss=m_loss,
                                        mt_correct=m_correct,
-                                       num_examples=tf.cast(tf.shape(y)[0], tf.float32))
+                                       num_examples=tf.cast(tf.shape(y)[0], tf.float32),
+                                       server_calibration=s_cal,
+                                       mt_calibration=m_cal)
 
       return run()
 

@@ -30,7 +30,7 @@ lint: install
 # 13.5 -> 9.5 min on a quiet 2-core machine. `make test TEST_WORKERS=0` runs serially.
 TEST_WORKERS ?= 2
 test: install lint
-	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest -q tests -n $(TEST_WORKERS) --dist loadfile
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest -q tests -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 demo: install
 	TF_CPP_MIN_LOG_LEVEL=3 $(PY) -m launchers.demo

@@ -67,7 +67,11 @@ def test_femnist_experiments_run_at_table_iis_tuned_setting_and_the_conv_cells_c
   betas = {c.flag_dict["kl_weight"] for c in cells if c.experiment == "beta"}
   assert chosen["kl_weight"] not in betas and betas | {chosen["kl_weight"]} == set(reproduce.BETAS)
   snr = [c for c in cells if c.experiment == "snr_cdf"]
-  assert sorted(c.flag_dict["variants"] for c in snr) == sorted(virtual_tables.VARIANTS)
+  for setting in reproduce.SNR_SETTINGS:  # the paper's SGD, and (ours) Adam on the scales
+    mine = [c for c in snr if c.setting == setting]
+    assert sorted(c.flag_dict["variants"] for c in mine) == sorted(virtual_tables.VARIANTS)
+    assert all(c.flag_dict.get("scale_optimizer", "sgd") == ("adam" if "adam" in setting
+                                                             else "sgd") for c in mine)
   conv = [c for c in cells if c.experiment == "table2_conv"]
   assert conv and all(c.flag_dict["architecture"] == "conv" and
                       c.flag_dict["checkpoint_every"] > 0 for c in conv)

@@ -1018,8 +1018,10 @@ def table3_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
   return lines + table3_claims(records)
 
 
-def snr_records(records: Mapping[str, Mapping[str, Any]]) -> Dict[str, List[Mapping[str, Any]]]:
-  return {v: _records_of(records, "virtual", "snr_cdf", algorithm=v) for v in rp.TABLE3_VARIANTS}
+def snr_records(records: Mapping[str, Mapping[str, Any]],
+                setting: str = "prune=0") -> Dict[str, List[Mapping[str, Any]]]:
+  return {v: _records_of(records, "virtual", "snr_cdf", algorithm=v, setting=setting)
+          for v in rp.TABLE3_VARIANTS}
 
 
 def _snr_medians(recs: Sequence[Mapping[str, Any]]) -> Dict[int, float]:
@@ -1031,32 +1033,43 @@ def _snr_medians(recs: Sequence[Mapping[str, Any]]) -> Dict[int, float]:
   return {k: float(np.mean(v)) for k, v in sorted(by_layer.items())}
 
 
+_SNR_SETTING_TEXT = {"prune=0": "", "prune=0,scale_adam": ", with the scales' own Adam step (ours)"}
+
+
 def snr_claims(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
   """Fig. 4: without the FedAvg init the clients' posteriors are more compressible (a lower
-  SNR for most weights), in every dense layer."""
-  by = {v: _snr_medians(recs) for v, recs in snr_records(records).items()}
-  layers = sorted(set(by["virtual"]) & set(by["virtual_fedavg_init"]))
-  if not layers:
-    return ["- Fig. 4: pending (no SNR records of both variants)."]
-  lower = [l for l in layers if by["virtual"][l] < by["virtual_fedavg_init"][l]]
-  text = "; ".join(f"layer {l}: {by['virtual'][l]:.2f} vs {by['virtual_fedavg_init'][l]:.2f}"
-                   for l in layers)
-  return [_claim(len(lower) == len(layers),
-                 "Fig. 4: VIRTUAL's clients more compressible than with the FedAvg init "
-                 "(lower median log10 SNR in every dense layer)", text)]
+  SNR for most weights), in every dense layer; at the paper's SGD and, where recorded, with
+  the scales' Adam step."""
+  lines = []
+  for setting in rp.SNR_SETTINGS:
+    by = {v: _snr_medians(recs) for v, recs in snr_records(records, setting).items()}
+    layers = sorted(set(by["virtual"]) & set(by["virtual_fedavg_init"]))
+    title = f"Fig. 4{_SNR_SETTING_TEXT[setting]}"
+    if not layers:
+      lines.append(f"- {title}: pending (no SNR records of both variants).")
+      continue
+    lower = [l for l in layers if by["virtual"][l] < by["virtual_fedavg_init"][l]]
+    text = "; ".join(f"layer {l}: {by['virtual'][l]:.2f} vs {by['virtual_fedavg_init'][l]:.2f}"
+                     for l in layers)
+    lines.append(_claim(len(lower) == len(layers),
+                        f"{title}: VIRTUAL's clients more compressible than with the FedAvg "
+                        "init (lower median log10 SNR in every dense layer)", text))
+  return lines
 
 
 def snr_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
   rows = []
-  for variant, recs in snr_records(records).items():
-    by_layer: Dict[int, List[Mapping[str, Any]]] = {}
-    for r in recs:
-      for q in r["result"]["quantiles"]:
-        by_layer.setdefault(int(q["layer"]), []).append(q)
-    for layer, qs in sorted(by_layer.items()):
-      rows.append((layer, _VARIANT_LABEL[variant], qs[0]["num_weights"]) + tuple(
-          f"{np.mean([float(q[f'q{k}_log10_snr']) for q in qs]):.2f}" for k in (10, 25, 50, 75, 90)) +
-                  (len(qs),))
+  for setting in rp.SNR_SETTINGS:
+    for variant, recs in snr_records(records, setting).items():
+      by_layer: Dict[int, List[Mapping[str, Any]]] = {}
+      for r in recs:
+        for q in r["result"]["quantiles"]:
+          by_layer.setdefault(int(q["layer"]), []).append(q)
+      for layer, qs in sorted(by_layer.items()):
+        rows.append((layer, _VARIANT_LABEL[variant] + _SNR_SETTING_TEXT[setting],
+                     qs[0]["num_weights"]) + tuple(
+                         f"{np.mean([float(q[f'q{k}_log10_snr']) for q in qs]):.2f}"
+                         for k in (10, 25, 50, 75, 90)) + (len(qs),))
   lines = _anchor("virtual-fig-4", "VIRTUAL Fig. 4: SNR of the clients' final posteriors per "
                   "dense layer (FEMNIST-MLP, log10 |mu| / sigma over every client's shared "
                   "weights)")
@@ -1067,22 +1080,24 @@ def snr_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
 
 def plot_snr_cdf(path: str, records: Mapping[str, Mapping[str, Any]]) -> bool:
   """Fig. 4: the empirical CDF of log10 SNR per dense layer, one line per variant."""
-  curves: Dict[Tuple[int, str], Tuple[List[float], List[float]]] = {}
-  for variant, recs in snr_records(records).items():
-    for r in recs[:1]:
-      for row in r["result"]["cdf"]:
-        xs, ys = curves.setdefault((int(row["layer"]), variant), ([], []))
-        xs.append(float(row["log10_snr"]))
-        ys.append(float(row["cdf"]))
+  curves: Dict[Tuple[int, str, str], Tuple[List[float], List[float]]] = {}
+  for setting in rp.SNR_SETTINGS:
+    for variant, recs in snr_records(records, setting).items():
+      for r in recs[:1]:
+        for row in r["result"]["cdf"]:
+          xs, ys = curves.setdefault((int(row["layer"]), variant, setting), ([], []))
+          xs.append(float(row["log10_snr"]))
+          ys.append(float(row["cdf"]))
   if not curves:
     return False
-  layers = sorted({l for l, _ in curves})
+  layers = sorted({l for l, _, _ in curves})
   plt = _runs.pyplot()
   fig, axes = plt.subplots(1, len(layers), figsize=(4.2 * len(layers), 3.6), squeeze=False)
   for j, layer in enumerate(layers):
-    for variant in rp.TABLE3_VARIANTS:
-      if (layer, variant) in curves:
-        axes[0][j].plot(*curves[(layer, variant)], label=_VARIANT_LABEL[variant])
+    for (l, variant, setting), xy in curves.items():
+      if l == layer:
+        axes[0][j].plot(*xy, label=_VARIANT_LABEL[variant] + _SNR_SETTING_TEXT[setting],
+                        ls="-" if setting == "prune=0" else "--")
     axes[0][j].set_title(f"FEMNIST-MLP, dense layer {layer}")
     axes[0][j].set_xlabel("log10 SNR")
     axes[0][j].set_ylabel("CDF")

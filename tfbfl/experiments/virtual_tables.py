@@ -92,7 +92,7 @@ PASS_THROUGH = ("dataset", "data_dir", "partition", "alpha", "min_size", "classe
                 "batch_size", "client_lr", "server_lr", "hidden_units", "seed", "eval_every",
                 "precision_step", "kl_weight", "prior_scale", "init_scale", "server_loss_weight",
                 "gate_init", "eval_samples", "prune_per_layer", "architecture", "image_shape",
-                "filters", "lstm_units", "mu")
+                "filters", "lstm_units", "mu", "scale_optimizer", "scale_lr")
 
 _Log = Callable[[str], None]
 

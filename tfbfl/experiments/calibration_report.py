@@ -50,8 +50,7 @@ def _groups(records: Mapping[str, Mapping[str, Any]],
   return [(label, recs) for label, recs in out if recs]
 
 
-def _finals(recs: Sequence[Mapping[str, Any]], key: str) -> List[float]:
-  return [rp.final_value(r, key) for r in recs]
+_finals = rp.final_values
 
 
 def _mean_se(values: Sequence[Optional[float]], scale: float = 1.0) -> Tuple[float, float, int]:

@@ -377,16 +377,22 @@ def table2_cells(records: Mapping[str, Mapping[str, Any]]) -> List[Cell]:
   return cells
 
 
+def _knob_cell(experiment: str, row: str, algorithm: str, name: str, knob: Mapping[str, Any],
+               seed: int, chosen: Optional[Mapping[str, Any]], why: str) -> Cell:
+  """`knob` on top of the setting `chosen` (None: not chosen yet, `why`), on the tuning
+  protocol; a Monte Carlo predictive's evaluations are counted in the estimate."""
+  rounds = TABLE2_ROUNDS["tune"]
+  samples = knob.get("eval_samples", 1) or 1
+  return Cell("virtual", experiment, row, algorithm, name, seed, "train",
+              _table2_flags(row, algorithm, dict(chosen or {}, **knob), rounds, seed, True),
+              _train_estimate_s(row, algorithm, rounds, True, 1 + 0.1 * (samples - 1)),
+              (_row_data(row),), depends="" if chosen is not None else why)
+
+
 def _ablation_cell(row: str, name: str, seed: int, chosen: Optional[Mapping[str, Any]],
                    why: str) -> Cell:
   """Knob `name` of `ABLATIONS` at the grid's setting `chosen` (None: not chosen yet, `why`)."""
-  knob = dict(ABLATIONS)[name]
-  rounds = TABLE2_ROUNDS["tune"]
-  samples = knob.get("eval_samples", 1) or 1
-  return Cell("virtual", "ablate", row, "virtual", name, seed, "train",
-              _table2_flags(row, "virtual", dict(chosen or {}, **knob), rounds, seed, True),
-              _train_estimate_s(row, "virtual", rounds, True, 1 + 0.1 * (samples - 1)),
-              (_row_data(row),), depends="" if chosen is not None else why)
+  return _knob_cell("ablate", row, "virtual", name, dict(ABLATIONS)[name], seed, chosen, why)
 
 
 def ablation_cells(records: Mapping[str, Mapping[str, Any]]) -> List[Cell]:
@@ -493,6 +499,9 @@ def fola_cells() -> List[Cell]:
   return cells
 
 
+# VIRTUAL's scales with an Adam step of their own (`--scale_optimizer`, issue 34).
+SCALE_ADAM = dict(scale_optimizer="adam", scale_lr=1e-3)
+
 # ------------------------------------------- the papers' other tables and figures
 # VIRTUAL's FEMNIST experiments beyond Table II run at Table II's tuned FEMNIST-MLP
 # setting of each algorithm (`tuned_setting`), on its protocol (test split, 100
@@ -513,7 +522,7 @@ VIRTUAL_TABLE3_DELTA = {0.0: "158k", 50.0: "79k", 75.0: "40k", 90.0: "16k"}
 SNR_SEEDS = (0,)
 # Fig. 4's runs at the paper's plain SGD ("prune=0"), and (ours) with the scales' own
 # Adam step, under which the posterior variances learn (issue 34).
-SNR_SETTINGS = {"prune=0": {}, "prune=0,scale_adam": dict(scale_optimizer="adam", scale_lr=1e-3)}
+SNR_SETTINGS = {"prune=0": {}, "prune=0,scale_adam": SCALE_ADAM}
 # Table IV / Fig. 6: E = 100 epochs a round (App. A).
 TABLE4_ALGORITHMS = ("virtual", "fedavg", "fedprox")
 TABLE4_EPOCHS = 100
@@ -597,10 +606,9 @@ def _femnist_train_cell(records, experiment_name: str, algorithm: str, label: st
 CALIBRATION_SETTINGS = (
     ("tuned", {}),
     ("eval_samples=10", dict(eval_samples=10)),
-    ("scale_adam", dict(scale_optimizer="adam", scale_lr=1e-3)),
-    ("scale_adam,eval_samples=10", dict(scale_optimizer="adam", scale_lr=1e-3, eval_samples=10)),
-    ("scale_adam=0.01,eval_samples=10",
-     dict(scale_optimizer="adam", scale_lr=1e-2, eval_samples=10)),
+    ("scale_adam", SCALE_ADAM),
+    ("scale_adam,eval_samples=10", dict(SCALE_ADAM, eval_samples=10)),
+    ("scale_adam=0.01,eval_samples=10", dict(SCALE_ADAM, scale_lr=1e-2, eval_samples=10)),
 )
 CALIBRATION_BASELINES = ("fedavg",)
 CALIBRATION_SEEDS = (0, 1)
@@ -610,19 +618,12 @@ def calibration_cells(records: Mapping[str, Mapping[str, Any]]) -> List[Cell]:
   """Issue 34's cells: `CALIBRATION_SETTINGS` of VIRTUAL and the baselines at their tuned
   settings, per Table II row and seed, on the tuning protocol (waiting for the row's tuning)."""
   cells = []
-  rounds = TABLE2_ROUNDS["tune"]
   for row in TABLE2_ROWS:
     for algorithm in ("virtual",) + CALIBRATION_BASELINES:
       chosen, why = tuned_setting(records, row, algorithm)
       settings = CALIBRATION_SETTINGS if algorithm == "virtual" else (("tuned", {}),)
-      for name, knob in settings:
-        samples = knob.get("eval_samples", 1) or 1
-        for seed in CALIBRATION_SEEDS:
-          cells.append(
-              Cell("virtual", "calibration", row, algorithm, name, seed, "train",
-                   _table2_flags(row, algorithm, dict(chosen or {}, **knob), rounds, seed, True),
-                   _train_estimate_s(row, algorithm, rounds, True, 1 + 0.1 * (samples - 1)),
-                   (_row_data(row),), depends="" if chosen is not None else why))
+      cells += [_knob_cell("calibration", row, algorithm, name, knob, seed, chosen, why)
+                for name, knob in settings for seed in CALIBRATION_SEEDS]
   return cells
 
 
@@ -1259,6 +1260,11 @@ def best_value(rec: Optional[Mapping[str, Any]], key: str) -> float:
 def final_value(rec: Mapping[str, Any], key: str) -> float:
   vals = curve_values(rec, key)
   return float(vals[-1]) if vals else float("nan")
+
+
+def final_values(recs: Sequence[Mapping[str, Any]], key: str) -> List[float]:
+  """`final_value` of each record."""
+  return [final_value(r, key) for r in recs]
 
 
 def listing(cells: Sequence[Cell], records: Mapping[str, Mapping[str, Any]]) -> List[str]:

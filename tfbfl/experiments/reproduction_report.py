@@ -918,8 +918,7 @@ def _bests(recs: Sequence[Mapping[str, Any]], key: str) -> List[float]:
   return [rp.best_value(r, key) for r in recs]
 
 
-def _finals(recs: Sequence[Mapping[str, Any]], key: str) -> List[float]:
-  return [rp.final_value(r, key) for r in recs]
+_finals = rp.final_values
 
 
 _anchor = _runs.anchor

@@ -44,6 +44,7 @@ def test_claims_table_and_figures_follow_the_records(tmp_path):
 
   for seed in (0, 1):
     add("fedavg", "tuned", seed, 0.915, 0.30, [0.30, 0.30, 0.30], 0.85)
+    add("fedavg", "temperature_scaling", seed, 0.913, 0.29, [0.29, 0.31, 0.31], 0.81)
     add("virtual", "tuned", seed, 0.910 + 0.002 * seed, 0.40, [0.40, 0.40, 0.40], 0.95, 5.99)
     # Calibrated at the tuned accuracy: lower NLL on two of three clients.
     add("virtual", "eval_samples=10", seed, 0.911, 0.28, [0.20, 0.25, 0.35], 0.82, 5.99)
@@ -61,6 +62,8 @@ def test_claims_table_and_figures_follow_the_records(tmp_path):
   text = "\n".join(calibration_report.calibration_markdown(records))
   assert "| VIRTUAL eval_samples=10 | 2 |" in text and "| 67 % |" in text
   assert "| FedAvg | 2 |" in text
+  # the tempered FedAvg is paired with the untempered one, client by client (1 of 3 lower)
+  assert "| FedAvg temperature_scaling | 2 |" in text and "| 33 % |" in text
   # One seed of a setting: its claim waits.
   del records["virtual/calibration/mnist/virtual/scale_adam/seed1"]
   assert any("scale_adam" in l and "pending" in l

@@ -3,7 +3,8 @@
 * The streamed path (S from the server state alone, MT per client in chunks of
   `eval_chunk`, cached until the client trains again) writes the same
   metrics.csv and client_metrics.csv as the single call with every client's
-  state (`eval_chunk = 0`), for VIRTUAL and FedAvg.
+  state (`eval_chunk = 0`), for VIRTUAL and FedAvg (with and without fitted
+  temperatures, which need every client's sums before any is read).
 * Only clients trained since the last evaluation have their MT recomputed
   (observed by counting the clients each `evaluate_clients` call receives);
   never-selected clients get no stored state; Monte Carlo evaluation
@@ -17,6 +18,7 @@ import pytest
 
 from tfbfl import round_loop
 from tfbfl import driver
+from tfbfl import temperature
 
 pytestmark = pytest.mark.usefixtures("tff_runtime")
 
@@ -55,17 +57,27 @@ def _assert_same_csv(a, b, skip=("wall_time_s",)):
       np.testing.assert_allclose(va, vb, rtol=2e-5, atol=1e-6, err_msg=f"{a}: {key}")
 
 
-@pytest.mark.parametrize("algorithm", ["virtual", "fedavg"])
-def test_streamed_cached_evaluation_equals_single_call(tmp_path, algorithm):
+TEMPERATURE_SCALING = dict(temperature_scaling=True, calibration_fraction=0.25)
+
+
+@pytest.mark.parametrize("algorithm, extra", [("virtual", {}), ("fedavg", {}),
+                                              ("fedavg", TEMPERATURE_SCALING)],
+                         ids=["virtual", "fedavg", "fedavg_temperature_scaling"])
+def test_streamed_cached_evaluation_equals_single_call(tmp_path, algorithm, extra):
   one = tmp_path / "one_call"
   streamed = tmp_path / "streamed"
-  driver.run_training(_params(one, algorithm=algorithm, eval_chunk=0))
+  driver.run_training(_params(one, algorithm=algorithm, eval_chunk=0, **extra))
   # chunks of 3 over 8 clients (a short last chunk), disk store, cache on
-  driver.run_training(_params(streamed, algorithm=algorithm, eval_chunk=3, client_store="disk"))
+  driver.run_training(
+      _params(streamed, algorithm=algorithm, eval_chunk=3, client_store="disk", **extra))
   _assert_same_csv(one / "metrics.csv", streamed / "metrics.csv")
   _assert_same_csv(one / "client_metrics.csv", streamed / "client_metrics.csv")
   header = list(_read(one / "metrics.csv")[0])
   assert {"server_ece", "mt_ece", "server_accuracy", "mt_loss"} <= set(header)
+  if extra:  # one fitted temperature per predictive and round, a grid value
+    for row in _read(one / "metrics.csv"):
+      for key in ("server_temperature", "mt_temperature"):
+        assert np.min(np.abs(np.log(float(row[key]) / temperature.TEMPERATURES))) < 1e-4
 
 
 class _Counting:

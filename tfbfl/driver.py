@@ -103,6 +103,7 @@ def resolve_params(params: Dict[str, Any]) -> Dict[str, Any]:
   # Unset values the algorithm derives (VIRTUAL's step 1/C): recorded as used.
   p.update(spec.config_cls.derived_defaults(p))
   _check_applicable(p, params, spec)
+  _check_temperature_scaling(p, spec)
   if p["dataset"] != "npz" and p["clients_per_round"] > p["num_clients"]:  # npz: after loading
     raise ValueError(
         f"--clients_per_round={p['clients_per_round']} exceeds --num_clients={p['num_clients']}.")
@@ -168,6 +169,26 @@ def configs(p: Dict[str, Any], data: data_lib.FederatedData, **run_fixed) -> Con
   spec = registry.get(p["algorithm"])
   return Configs(data=data_spec(p), algorithm=spec.make_config(p, data),
                  run=run_config(p, **run_fixed), runtime=runtime_options(p))
+
+
+def _check_temperature_scaling(p: Dict[str, Any], spec) -> None:
+  """--temperature_scaling and --calibration_fraction come together, and only for an
+  algorithm that fits temperatures: the split is held out of training for it alone."""
+  fraction = p.get("calibration_fraction") or 0
+  scaling = bool(p.get("temperature_scaling"))
+  if "temperature_scaling" not in options.option_fields(spec.config_cls):
+    if fraction > 0:
+      raise ValueError(
+          f"--calibration_fraction={fraction:g} holds out a calibration split that only "
+          f"--temperature_scaling reads, which --algorithm={spec.name} does not have "
+          "(FedAvg, FedProx, FedPA do); leave --calibration_fraction at 0.")
+    return  # a --temperature_scaling it ignores is `_check_applicable`'s warning
+  if (fraction > 0) != scaling:
+    raise ValueError(
+        "--temperature_scaling fits its temperatures on the clients' calibration splits, "
+        "which --calibration_fraction (in (0, 0.9]) holds out, and nothing else reads that "
+        f"split: set both or neither (got --calibration_fraction={fraction:g}, "
+        f"--temperature_scaling={scaling}).")
 
 
 def build_algorithm(data: data_lib.FederatedData, params: Dict[str, Any]):

@@ -23,14 +23,21 @@ import numpy as np
 
 from tfbfl import metrics as metrics_lib
 from tfbfl import runtime
+from tfbfl import temperature
 from tfbfl.algorithms import base
 
 
 def aggregate_evaluation(per_client: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
-  """Weights each client's sums by its test-set size."""
+  """Weights each client's sums by its test-set size. Sums that carry temperature
+  grids (`{key}_fit_nll`) are first read at the fitted temperature
+  (`tfbfl.temperature.select`), reported as `{key}_temperature`."""
   n = float(sum(float(c["num_examples"]) for c in per_client))
   if n <= 0:
     raise ValueError("evaluation needs at least one test example over all clients.")
+  fitted = [key for key in ("server", "mt") if all(f"{key}_fit_nll" in c for c in per_client)]
+  if fitted:
+    per_client = [plain_sums(c) for c in per_client]  # copies: `select` rewrites them
+  temperatures = {f"{key}_temperature": temperature.select(per_client, key) for key in fitted}
   total = lambda k: float(sum(float(c[k]) for c in per_client))
   out = dict(server_accuracy=total("server_correct") / n,
              server_loss=total("server_loss") / n,
@@ -50,6 +57,7 @@ def aggregate_evaluation(per_client: Sequence[Dict[str, Any]]) -> Dict[str, Any]
     detail.update(calibration_per_client(per_client))
   if detail:
     out["calibration"] = detail
+  out.update(temperatures)
   return out
 
 

@@ -320,7 +320,10 @@ class ExperimentRunner:
     self.replay = replay
     self.client_ids = list(data.client_ids)
     self._train = [data.train[c] for c in self.client_ids]
-    self._test = [data.test[c] for c in self.client_ids]
+    # A client's evaluation data: its test split, and its calibration split where the
+    # data hold one (FedAvg's temperature scaling fits there).
+    self._test = [data.test[c] + (data.calibration[c] if data.calibration else ())
+                  for c in self.client_ids]
     self.rows: List[Dict[str, Any]] = []
     self.client_rows: List[Dict[str, Any]] = []
     self.state: Optional[checkpoint.RunState] = None

@@ -106,6 +106,7 @@ tff = _lazy.load("tensorflow_federated")
 conv_nets = _lazy.load("tfbfl.networks.conv")
 communication = _lazy.load("tfbfl.communication")
 metrics_lib = _lazy.load("tfbfl.metrics")
+temperature = _lazy.load("tfbfl.temperature")
 mlp_nets = _lazy.load("tfbfl.networks.mlp")
 client_batch = _lazy.load("tfbfl.algorithms.client_batch")
 robust = _lazy.load("tfbfl.algorithms.robust")
@@ -156,6 +157,9 @@ class ModelConfig(base.ClientTraining):
   activation: str = "relu"
   mu: float = 0.0  # FedProx's proximal strength (`FedProxConfig` makes it a flag)
   input_shape: Optional[Sequence[int]] = None  # None: (input_dim,)
+  # Evaluation fits one temperature for S and one for MT on the clients' calibration
+  # splits (`FedAvgConfig` makes it a flag; `tfbfl.temperature`).
+  temperature_scaling: bool = False
   # The server optimizer and client momentum (`FedAvgConfig` makes them flags; Local
   # and Global take no server step and keep the defaults).
   server_optimizer: str = OPTIMIZER_DEFAULTS["server_optimizer"]
@@ -241,6 +245,12 @@ class FedAvgConfig(ModelConfig):
   """`ModelConfig` with the server optimizer and client momentum as flags (FedAvg,
   FedProx, FedPA): `--server_optimizer=sgd --server_momentum=0.9` is FedAvgM (Hsu et
   al., 2019), `--server_optimizer=adam` FedAdam (Reddi et al., 2021)."""
+  temperature_scaling: bool = options.boolean(
+      False, "FedAvg, FedProx, FedPA: post-hoc temperature scaling: every evaluation divides "
+      "the S logits by one temperature and the MT logits by another, each the grid value "
+      "of the smallest NLL summed over the clients' calibration splits "
+      "(--calibration_fraction, never trained on); metrics.csv gets server_temperature "
+      "and mt_temperature.")
   server_optimizer: str = options.choice(
       "sgd", SERVER_OPTIMIZERS,
       "FedAvg family and FedPA: the server optimizer applied to the mean client delta "
@@ -312,6 +322,8 @@ class ModelComputations:
       seeded initial model (`mlp_nets.build_deterministic_mlp(seed=config.seed)`,
       or the conv net).
     weights_type, seed_type, data_type: TFF types of the arguments below.
+    eval_data_type: the evaluations' data: `data_type`, or with
+      `temperature_scaling` `(x, y, x_calibration, y_calibration)`.
     client_update: `tff.tensorflow.computation(weights, seed, (x, y)) ->
       ClientOutput(update, model_weights, metrics, num_examples, dropped,
       update_ratio)`: E epochs of SGD from `weights` (the proximal anchor is
@@ -321,8 +333,9 @@ class ModelComputations:
       (`tfbfl.algorithms.robust`; with `check_norm=False` only a non-finite
       one) gives `update` = 0, `model_weights` = `weights`, `num_examples` = 0,
       zero metrics and `dropped` = 1.
-    score: `tff.tensorflow.computation(weights, (x, y)) -> (loss_sum, correct,
-      num_examples)`: summed cross-entropy and number of correct predictions.
+    score: `tff.tensorflow.computation(weights, (x, y)) -> {mt_loss, mt_correct,
+      num_examples, mt_calibration}`: summed cross-entropy, number of correct
+      predictions and reliability bins of one client's own model.
     predict_proba: `tff.tensorflow.computation(weights, x) -> p(y | x)` [n, classes].
 
   `build_client_update(delta_fn)` gives `client_update` with another upload
@@ -347,13 +360,17 @@ class ModelComputations:
             [tff.TensorType(w.dtype, w.shape) for w in self.initial_weights.non_trainable]))
     self.seed_type = tff.TensorType(np.int64, [2])
     x_type = tff.TensorType(np.float32, [None, *cfg.example_shape])
-    self.data_type = tff.to_type((x_type, tff.TensorType(np.int32, [None])))
+    y_type = tff.TensorType(np.int32, [None])
+    self.data_type = tff.to_type((x_type, y_type))
+    # Evaluation data: the test split, then (temperature scaling) the calibration split.
+    self.eval_data_type = (tff.to_type((x_type, y_type, x_type, y_type))
+                           if cfg.temperature_scaling else self.data_type)
 
     client_update = self.build_client_update()
 
     @tff.tensorflow.computation(self.weights_type, self.data_type)
     def score(weights, data):
-      return self._score(_as_model_weights(weights), *data)
+      return self._score("mt", _as_model_weights(weights), *data)
 
     @tff.tensorflow.computation(self.weights_type, x_type)
     def predict_proba(weights, x):
@@ -518,14 +535,24 @@ class ModelComputations:
 
     return run()
 
-  def _score(self, weights, x, y):
-    """Summed cross-entropy, correct count, n and calibration bins (`tfbfl.metrics`)."""
+  def _score(self, prefix, weights, x, y, x_calibration=None, y_calibration=None):
+    """`{prefix}_loss` (summed cross-entropy), `{prefix}_correct`, `num_examples` and
+    `{prefix}_calibration` (`tfbfl.metrics`); given a calibration split, also the grids
+    that fit one temperature over the clients (`tfbfl.temperature.select`)."""
     logits = self._logits(weights, x)
     loss = tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
     correct = tf.reduce_sum(
         tf.cast(tf.equal(tf.argmax(logits, -1, output_type=y.dtype), y), tf.float32))
-    calibration = metrics_lib.calibration_sums(tf.nn.softmax(logits), y)
-    return loss, correct, tf.cast(tf.shape(y)[0], tf.float32), calibration
+    out = collections.OrderedDict([
+        (f"{prefix}_loss", loss), (f"{prefix}_correct", correct),
+        ("num_examples", tf.cast(tf.shape(y)[0], tf.float32)),
+        (f"{prefix}_calibration", metrics_lib.calibration_sums(tf.nn.softmax(logits), y))])
+    if x_calibration is not None:
+      out[f"{prefix}_fit_nll"] = temperature.calibration_nll(
+          self._logits(weights, x_calibration), y_calibration)
+      out[f"{prefix}_tempered_loss"], out[f"{prefix}_tempered_calibration"] = (
+          temperature.tempered_sums(logits, y))
+    return out
 
   # -------------------------------------------------- federated evaluation
   def build_evaluate(self):
@@ -534,21 +561,15 @@ class ModelComputations:
     mt_correct, num_examples}@CLIENTS (the evaluation protocol of
     `tfbfl.round_loop`)."""
 
-    @tff.tensorflow.computation(self.weights_type, self.weights_type, self.data_type)
+    @tff.tensorflow.computation(self.weights_type, self.weights_type, self.eval_data_type)
     def client_eval(server_weights, own_weights, data):
-      s_loss, s_correct, n, s_cal = self._score(_as_model_weights(server_weights), *data)
-      m_loss, m_correct, _, m_cal = self._score(_as_model_weights(own_weights), *data)
-      return collections.OrderedDict(server_loss=s_loss,
-                                     server_correct=s_correct,
-                                     mt_loss=m_loss,
-                                     mt_correct=m_correct,
-                                     num_examples=n,
-                                     server_calibration=s_cal,
-                                     mt_calibration=m_cal)
+      out = self._score("server", _as_model_weights(server_weights), *data)
+      out.update(self._score("mt", _as_model_weights(own_weights), *data))
+      return out
 
     @tff.federated_computation(tff.FederatedType(self.weights_type, tff.SERVER),
                                tff.FederatedType(self.weights_type, tff.CLIENTS),
-                               tff.FederatedType(self.data_type, tff.CLIENTS))
+                               tff.FederatedType(self.eval_data_type, tff.CLIENTS))
     def evaluate_fn(server_weights, client_weights, data):
       return tff.federated_map(client_eval,
                                (tff.federated_broadcast(server_weights), client_weights, data))
@@ -570,16 +591,15 @@ class ModelComputations:
     index_type = tff.TensorType(np.int32)
 
     def sums(prefix, weights, client_index, data):
-      loss, correct, n, cal = self._score(_as_model_weights(weights), *data)
-      return collections.OrderedDict([(f"{prefix}_loss", loss), (f"{prefix}_correct", correct),
-                                      ("num_examples", n), ("client_index", client_index),
-                                      (f"{prefix}_calibration", cal)])
+      out = self._score(prefix, _as_model_weights(weights), *data)
+      out["client_index"] = client_index
+      return out
 
-    @tff.tensorflow.computation(self.weights_type, index_type, self.data_type)
+    @tff.tensorflow.computation(self.weights_type, index_type, self.eval_data_type)
     def server_eval(server_weights, client_index, data):
       return sums("server", server_weights, client_index, data)
 
-    @tff.tensorflow.computation(self.weights_type, index_type, self.data_type)
+    @tff.tensorflow.computation(self.weights_type, index_type, self.eval_data_type)
     def own_eval(own_weights, client_index, data):
       return sums("mt", own_weights, client_index, data)
 
@@ -589,7 +609,7 @@ class ModelComputations:
       @tff.federated_computation(tff.FederatedType(self.weights_type, placement),
                                  tff.FederatedType(index_type, tff.CLIENTS),
                                  tff.FederatedType(self.seed_type, tff.CLIENTS),
-                                 tff.FederatedType(self.data_type, tff.CLIENTS))
+                                 tff.FederatedType(self.eval_data_type, tff.CLIENTS))
       def run(weights, indices, seeds, data):
         del seeds
         if placement is tff.SERVER:

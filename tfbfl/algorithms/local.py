@@ -126,18 +126,18 @@ class LocalAlgorithm:
     probs, mt = self._evaluate(list(client_states), pooled_x, test_data)
     ensemble = np.mean([np.asarray(p) for p in probs], axis=0)
     out, start = [], 0
-    for (x, y), (mt_loss, mt_correct, n, mt_cal) in zip(test_data, mt):
+    for (x, y), own in zip(test_data, mt):
       p = ensemble[start:start + len(y)]
       start += len(y)
       p_true = p[np.arange(len(y)), y]
       out.append(
           dict(server_loss=float(-np.sum(np.log(np.maximum(p_true, _MIN_PROB)))),
                server_correct=float(np.sum(np.argmax(p, axis=-1) == y)),
-               mt_loss=float(mt_loss),
-               mt_correct=float(mt_correct),
-               num_examples=float(n),
+               mt_loss=float(own["mt_loss"]),
+               mt_correct=float(own["mt_correct"]),
+               num_examples=float(own["num_examples"]),
                server_calibration=metrics_lib.numpy_calibration_sums(p, y),
-               mt_calibration=np.asarray(mt_cal)))
+               mt_calibration=np.asarray(own["mt_calibration"])))
     return out
 
   def round_bytes(self, num_selected: int, metrics) -> Tuple[int, int]:

@@ -36,6 +36,10 @@ class FederatedData:
       (`pooled`, `to_client_data`, statistics) uses this order.
     train: dict client_id -> (x, y).
     test: dict client_id -> (x, y).
+    calibration: None, or dict client_id -> (x, y): a part of each client's
+      training data that it never trains on, for post-hoc calibration
+      (`calibration_split`; FedAvg's `--temperature_scaling` fits its temperatures
+      there). Evaluation then receives `test + calibration` per client.
     raw_input: a `tfbfl.data.preprocessing.RawInput` stating how a loader of a
       published dataset made x from the files' raw values (MNIST: uint8 / 255;
       FEMNIST: 1 - LEAF's pixel; PMNIST: also the client's permutation), or
@@ -52,6 +56,7 @@ class FederatedData:
   """
 
   raw_input = None  # set by the loaders of published datasets (see Attributes)
+  calibration = None  # client_id -> (x, y) held out for calibration (`calibration_split`)
 
   def __init__(self, name, num_classes, input_shape, train, test, x_dtype="float32"):
     if set(train) != set(test):
@@ -253,6 +258,29 @@ def _check_same_ids(a, b, a_arg, b_arg):
     only = sorted(set(a) ^ set(b))
     raise ValueError(f"`{a_arg}` and `{b_arg}` must have the same client ids; these appear "
                      f"in only one of them: {only[:5]}.")
+
+
+def calibration_split(fd: FederatedData, fraction: float, seed: int = 0) -> FederatedData:
+  """`fd` with a `fraction` of each client's training data moved to `fd.calibration`.
+
+  The same draw as `validation_split` (`split_clients`, rounded half up), from the
+  seed `seed + 1` so that it differs from the validation split's.
+
+  Raises:
+    ValueError: `fraction` outside (0, 1), or a client left without a training
+      example (named).
+  """
+  xs = {c: fd.train[c][0] for c in fd.client_ids}
+  ys = {c: fd.train[c][1] for c in fd.client_ids}
+  try:
+    train, calibration = split_lib.split_clients(xs, ys, fraction, seed + 1)
+  except ValueError as e:
+    raise ValueError(f"--calibration_fraction: {e}") from None
+  out = FederatedData(f"{fd.name}[calibration {fraction:g}]", fd.num_classes, fd.input_shape,
+                      train, fd.test, x_dtype=fd.x_dtype)
+  out.raw_input = fd.raw_input
+  out.calibration = {c: _as_pair(*calibration[c], fd.x_dtype) for c in out.client_ids}
+  return out
 
 
 def validation_split(fd: FederatedData, fraction: float, seed: int = 0) -> FederatedData:

@@ -234,7 +234,10 @@ def load_federated(dataset="digits", **settings):
   kwargs = dataclasses.asdict(spec)
   del kwargs["dataset"]
   validation_fraction = kwargs.pop("validation_fraction")
+  calibration_fraction = kwargs.pop("calibration_fraction")
   fd = DATASETS[spec.dataset](**kwargs)
   if validation_fraction > 0:
     fd = federated.validation_split(fd, validation_fraction, spec.seed)
+  if calibration_fraction > 0:
+    fd = federated.calibration_split(fd, calibration_fraction, spec.seed)
   return fd

@@ -40,6 +40,11 @@ class DataSpec:
       "Tuning: hold out this fraction of each client's training data as its test data "
       "(the real test data are not used); 0 = off.",
       high=0.9)
+  calibration_fraction: float = options.real(
+      0.0,
+      "Hold out this fraction of each client's training data, never trained on, as its "
+      "calibration split (read by FedAvg's --temperature_scaling); 0 = off.",
+      high=0.9)
   seed: int = 0  # the run's --seed: the same seed gives identical data
 
   def __post_init__(self):

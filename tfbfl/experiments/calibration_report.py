@@ -45,9 +45,14 @@ def _groups(records: Mapping[str, Mapping[str, Any]],
   """`(label, records)` of the row: VIRTUAL's settings, then the baselines', where recorded."""
   out = [(f"VIRTUAL {name}", calibration_records(records, row, "virtual", name))
          for name, _ in rp.CALIBRATION_SETTINGS]
-  out += [(_runs.ALGORITHM_NAMES.get(a, a), calibration_records(records, row, a, REFERENCE))
-          for a in rp.CALIBRATION_BASELINES]
+  out += [(_baseline_label(a, name), calibration_records(records, row, a, name))
+          for a in rp.CALIBRATION_BASELINES for name, _ in rp.CALIBRATION_BASELINE_SETTINGS]
   return [(label, recs) for label, recs in out if recs]
+
+
+def _baseline_label(algorithm: str, setting: str) -> str:
+  name = _runs.ALGORITHM_NAMES.get(algorithm, algorithm)
+  return name if setting == REFERENCE else f"{name} {setting}"
 
 
 _finals = rp.final_values
@@ -131,7 +136,10 @@ def calibration_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
       f"Tuning protocol (validation split, {rp.TABLE2_ROUNDS['tune']} rounds), each row's tuned "
       "settings; a VIRTUAL setting changes the tuned one only where its name says "
       "(`scale_adam`: `--scale_optimizer=adam --scale_lr=1e-3`; `eval_samples=10`: the Monte "
-      "Carlo predictive). Final round, mean ± standard error over the seeds; log precision "
+      "Carlo predictive); `FedAvg temperature_scaling`: FedAvg with one temperature for S "
+      "and one for MT fitted on calibration splits (20 % of each client's training data, "
+      "held out) by the summed NLL over the clients. Final round, mean ± standard error "
+      "over the seeds; log precision "
       "`log(1/sigma^2)` of the first shared and private layer (4.61 is sigma = 0.1, 5.99 the "
       "initial sigma = 0.05).", ""
   ]
@@ -147,7 +155,8 @@ def calibration_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
     baseline = calibration_records(records, row, BASELINE, REFERENCE)
     table = []
     for label, recs in groups:
-      share = paired_client_share(recs, baseline) if not label.startswith("FedAvg") else None
+      share = (paired_client_share(recs, baseline)
+               if label != _baseline_label(BASELINE, REFERENCE) else None)
       median = _median_client_ece(recs)
       table.append((label, len(recs), _text(_finals(recs, "server_accuracy"), 100, 2),
                     _text(_finals(recs, "server_loss")), _text(_finals(recs, "server_ece")),

@@ -611,6 +611,10 @@ CALIBRATION_SETTINGS = (
     ("scale_adam=0.01,eval_samples=10", dict(SCALE_ADAM, scale_lr=1e-2, eval_samples=10)),
 )
 CALIBRATION_BASELINES = ("fedavg",)
+# What a user might pick instead of a Bayesian method: the baseline with one temperature
+# for S and one for MT fitted on calibration splits held out of the clients' training data.
+TEMPERATURE_SCALING = dict(temperature_scaling=True, calibration_fraction=0.2)
+CALIBRATION_BASELINE_SETTINGS = (("tuned", {}), ("temperature_scaling", TEMPERATURE_SCALING))
 CALIBRATION_SEEDS = (0, 1)
 
 
@@ -621,7 +625,7 @@ def calibration_cells(records: Mapping[str, Mapping[str, Any]]) -> List[Cell]:
   for row in TABLE2_ROWS:
     for algorithm in ("virtual",) + CALIBRATION_BASELINES:
       chosen, why = tuned_setting(records, row, algorithm)
-      settings = CALIBRATION_SETTINGS if algorithm == "virtual" else (("tuned", {}),)
+      settings = CALIBRATION_SETTINGS if algorithm == "virtual" else CALIBRATION_BASELINE_SETTINGS
       cells += [_knob_cell("calibration", row, algorithm, name, knob, seed, chosen, why)
                 for name, knob in settings for seed in CALIBRATION_SEEDS]
   return cells

@@ -225,6 +225,19 @@ def test_validation_split_holds_out_training_data_only():
     np.testing.assert_array_equal(again.test[cid][0], val.test[cid][0])
 
 
+def test_calibration_split_holds_out_training_data_the_validation_split_left():
+  val = data_lib.load_federated("digits", num_clients=5, seed=3, validation_fraction=0.25)
+  cal = data_lib.load_federated("digits", num_clients=5, seed=3, validation_fraction=0.25,
+                                calibration_fraction=0.2)
+  assert val.calibration is None and set(cal.calibration) == set(cal.client_ids)
+  for cid in val.client_ids:
+    np.testing.assert_array_equal(cal.test[cid][0], val.test[cid][0])  # same evaluation data
+    x, xt, xc = val.train[cid][0], cal.train[cid][0], cal.calibration[cid][0]
+    assert len(xt) + len(xc) == len(x) and len(xc) == int(np.floor(0.2 * len(x) + 0.5))
+    train_rows, cal_rows = {r.tobytes() for r in xt}, {r.tobytes() for r in xc}
+    assert train_rows | cal_rows == {r.tobytes() for r in x} and not train_rows & cal_rows
+
+
 def test_validation_fraction_flag_is_checked():
   proc = subprocess.run(
       [sys.executable, "-m", "launchers.train", "--validation_fraction=0.95", "--rounds=1"],

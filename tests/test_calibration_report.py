@@ -68,6 +68,28 @@ def test_claims_table_and_figures_follow_the_records(tmp_path):
   del records["virtual/calibration/mnist/virtual/scale_adam/seed1"]
   assert any("scale_adam" in l and "pending" in l
              for l in calibration_report.calibration_claims(records))
+  # Item 4: the choice waits for every setting, then takes the lowest MT NLL at the tuned
+  # accuracy (eval_samples=10; scale_adam's lower NLL comes with a lower accuracy).
+  assert reproduce.calibration_choice(records, "mnist")[0] is None
+  for seed in (0, 1):
+    add("virtual", "scale_adam", seed, 0.85, 0.25, [0.25, 0.25, 0.25], 0.80, 4.0)
+    add("virtual", "scale_adam,eval_samples=10", seed, 0.912, 0.31, [0.3] * 3, 0.85, 4.0)
+    add("virtual", "scale_adam=0.01,eval_samples=10", seed, 0.90, 0.29, [0.3] * 3, 0.85, 3.0)
+  assert reproduce.calibration_choice(records, "mnist") == ("eval_samples=10", "")
+  chosen = {c.name: c for c in reproduce.calibrated_table2_cells(records)}
+  name = "virtual/table2_calibrated/mnist/virtual/eval_samples=10/seed{}"
+  assert dict(chosen[name.format(0)].flags)["eval_samples"] == 10
+  assert "tuning" in chosen[name.format(0)].depends  # and on the row's tuned VIRTUAL setting
+  table2 = {c.name: c for c in reproduce.catalogue(records)}
+  for seed in (0, 1, 2):
+    records[name.format(seed)] = _record(chosen[name.format(seed)], 0.952, 0.17, [0.17], 0.9)
+    for algorithm, nll in (("virtual", 0.20), ("fedavg", 0.18)):
+      cell = table2[f"virtual/table2/mnist/{algorithm}/tuned/seed{seed}"]
+      records[cell.name] = _record(cell, 0.951 + 0.001 * seed, nll, [nll], 0.9)
+  text = "\n".join(calibration_report.table2_markdown(records))
+  assert "| mnist | VIRTUAL eval_samples=10 | 3 |" in text, text
+  assert "mnist, Table II protocol: a VIRTUAL setting as calibrated as FedAvg: held" in text, text
+  assert "pmnist, Table II protocol: a VIRTUAL setting as calibrated as FedAvg: pending" in text
   for name, plot in calibration_report.FIGURES:
     assert plot(str(tmp_path / name), records), name
     assert (tmp_path / name).stat().st_size > 1000

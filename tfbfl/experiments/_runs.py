@@ -166,6 +166,13 @@ def mean_std(values: Sequence[Optional[float]],
   return float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else 0.0, len(v)
 
 
+def mean_se(values: Sequence[Optional[float]],
+            scale: float = 1.0) -> Tuple[float, float, int]:
+  """`(mean, standard error, n)` of the finite `values` times `scale` (se nan below two)."""
+  m, s, n = mean_std(values, scale)
+  return m, (s / math.sqrt(n) if n > 1 else float("nan")), n
+
+
 def anchor(name: str, title: str) -> List[str]:
   """A section heading with an explicit anchor the coverage table links to."""
   return [f'<a id="{name}"></a>', "", f"### {title}", ""]

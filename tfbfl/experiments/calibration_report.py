@@ -31,13 +31,19 @@ REFERENCE = "tuned"
 BASELINE = "fedavg"
 
 
+def experiment_records(records: Mapping[str, Mapping[str, Any]], experiment: str, row: str,
+                       algorithm: str, setting: Optional[str]) -> List[Mapping[str, Any]]:
+  """VIRTUAL-paper records of one experiment, row, algorithm and setting (None: any), by seed."""
+  return sorted((r for r in records.values()
+                 if r["cell"]["experiment"] == experiment and r["cell"]["paper"] == "virtual" and
+                 (r["cell"]["row"], r["cell"]["algorithm"]) == (row, algorithm) and
+                 setting in (None, r["cell"]["setting"])), key=lambda r: r["cell"]["seed"])
+
+
 def calibration_records(records: Mapping[str, Mapping[str, Any]], row: str, algorithm: str,
                         setting: str) -> List[Mapping[str, Any]]:
-  """The records of one row, algorithm and setting, by seed."""
-  return sorted((r for r in records.values()
-                 if r["cell"]["experiment"] == EXPERIMENT and r["cell"]["paper"] == "virtual" and
-                 (r["cell"]["row"], r["cell"]["algorithm"], r["cell"]["setting"]) ==
-                 (row, algorithm, setting)), key=lambda r: r["cell"]["seed"])
+  """The calibration records of one row, algorithm and setting, by seed."""
+  return experiment_records(records, EXPERIMENT, row, algorithm, setting)
 
 
 def _groups(records: Mapping[str, Mapping[str, Any]],
@@ -58,9 +64,7 @@ def _baseline_label(algorithm: str, setting: str) -> str:
 _finals = rp.final_values
 
 
-def _mean_se(values: Sequence[Optional[float]], scale: float = 1.0) -> Tuple[float, float, int]:
-  m, s, n = _runs.mean_std(values, scale)
-  return m, (s / np.sqrt(n) if n > 1 else float("nan")), n
+_mean_se = _runs.mean_se
 
 
 def _text(values: Sequence[Optional[float]], scale: float = 1.0, digits: int = 3) -> str:
@@ -170,7 +174,48 @@ def calibration_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
     lines += ["No record yet (`python -m launchers.reproduce --cells='virtual/calibration/*'`).",
               ""]
   claims = calibration_claims(records)
-  return lines + claims + ([""] if claims else [])
+  return lines + claims + ([""] if claims else []) + table2_markdown(records)
+
+
+def table2_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
+  """Item 4: each row's chosen setting (`reproduce.calibration_choice`) on Table II's
+  protocol beside Table II's tuned VIRTUAL and FedAvg cells, and the claim: MT NLL at or
+  below FedAvg's at an MT accuracy within one s.e. of the tuned VIRTUAL's."""
+  lines = [f"**On Table II's protocol** (test split, {rp.TABLE2_ROUNDS['final']} rounds, "
+           "final round, mean ± s.e. over the seeds): each row's chosen setting, the "
+           "calibration setting above with the lowest MT NLL below the tuned one's at an MT "
+           "accuracy within one s.e. of it.", ""]
+  header = ("row", "setting", "seeds", "S acc", "S NLL", "S ECE", "MT acc", "MT NLL", "MT ECE")
+  table, claims = [], []
+  for row in rp.TABLE2_ROWS:
+    choice, why = rp.calibration_choice(records, row)
+    groups = [("VIRTUAL tuned", experiment_records(records, "table2", row, "virtual", "tuned")),
+              (f"VIRTUAL {choice or '(none chosen)'}",
+               experiment_records(records, rp.CALIBRATED_EXPERIMENT, row, "virtual", choice)
+               if choice else []),
+              ("FedAvg", experiment_records(records, "table2", row, BASELINE, "tuned"))]
+    for label, recs in groups:
+      if recs:
+        table.append((row, label, len(recs), *[
+            _text(_finals(recs, k), scale, digits) for k, scale, digits in (
+                ("server_accuracy", 100, 2), ("server_loss", 1, 3), ("server_ece", 1, 3),
+                ("mt_accuracy", 100, 2), ("mt_loss", 1, 3), ("mt_ece", 1, 3))]))
+    (_, reference), (label, chosen), (_, baseline) = groups
+    text = f"- {row}, Table II protocol: a VIRTUAL setting as calibrated as FedAvg"
+    if not choice:
+      claims.append(f"{text}: pending ({why}).")
+    elif min(len(chosen), len(reference), len(baseline)) < 2:
+      claims.append(f"{text}: pending ({len(chosen)}, {len(reference)} and {len(baseline)} "
+                    f"seeds of {label}, the tuned VIRTUAL and FedAvg recorded).")
+    else:
+      nll = _mean_se(_finals(chosen, "mt_loss"))[0]
+      nll_base = _mean_se(_finals(baseline, "mt_loss"))[0]
+      acc = _mean_se(_finals(chosen, "mt_accuracy"), 100)[0]
+      acc_ref, se_ref, _ = _mean_se(_finals(reference, "mt_accuracy"), 100)
+      verdict = "held" if nll <= nll_base and acc >= acc_ref - se_ref else "not held"
+      claims.append(f"{text}: {verdict} ({label}: MT NLL {nll:.3f} vs FedAvg {nll_base:.3f}; "
+                    f"MT accuracy {acc:.2f} vs tuned {acc_ref:.2f} ± {se_ref:.2f} s.e.).")
+  return lines + (_runs.md_table(header, table) + [""] if table else []) + claims + [""]
 
 
 def _reliability(recs: Sequence[Mapping[str, Any]], key: str) -> Optional[np.ndarray]:

@@ -382,11 +382,15 @@ def _knob_cell(experiment: str, row: str, algorithm: str, name: str, knob: Mappi
   """`knob` on top of the setting `chosen` (None: not chosen yet, `why`), on the tuning
   protocol; a Monte Carlo predictive's evaluations are counted in the estimate."""
   rounds = TABLE2_ROUNDS["tune"]
-  samples = knob.get("eval_samples", 1) or 1
   return Cell("virtual", experiment, row, algorithm, name, seed, "train",
               _table2_flags(row, algorithm, dict(chosen or {}, **knob), rounds, seed, True),
-              _train_estimate_s(row, algorithm, rounds, True, 1 + 0.1 * (samples - 1)),
+              _train_estimate_s(row, algorithm, rounds, True, _evaluation_cost(knob)),
               (_row_data(row),), depends="" if chosen is not None else why)
+
+
+def _evaluation_cost(knob: Mapping[str, Any]) -> float:
+  """The estimate's factor for a Monte Carlo predictive's extra evaluations."""
+  return 1 + 0.1 * ((knob.get("eval_samples", 1) or 1) - 1)
 
 
 def _ablation_cell(row: str, name: str, seed: int, chosen: Optional[Mapping[str, Any]],
@@ -631,6 +635,52 @@ def calibration_cells(records: Mapping[str, Mapping[str, Any]]) -> List[Cell]:
   return cells
 
 
+# Issue 34, item 4: the setting the calibration cells choose, on Table II's protocol (test
+# split, TABLE2_ROUNDS["final"] rounds, TABLE2_SEEDS) beside the row's tuned cells.
+CALIBRATED_EXPERIMENT = "table2_calibrated"
+
+
+def calibration_choice(records: Mapping[str, Mapping[str, Any]],
+                       row: str) -> Tuple[Optional[str], str]:
+  """The VIRTUAL `CALIBRATION_SETTINGS` entry of `row` with the lowest mean final MT NLL
+  below the tuned setting's, among those whose mean final MT accuracy is within one
+  standard error of the tuned setting's, once every setting has its `CALIBRATION_SEEDS`
+  recorded; `(None, why)` before that or when none qualifies."""
+  finals = {}
+  for name, knob in CALIBRATION_SETTINGS:
+    recs = [records.get(_knob_cell("calibration", row, "virtual", name, knob, s, None, "").name)
+            for s in CALIBRATION_SEEDS]
+    if any(r is None for r in recs):
+      return None, (f"every {row} VIRTUAL calibration setting at seeds "
+                    f"{', '.join(map(str, CALIBRATION_SEEDS))} (first missing: {name})")
+    finals[name] = (_runs.mean_se(final_values(recs, "mt_loss")),
+                    _runs.mean_se(final_values(recs, "mt_accuracy")))
+  (tuned_nll, _, _), (tuned_acc, tuned_se, _) = finals["tuned"]
+  candidates = [(nll, name) for name, ((nll, _, _), (acc, _, _)) in finals.items()
+                if name != "tuned" and nll < tuned_nll and acc >= tuned_acc - tuned_se]
+  if not candidates:
+    return None, (f"no {row} calibration setting lowered the tuned MT NLL at an MT accuracy "
+                  "within one s.e. of the tuned one's")
+  return min(candidates)[1], ""
+
+
+def calibrated_table2_cells(records: Mapping[str, Mapping[str, Any]]) -> List[Cell]:
+  """Issue 34's chosen setting (`calibration_choice`) per row on Table II's protocol."""
+  cells = []
+  rounds = TABLE2_ROUNDS["final"]
+  for row in TABLE2_ROWS:
+    tuned, why = tuned_setting(records, row, "virtual")
+    name, why_choice = calibration_choice(records, row)
+    knob = dict(CALIBRATION_SETTINGS).get(name, {})
+    for seed in TABLE2_SEEDS:
+      cells.append(
+          Cell("virtual", CALIBRATED_EXPERIMENT, row, "virtual", name or "chosen", seed, "train",
+               _table2_flags(row, "virtual", dict(tuned or {}, **knob), rounds, seed, False),
+               _train_estimate_s(row, "virtual", rounds, False, _evaluation_cost(knob)),
+               (_row_data(row),), depends=why_choice or why))
+  return cells
+
+
 def virtual_figure_cells(records: Mapping[str, Mapping[str, Any]]) -> List[Cell]:
   """VIRTUAL's Table III, Fig. 4, Table IV (MLP), Fig. 2 and FEMNIST-conv cells."""
   cells = []
@@ -785,7 +835,8 @@ CATALOGUES = {"papers": lambda records: (table2_cells(records) + default_step_ce
                                          ablation_cells(records) + virtual_figure_cells(records) +
                                          v1_cells() + pfnm_cells() + pfnm_figure_cells() +
                                          fola_cells() + fola_figure_cells() +
-                                         calibration_cells(records)),
+                                         calibration_cells(records) +
+                                         calibrated_table2_cells(records)),
               "smoke": lambda records: smoke_cells()}
 
 

@@ -75,6 +75,7 @@ def test_claims_table_and_figures_follow_the_records(tmp_path):
     add("virtual", "scale_adam", seed, 0.85, 0.25, [0.25, 0.25, 0.25], 0.80, 4.0)
     add("virtual", "scale_adam,eval_samples=10", seed, 0.912, 0.31, [0.3] * 3, 0.85, 4.0)
     add("virtual", "scale_adam=0.01,eval_samples=10", seed, 0.90, 0.29, [0.3] * 3, 0.85, 3.0)
+    add("virtual", "private_kl=1,eval_samples=10", seed, 0.905, 0.27, [0.3] * 3, 0.85, 6.0)
   assert reproduce.calibration_choice(records, "mnist") == ("eval_samples=10", "")
   chosen = {c.name: c for c in reproduce.calibrated_table2_cells(records)}
   name = "virtual/table2_calibrated/mnist/virtual/eval_samples=10/seed{}"

@@ -177,7 +177,9 @@ def test_femnist_pixels_inverted_as_stated(femnist_dir, femnist_all):
 # the conv net: at 0.05 it stayed at chance, docs/virtual.md "Initial scale").
 # Local epochs: ~30-50 local steps per client (MNIST: 600 examples a client, FEMNIST
 # here ~100).
-SMOKE = dict(rounds=3, clients_per_round=3, export=False)
+# S and MT over every client are evaluated once, after the last round (the FEMNIST
+# evaluation is most of such a run's time); the training loss is there every round.
+SMOKE = dict(rounds=3, clients_per_round=3, export=False, eval_every=3)
 SMOKE_RUNS = {  # preset: (data folder, algorithm, local epochs)
     "mnist": ("mnist", "virtual", 1),
     "pmnist": ("mnist", "virtual", 2),
@@ -199,8 +201,8 @@ def test_preset_trains_at_its_defaults(name, tmp_path, tff_runtime):
     header = f.readline().strip().split(",")
     rows = [dict(zip(header, line.strip().split(","))) for line in f]
   loss = [float(r["train_loss"]) for r in rows]
-  accuracy = [float(r["server_accuracy"]) for r in rows]
+  accuracy = float(rows[-1]["server_accuracy"])
   assert len(loss) == SMOKE["rounds"] and np.all(np.isfinite(loss))
   assert loss[-1] < 0.9 * loss[0], (name, loss, accuracy)
   if name != "pmnist":  # PMNIST's S: one server model for 100 permutations, ~chance early
-    assert max(accuracy) > 0.2, (name, loss, accuracy)  # above chance (0.1)
+    assert accuracy > 0.2, (name, loss, accuracy)  # above chance (0.1)

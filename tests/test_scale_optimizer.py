@@ -1,7 +1,12 @@
-"""`--scale_optimizer=adam` through the launcher (issue 34), at the shipped defaults on
-digits: the variance trajectories (`log_prec_*` in metrics.csv) move away from the
-initial scale, which under the paper's plain SGD they do not, and the run still learns.
-The closed-form check of what they move to is in test_virtual_ep.py."""
+"""Issue 34's VIRTUAL knobs through the launcher, at the shipped defaults on digits.
+
+* `--scale_optimizer=adam`: the variance trajectories (`log_prec_*` in metrics.csv) move
+  away from the initial scale, which under the paper's plain SGD they do not, and the
+  run still learns (the closed-form check of what they move to: test_virtual_ep.py).
+* `--private_kl_weight`: unset, the run records the paper's one beta for it; set, it
+  reaches the client step (the run differs) and the run learns (the step's own checks:
+  test_virtual_step.py).
+"""
 
 import csv
 import os
@@ -9,6 +14,7 @@ import os
 import pytest
 
 from launcher_helpers import run_launcher
+from tfbfl import driver
 
 _ROUNDS = 3
 _INIT_LOG_PRECISION = 5.9915  # log(1 / init_scale^2), init_scale = 0.05
@@ -22,10 +28,33 @@ def _rows(out, *flags):
     return [{k: float(v) for k, v in r.items() if v != ""} for r in csv.DictReader(f)]
 
 
+def _flags(out):
+  with open(os.path.join(out, "flags.txt")) as f:
+    return f.read().splitlines()
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
   return (_rows(tmp_path_factory.mktemp("sgd")),
           _rows(tmp_path_factory.mktemp("adam"), "--scale_optimizer=adam", "--scale_lr=1e-3"))
+
+
+@pytest.fixture(scope="module")
+def private_kl_run(tmp_path_factory):
+  out = tmp_path_factory.mktemp("private_kl")
+  return _rows(out, "--private_kl_weight=1"), _flags(out)
+
+
+def test_private_kl_weight_defaults_to_beta_and_reaches_the_step(runs, private_kl_run, tmp_path):
+  sgd, _ = runs
+  rows, flags = private_kl_run
+  assert "--private_kl_weight=1.0" in flags and "--kl_weight=0.0001" in flags
+  assert rows[-1]["mt_accuracy"] > 0.5 and rows[-1]["server_accuracy"] > 0.5
+  assert rows[-1]["mt_loss"] != sgd[-1]["mt_loss"]
+  # unset, the run records the value it used: the paper's one beta
+  resolved = driver.resolve_params(dict(algorithm="virtual", kl_weight=0.003, rounds=1,
+                                        output_dir=str(tmp_path)))
+  assert resolved["private_kl_weight"] == 0.003
 
 
 def test_trajectories_are_reported_per_layer(runs):

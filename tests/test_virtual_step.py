@@ -91,6 +91,7 @@ def _assert_same_update(a, b, atol, rtol=1e-4):
         dict(server_loss_weight=0.0),  # eq. (3) alone
         dict(private=False),  # server network only
         dict(kl_weight=50.0, client_lr=0.5),  # stiff KL: proximal step matters
+        dict(private_kl_weight=20.0, client_lr=0.5),  # the private KL weighted on its own
     ])
 def test_one_step_matches_keras_path(kw):
   cfg = _config(**kw)
@@ -304,6 +305,7 @@ def _train_inputs(cfg, clients, seed=0):
         dict(private=False),  # server network only
         dict(kl_weight=1.0, client_lr=0.3),  # a strong KL (targets of precision up to 50)
         dict(server_loss_weight=0.0, hidden_units=(6,)),  # one hidden layer, eq. (3) alone
+        dict(private_kl_weight=5.0, client_lr=0.1),  # the private KL weighted on its own
     ])
 def test_fused_step_equals_reference_step(kw, clients):
   cfg = _config(**dict(dict(epochs=3, batch_size=5), **kw))
@@ -323,6 +325,21 @@ def test_fused_step_equals_reference_step(kw, clients):
   assert np.all(np.isfinite(p_f.shared_loc)) and np.all(np.isfinite(p_f.shared_u))
   moved = np.max(np.abs(np.asarray(p_f.shared_loc) - np.asarray(params.shared_loc)))
   assert moved > 1e-3
+
+
+def test_private_kl_weight_defaults_to_beta_and_pulls_the_private_means_to_their_prior():
+  assert _config().private_beta == 0.5 and _config(private_kl_weight=2.0).private_beta == 2.0
+  out = {}
+  for weight in (None, 0.5, 6.0):  # unset, set to beta, stronger (lr k_p prec = 0.9 < 1)
+    cfg = _config(epochs=3, batch_size=5, private_kl_weight=weight, client_lr=0.1)
+    layout, params, shared_prior, x, y, n, seeds = _train_inputs(cfg, 1)
+    out[weight] = virtual_step.train_clients(cfg, layout, params, shared_prior, x, y, n, seeds,
+                                             virtual.data_loss)[0]
+  for role in virtual_step.Parameters._fields:  # setting it to beta is leaving it unset
+    np.testing.assert_array_equal(getattr(out[None], role), getattr(out[0.5], role))
+  # the prior N(0, 1) pulls the private means towards 0: a smaller norm
+  norm = lambda p: float(np.linalg.norm(p.private_loc))
+  assert norm(out[6.0]) < 0.9 * norm(out[0.5]), (norm(out[6.0]), norm(out[0.5]))
 
 
 def test_fused_plan_packs_aligned_blocks_and_round_trips():

@@ -606,13 +606,16 @@ def _femnist_train_cell(records, experiment_name: str, algorithm: str, label: st
 # Issue 34: VIRTUAL settings whose predictive may be calibrated, beside today's tuned
 # setting and FedAvg's, on the tuning protocol (validation split, TABLE2_ROUNDS["tune"]
 # rounds) of every Table II row: each setting changes the row's tuned VIRTUAL setting
-# only where it says. "scale_adam": the scales' own Adam step (`--scale_optimizer`).
+# only where it says. "scale_adam": the scales' own Adam step (`--scale_optimizer`);
+# "private_kl": the private KL's own weight (`--private_kl_weight`).
 CALIBRATION_SETTINGS = (
     ("tuned", {}),
     ("eval_samples=10", dict(eval_samples=10)),
     ("scale_adam", SCALE_ADAM),
     ("scale_adam,eval_samples=10", dict(SCALE_ADAM, eval_samples=10)),
     ("scale_adam=0.01,eval_samples=10", dict(SCALE_ADAM, scale_lr=1e-2, eval_samples=10)),
+    # The private KL at Bayes by backprop's weight 1 instead of beta (`--private_kl_weight`).
+    ("private_kl=1,eval_samples=10", dict(private_kl_weight=1.0, eval_samples=10)),
 )
 CALIBRATION_BASELINES = ("fedavg",)
 # What a user might pick instead of a Bayesian method: the baseline with one temperature

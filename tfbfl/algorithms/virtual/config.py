@@ -84,6 +84,14 @@ class VirtualConfig(base.ClientTraining):
                                  low_open=True)
   # beta; the paper finds 1e-6..1e-3 harmless (Fig. 2)
   kl_weight: float = options.real(1e-4, "VIRTUAL: KL multiplier beta.", high=options.MAX_WEIGHT)
+  # The paper weights both KL terms of eq. (3) by one beta; at beta = 1e-4 the private
+  # weights, trained on one client's data round after round, are all but unregularised
+  # (docs/virtual.md, "Variances and calibration").
+  private_kl_weight: Optional[float] = options.real(
+      None, "VIRTUAL: KL multiplier of the private weights' KL term KL(c_i || p(phi_i)) "
+      "(default: --kl_weight, the paper's one beta; 1: Bayes by backprop's ELBO for them).",
+      high=options.MAX_WEIGHT,
+      none_ok=True)
   prior_scale: float = options.real(1.0, "VIRTUAL: std of the N(0, s^2) priors.", low_open=True)
   init_scale: Optional[float] = options.real(
       None, "VIRTUAL: initial posterior std (default: 0.05; 0.005 with --architecture=conv, "
@@ -197,13 +205,20 @@ class VirtualConfig(base.ClientTraining):
   @classmethod
   def derived_defaults(cls, params):
     """`server_lr` unset: `default_step(clients_per_round)`; `init_scale` unset:
-    `default_init_scale(architecture)`."""
+    `default_init_scale(architecture)`; `private_kl_weight` unset: `kl_weight`."""
     out = super().derived_defaults(params)
     if params.get("server_lr") is None:
       out["server_lr"] = default_step(params["clients_per_round"])
     if params.get("init_scale") is None:
       out["init_scale"] = default_init_scale(params.get("architecture", "mlp"))
+    if params.get("private_kl_weight") is None:
+      out["private_kl_weight"] = params.get("kl_weight", cls.kl_weight)
     return out
+
+  @property
+  def private_beta(self) -> float:
+    """The private KL term's multiplier (`private_kl_weight`, unset: `kl_weight`)."""
+    return self.kl_weight if self.private_kl_weight is None else float(self.private_kl_weight)
 
   @property
   def step(self) -> float:

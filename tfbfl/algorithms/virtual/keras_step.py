@@ -3,7 +3,9 @@
 Per minibatch, plain SGD on eq. (3), the masked mean of
 
     CE(y, client(x)) [+ w_S CE(y, server(x))]
-      + beta / N_i * [KL(q_i || p^(1/K) cav_i) + KL(c_i || p(phi_i))],
+      + beta / N_i * KL(q_i || p^(1/K) cav_i) + beta_p / N_i * KL(c_i || p(phi_i)),
+
+(`beta_p = beta` as in the paper unless `--private_kl_weight` sets it; `step.KLScales`)
 
 except that each shared mean takes the KL quadratic implicitly (a proximal step,
 `g / (1 + lr kl_scale prec_t)`, `kl_scale = beta / N_i`), and with
@@ -82,8 +84,10 @@ def make_sgd_epochs(cfg: VirtualConfig, net, seed, x, y) -> Callable:
     mean_loss = nll / count
     if cfg.private and cfg.server_loss_weight > 0:
       mean_loss += cfg.server_loss_weight * data_loss(cfg, yb, server_out, mask)[0] / count
-    kl = net.kl_shared() + (net.kl_private() if cfg.private else 0.0)
-    return mean_loss, correct, mean_loss + kl_scale * kl
+    kl = kl_scale.shared * net.kl_shared()
+    if cfg.private:
+      kl += kl_scale.private * net.kl_private()
+    return mean_loss, correct, mean_loss + kl
 
   # Every minibatch has the static shape [batch_size] (the last one of an epoch is
   # masked), so with `jit_compile` (plain-TF callers only) XLA compiles the step
@@ -104,12 +108,13 @@ def make_sgd_epochs(cfg: VirtualConfig, net, seed, x, y) -> Callable:
     # Plain SGD where the prior is weak; same fixed points; stable for any lr.
     for j, precision in enumerate(net.shared_prior().eta2):
       if grads[2 * j] is not None:  # shared_trainable_variables: [loc, u] per param
-        grads[2 * j] = grads[2 * j] / (1.0 + cfg.client_lr * kl_scale * precision)
+        grads[2 * j] = grads[2 * j] / (1.0 + cfg.client_lr * kl_scale.shared * precision)
     if cfg.natural_precision_step:
       for j, prec_t in enumerate(net.shared_prior().eta2):
         if grads[2 * j + 1] is not None:
           assign_natural_precision_step(train_vars[2 * j + 1], grads[2 * j + 1], prec_t,
-                                        shared_min_scales[j], kl_scale, cfg.precision_step)
+                                        shared_min_scales[j], kl_scale.shared,
+                                        cfg.precision_step)
           grads[2 * j + 1] = None
     for v, g in zip(train_vars, grads):
       if g is not None:
@@ -120,7 +125,7 @@ def make_sgd_epochs(cfg: VirtualConfig, net, seed, x, y) -> Callable:
     """E epochs of plain SGD on eq. (3) over the shared minibatch schedule
     (`client_batch`, one client); returns summed data loss and correct."""
     schedule = client_batch.MinibatchSchedule(seed[None], n[None], n, cfg.epochs, cfg.batch_size)
-    kl_scale = cfg.kl_weight / tf.cast(n, tf.float32)
+    kl_scale = lean_step.kl_scales(cfg, n)
 
     def step_fn(params, xb, yb, mask, step):
       return params, sgd_step(xb, yb, mask, tf.random.experimental.stateless_fold_in(seed, step),

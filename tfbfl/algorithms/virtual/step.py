@@ -34,7 +34,9 @@ dKL/dmu = prec_t mu - eta1_t = prec_t (mu - mu_t)
 dKL/du  = (sigma prec_t - 1/sigma) * sigmoid(u)        (dsigma/du = sigmoid(u))
 ```
 
-and the total gradient is `grad data_loss + kl_scale * grad KL`, `kl_scale = beta/N_i`.
+and the total gradient is `grad data_loss + kl_scale * grad KL`, `kl_scale = beta/N_i`
+on the shared KL and `beta_p / N_i` on the private one (`KLScales`; `beta_p` is
+`cfg.private_beta`, the paper's `beta` unless `--private_kl_weight` says otherwise).
 
 **Update** (`sgd_step`, the reference), as the Keras step: the shared means take the
 implicit proximal step `mu_s -= lr g / (1 + lr kl_scale prec_t)`; the shared scales
@@ -75,6 +77,7 @@ layers = _lazy.load("tfbfl.layers")
 client_batch = _lazy.load("tfbfl.algorithms.client_batch")
 
 __all__ = [
+    "KLScales",
     "adam_start",
     "adam_update",
     "Layout",
@@ -91,6 +94,18 @@ __all__ = [
     "sgd_step",
     "train_clients",
 ]
+
+KLScales = collections.namedtuple("KLScales", ["shared", "private"])
+KLScales.__doc__ = """The weights of eq. (3)'s KL terms in a client's per-example objective:
+`beta / N_i` on `KL(q(theta) || p^(1/K) cav_i)` and `beta_p / N_i` on `KL(c_i || p(phi_i))`
+(`kl_scales`)."""
+
+
+def kl_scales(cfg, n) -> KLScales:
+  """`KLScales` of clients holding `n` examples (`n`'s shape; at least one example)."""
+  count = tf.cast(tf.maximum(n, 1), tf.float32)
+  return KLScales(cfg.kl_weight / count, cfg.private_beta / count)
+
 
 Parameters = collections.namedtuple("Parameters",
                                     ["shared_loc", "shared_u", "private_loc", "private_u", "gates"])
@@ -438,7 +453,7 @@ def sgd_step(cfg,
     params: current `Parameters` (`[C, P]` each).
     xb, yb, mask: fixed-size minibatches `[C, B, ...]` and their `[C, B]` masks.
     step_seeds: `[C, 2]` integer seeds of the step's noise (`draw_noise`).
-    kl_scale: `[C, 1]`, `beta / N_c`.
+    kl_scale: `KLScales`, each `[C, 1]`.
     shared_prior: `(eta1, eta2)` `[C, P]`, each client's KL target `p^(1/K) cav_c`.
     private_prior: `(eta1, eta2)` `[P]`, the private prior.
     data_loss: `model.data_loss`.
@@ -459,21 +474,22 @@ def sgd_step(cfg,
   kl_loc, kl_u = kl_gradients(params.shared_loc, params.shared_u, layout.shared_min_scale, eta1_s,
                               eta2_s)
   # Implicit (proximal) step on the KL quadratic of the shared means.
-  g_loc = (g.shared_loc + kl_scale * kl_loc) / (1.0 + lr * kl_scale * eta2_s)
+  k, k_p = kl_scale
+  g_loc = (g.shared_loc + k * kl_loc) / (1.0 + lr * k * eta2_s)
   shared_loc = params.shared_loc - lr * g_loc
   if cfg.natural_precision_step:
     shared_u = natural_precision_update(params.shared_u, g.shared_u, eta2_s,
-                                        layout.shared_min_scale, cfg.precision_step, kl_scale)
+                                        layout.shared_min_scale, cfg.precision_step, k)
   else:
-    shared_u = params.shared_u - lr * (g.shared_u + kl_scale * kl_u)
+    shared_u = params.shared_u - lr * (g.shared_u + k * kl_u)
   new = params._replace(shared_loc=shared_loc, shared_u=shared_u)
   if cfg.private:
     eta1_p, eta2_p = private_prior
     kl_loc_p, kl_u_p = kl_gradients(params.private_loc, params.private_u, layout.private_min_scale,
                                     eta1_p, eta2_p)
     new = new._replace(
-        private_loc=params.private_loc - lr * (g.private_loc + kl_scale * kl_loc_p),
-        private_u=params.private_u - lr * (g.private_u + kl_scale * kl_u_p),
+        private_loc=params.private_loc - lr * (g.private_loc + k_p * kl_loc_p),
+        private_u=params.private_u - lr * (g.private_u + k_p * kl_u_p),
         gates=params.gates - lr * g.gates,
     )
   return new, loss * tf.reduce_sum(mask, axis=-1), correct
@@ -655,7 +671,8 @@ def round_constants(cfg, plan: FusedPlan, kl_scale, shared_prior, private_prior)
   """The per-entry coefficients of the fused update, computed once a round.
 
   With `D = 1 / (1 + lr k prec_t)` on the shared means (the implicit proximal step)
-  and `D = 1` on the private ones (`k = kl_scale`, target `(eta1_t, prec_t)`), the
+  and `D = 1` on the private ones (`k = kl_scale.shared` and target `(eta1_t, prec_t)`
+  on the shared entries, `kl_scale.private` and the private prior on the private), the
   SGD step of `sgd_step` on a mean is
 
   ```none
@@ -673,23 +690,28 @@ def round_constants(cfg, plan: FusedPlan, kl_scale, shared_prior, private_prior)
   ```
 
   Returns `(A, B, C, K1, K2)`, packed `[C, P]` (`[P]` and scalars for one client
-  unbatched, `kl_scale` a scalar), `K2` `[C, 1]`.
+  unbatched, `kl_scale` scalars), `K2` `[C, 1]` where both KL terms have the same weight
+  (packed otherwise).
   """
   lr = cfg.client_lr
+  k, k_p = kl_scale
   eta1_s, eta2_s = shared_prior
-  d = 1.0 / (1.0 + lr * kl_scale * eta2_s)
-  a_s, b_s, c_s = 1.0 - lr * kl_scale * eta2_s * d, lr * kl_scale * eta1_s * d, 0.5 * d
-  k1_s = lr * kl_scale * eta2_s
+  d = 1.0 / (1.0 + lr * k * eta2_s)
+  a_s, b_s, c_s = 1.0 - lr * k * eta2_s * d, lr * k * eta1_s * d, 0.5 * d
+  k1_s = lr * k * eta2_s
   if plan.private:
     eta1_p, eta2_p = private_prior
     lead = tf.shape(eta1_s)[:-1]
     tile = lambda t: tf.broadcast_to(t, tf.concat([lead, tf.shape(t)], 0))
     eta1_p, eta2_p = tile(eta1_p), tile(eta2_p)
-    a_p, b_p = 1.0 - lr * kl_scale * eta2_p, lr * kl_scale * eta1_p
-    c_p, k1_p = 0.5 * tf.ones_like(eta1_p), lr * kl_scale * eta2_p
+    a_p, b_p = 1.0 - lr * k_p * eta2_p, lr * k_p * eta1_p
+    c_p, k1_p = 0.5 * tf.ones_like(eta1_p), lr * k_p * eta2_p
     pack = plan.pack
-    return (pack(a_s, a_p), pack(b_s, b_p), pack(c_s, c_p), pack(k1_s, k1_p), lr * kl_scale)
-  return tuple(plan.pack(t) for t in (a_s, b_s, c_s, k1_s)) + (lr * kl_scale,)
+    k2 = lr * k  # one value a client unless the private KL has a weight of its own
+    if cfg.private_beta != cfg.kl_weight:
+      k2 = pack(lr * k * tf.ones_like(eta1_s), lr * k_p * tf.ones_like(eta1_p))
+    return (pack(a_s, a_p), pack(b_s, b_p), pack(c_s, c_p), pack(k1_s, k1_p), k2)
+  return tuple(plan.pack(t) for t in (a_s, b_s, c_s, k1_s)) + (lr * k,)
 
 
 ADAM_BETA1, ADAM_BETA2, ADAM_EPSILON = 0.9, 0.999, 1e-8
@@ -794,7 +816,8 @@ def train_clients(cfg, layout: Layout, params: Parameters, shared_prior, x, y, n
   if not fused and cfg.scale_optimizer != "sgd":
     raise ValueError(f"scale_optimizer={cfg.scale_optimizer!r} runs in the fused step only.")
   schedule = client_batch.MinibatchSchedule(seeds, n, tf.shape(y)[1], cfg.epochs, cfg.batch_size)
-  kl_scale = (cfg.kl_weight / tf.cast(tf.maximum(n, 1), tf.float32))[:, None]
+  kl_scale = kl_scales(cfg, n[:, None])
+  kl_scale_1 = KLScales(*(t[0, 0] for t in kl_scale))  # one client, unbatched
   private_prior = layout.private_prior() if cfg.private else (tf.zeros([0]), tf.zeros([0]))
   if not cfg.private:  # the client network is neither run nor trained
     params = params._replace(private_loc=tf.zeros([clients, 0]),
@@ -819,7 +842,7 @@ def train_clients(cfg, layout: Layout, params: Parameters, shared_prior, x, y, n
              params.gates)
     if cfg.scale_optimizer == "adam":
       start += adam_start(start[1])
-    constants = round_constants(cfg, plan, kl_scale[0, 0] if single else kl_scale,
+    constants = round_constants(cfg, plan, kl_scale_1 if single else kl_scale,
                                 tuple(one(t) for t in shared_prior), private_prior)
 
     # A function of its own per step (a call op in the loop body): grappler then
@@ -845,7 +868,7 @@ def train_clients(cfg, layout: Layout, params: Parameters, shared_prior, x, y, n
   def step_fn(params, xb, yb, mask, step):
     if single:
       new, loss, correct = sgd_step(cfg, layout, Parameters(*params), xb, yb, mask,
-                                    step_seeds_of(step), kl_scale[0, 0], shared_prior_1,
+                                    step_seeds_of(step), kl_scale_1, shared_prior_1,
                                     private_prior, data_loss)
       return tuple(new), (loss, correct)
     new, loss, correct = sgd_step(cfg, layout, Parameters(*params), xb, yb, mask,

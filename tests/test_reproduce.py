@@ -610,3 +610,16 @@ def test_a_stopped_cell_resumes_from_its_checkpoint_and_records_the_same_result(
   assert resumed["result"]["curves"]["round"] == [1, 2, 3, 4]
   same = lambda rec: {k: v for k, v in rec["result"]["summary"].items() if k != "wall_time_s"}
   assert same(resumed) == same(whole)
+
+
+def test_collect_train_keeps_the_fitted_temperatures_only_where_a_run_has_them(tmp_path):
+  header = "round,server_accuracy,server_loss,mt_accuracy,mt_loss"
+  (tmp_path / "plain").mkdir()
+  (tmp_path / "plain" / "metrics.csv").write_text(f"{header}\n1,0.5,1.0,0.5,1.0\n")
+  (tmp_path / "tempered").mkdir()
+  (tmp_path / "tempered" / "metrics.csv").write_text(
+      f"{header},server_temperature,mt_temperature\n1,0.5,1.0,0.5,1.0,0.82,1.22\n")
+  plain = reproduce.collect_train(str(tmp_path / "plain"))["curves"]
+  tempered = reproduce.collect_train(str(tmp_path / "tempered"))["curves"]
+  assert "mt_temperature" not in plain
+  assert tempered["server_temperature"] == [0.82] and tempered["mt_temperature"] == [1.22]

@@ -174,8 +174,27 @@ def calibration_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
   if not any_row:
     lines += ["No record yet (`python -m launchers.reproduce --cells='virtual/calibration/*'`).",
               ""]
-  claims = calibration_claims(records)
+  claims = calibration_claims(records) + _temperature_lines(records)
   return lines + claims + ([""] if claims else []) + table2_markdown(records)
+
+
+def _temperature_lines(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
+  """Per row: what the fitted temperatures did to FedAvg's MT NLL and ECE, and their values."""
+  lines = []
+  for row in rp.TABLE2_ROWS:
+    plain = calibration_records(records, row, BASELINE, REFERENCE)
+    tempered = calibration_records(records, row, BASELINE, "temperature_scaling")
+    if not plain or not tempered:
+      continue
+    t = lambda key: _text(_finals([r for r in tempered if key in r["result"]["curves"]], key),
+                          digits=2)
+    lines.append(
+        f"- {row}, FedAvg with fitted temperatures: MT NLL {_text(_finals(tempered, 'mt_loss'))} "
+        f"vs {_text(_finals(plain, 'mt_loss'))} untempered, MT ECE "
+        f"{_text(_finals(tempered, 'mt_ece'))} vs {_text(_finals(plain, 'mt_ece'))} (it trains "
+        f"on 20 % less data); final temperature S {t('server_temperature')}, MT "
+        f"{t('mt_temperature')}.")
+  return lines
 
 
 def table2_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]:

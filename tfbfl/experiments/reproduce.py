@@ -927,8 +927,10 @@ CURVE_COLUMNS = ("round", "server_accuracy", "server_loss", "server_ece", "mt_ac
                  "bytes_down_total",
                  "wall_time_s")
 # Curves kept when a run has them: VIRTUAL's variance trajectories (metrics.csv's
-# `log_prec_*` columns, `mean_shared_log_precision`).
+# `log_prec_*` columns, `mean_shared_log_precision`) and the fitted temperatures
+# (`--temperature_scaling`).
 CURVE_PREFIXES = ("log_prec_", "mean_shared_log_precision")
+OPTIONAL_CURVES = ("server_temperature", "mt_temperature")
 SUMMARY_KEYS = ("best_server_accuracy", "best_mt_accuracy", "final_server_accuracy",
                 "final_mt_accuracy", "final_server_nll", "final_mt_nll", "final_server_ece",
                 "final_mt_ece", "rounds", "wall_time_s", "bytes_up_total", "bytes_down_total",
@@ -938,7 +940,8 @@ SUMMARY_KEYS = ("best_server_accuracy", "best_mt_accuracy", "final_server_accura
 def collect_train(output_dir: str) -> Dict[str, Any]:
   """A training cell's result: per-round curves (evaluated rounds) and summary keys."""
   rows = _runs.read_metrics(output_dir)
-  extra = sorted({c for r in rows for c in r if c.startswith(CURVE_PREFIXES)})
+  extra = sorted({c for r in rows for c in r if c.startswith(CURVE_PREFIXES) or
+                  c in OPTIONAL_CURVES})
   curves = {c: [_number(r.get(c, "")) if r.get(c, "") != "" else None for r in rows]
             for c in CURVE_COLUMNS + tuple(extra)}
   summary = _runs.read_json(os.path.join(output_dir, _runs.SUMMARY)) or {}

@@ -260,6 +260,18 @@ def _check_same_ids(a, b, a_arg, b_arg):
                      f"in only one of them: {only[:5]}.")
 
 
+def _hold_out(fd: FederatedData, fraction: float, seed: int, flag: str):
+  """Each client's training data split by `split_lib.split_clients` (a `fraction`,
+  rounded half up, drawn with `seed`): `(kept, held out)`, dicts client_id -> (x, y);
+  a bad fraction or a client left without training data is named with `flag`."""
+  xs = {c: fd.train[c][0] for c in fd.client_ids}
+  ys = {c: fd.train[c][1] for c in fd.client_ids}
+  try:
+    return split_lib.split_clients(xs, ys, fraction, seed)
+  except ValueError as e:
+    raise ValueError(f"{flag}: {e}") from None
+
+
 def calibration_split(fd: FederatedData, fraction: float, seed: int = 0) -> FederatedData:
   """`fd` with a `fraction` of each client's training data moved to `fd.calibration`.
 
@@ -270,12 +282,7 @@ def calibration_split(fd: FederatedData, fraction: float, seed: int = 0) -> Fede
     ValueError: `fraction` outside (0, 1), or a client left without a training
       example (named).
   """
-  xs = {c: fd.train[c][0] for c in fd.client_ids}
-  ys = {c: fd.train[c][1] for c in fd.client_ids}
-  try:
-    train, calibration = split_lib.split_clients(xs, ys, fraction, seed + 1)
-  except ValueError as e:
-    raise ValueError(f"--calibration_fraction: {e}") from None
+  train, calibration = _hold_out(fd, fraction, seed + 1, "--calibration_fraction")
   out = FederatedData(f"{fd.name}[calibration {fraction:g}]", fd.num_classes, fd.input_shape,
                       train, fd.test, x_dtype=fd.x_dtype)
   out.raw_input = fd.raw_input
@@ -294,12 +301,7 @@ def validation_split(fd: FederatedData, fraction: float, seed: int = 0) -> Feder
     ValueError: `fraction` outside (0, 1), or a client left without a training
       example (named).
   """
-  xs = {c: fd.train[c][0] for c in fd.client_ids}
-  ys = {c: fd.train[c][1] for c in fd.client_ids}
-  try:
-    train, test = split_lib.split_clients(xs, ys, fraction, seed)
-  except ValueError as e:
-    raise ValueError(f"--validation_fraction: {e}") from None
+  train, test = _hold_out(fd, fraction, seed, "--validation_fraction")
   out = FederatedData(f"{fd.name}[validation {fraction:g}]", fd.num_classes, fd.input_shape,
                       train, test, x_dtype=fd.x_dtype)
   out.raw_input = fd.raw_input  # the same clients and features

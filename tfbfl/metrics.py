@@ -16,6 +16,7 @@ predictive, which `tfbfl.round_loop` reports as `server_loss` / `mt_loss`.
 
 from __future__ import annotations
 
+import collections
 from typing import Sequence
 
 import numpy as np
@@ -45,6 +46,22 @@ def calibration_sums(probs, labels, num_bins: int = NUM_BINS):
   ones = tf.ones_like(conf)
   per_bin = lambda v: tf.math.unsorted_segment_sum(v, bins, num_bins)
   return tf.stack([per_bin(ones), per_bin(conf), per_bin(correct)])
+
+
+def probability_sums(probs, labels, prefix: str):
+  """`{prefix}_loss` (summed `-log(p_y + 1e-12)`), `{prefix}_correct` (argmax right) and
+  `{prefix}_calibration` (`calibration_sums`) of predictive probabilities `probs`
+  `[n, num_classes]`, e.g. a Monte Carlo average of softmaxes. TF ops, an OrderedDict."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  probs = tf.convert_to_tensor(probs, tf.float32)
+  labels = tf.cast(labels, tf.int32)
+  log_p = tf.math.log(probs + 1e-12)
+  return collections.OrderedDict([
+      (f"{prefix}_loss", -tf.reduce_sum(tf.gather(log_p, labels, axis=1, batch_dims=1))),
+      (f"{prefix}_correct", tf.reduce_sum(
+          tf.cast(tf.equal(tf.argmax(probs, -1, output_type=tf.int32), labels), tf.float32))),
+      (f"{prefix}_calibration", calibration_sums(probs, labels))])
 
 
 def expected_calibration_error(sums: Sequence[Sequence[float]]) -> float:

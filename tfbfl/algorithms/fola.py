@@ -218,10 +218,23 @@ class LaplaceConfig(base.ClientTraining):
   fedcurv_lambda: float = options.real(1.0,
                                        "FedCurv: penalty strength lambda.",
                                        high=options.MAX_WEIGHT)
+  laplace_samples: int = options.integer(
+      0, "FOLA, laplace_offline: evaluate S with the Laplace predictive, the mean softmax over "
+      "this many draws of the weights from N(mu_S, 1 / (N Lambda_S + "
+      "--laplace_prior_precision)), N the clients' training examples (0: mu_S alone; MT and "
+      "the export keep the point estimates).",
+      high=10**4)
+  laplace_prior_precision: float = options.real(
+      1.0, "FOLA --laplace_samples: the prior precision tau added to N Lambda_S.", low_open=True,
+      high=1e12)
+  num_train_examples: int = 0  # N: every client's training examples (`registry.model_fields`)
 
   def __post_init__(self):
     super().__post_init__()
     self.check_architecture(MODELS, "FOLA/FedCurv")
+    if self.laplace_samples > 0 and self.fisher not in ("online", "offline"):
+      raise ValueError(f"--laplace_samples needs a Laplace posterior (FOLA, laplace_offline); "
+                       f"the Fisher here is {self.fisher!r}.")
     if self.fisher not in FISHER_MODES:
       raise ValueError(f"--fisher must be one of {FISHER_MODES}, got {self.fisher!r}.")
     if self.architecture == "cnn":  # the CNN's (H, W, C), checked here
@@ -265,6 +278,27 @@ def _cross_entropy(logits, y):
   correct = tf.reduce_sum(
       tf.cast(tf.equal(tf.argmax(logits, -1, output_type=y.dtype), y), tf.float32))
   return loss, correct
+
+
+def laplace_std(precision, num_examples, prior_precision):
+  """Per-entry std of the Laplace posterior `N(mu_S, 1 / (N Lambda_S + tau))`: the server
+  precision `Lambda_S` is per example (module docstring), so N examples scale it by N;
+  `tau` (`prior_precision`) keeps entries no example informs finite."""
+  return [tf.math.rsqrt(float(num_examples) * p + prior_precision) for p in precision]
+
+
+def laplace_predictive(probabilities, mean, std, samples, seed):
+  """`(1/S) sum_s probabilities(w_s)`, `w_s = mean + std * e_s`, `e_s` standard normal
+  drawn from `seed` (tensor `j` of draw `s` from `fold_in(seed, s * len(mean) + j)`)."""
+  total = 0.0
+  for s in range(samples):
+    draw = [
+        m + sd * tf.random.stateless_normal(
+            tf.shape(m), tf.random.experimental.stateless_fold_in(seed, s * len(mean) + j))
+        for j, (m, sd) in enumerate(zip(mean, std))
+    ]
+    total += probabilities(draw)
+  return total / samples
 
 
 def posterior_from_aggregate(aggregate, previous_mean, eps):
@@ -491,9 +525,16 @@ class _LaplaceBase:
 
   # ------------------------------------------------------------ evaluation
   def _build_evaluation(self):
+    """Per client: S of the server weights (with `laplace_samples`, of the Laplace
+    predictive, `laplace_predictive`), MT of the client's own weights."""
+    samples = self.config.laplace_samples
+    # With the Laplace predictive the server sends its mean and the draws' std per entry.
+    server_type = (tff.to_type((self.weights_type, self.weights_type))
+                   if samples else self.weights_type)
 
-    @tff.tensorflow.computation(self.weights_type, self.client_state_type, self.data_type)
-    def client_eval(server_weights, state, data):
+    @tff.tensorflow.computation(server_type, self.client_state_type, self.seed_type,
+                                self.data_type)
+    def client_eval(server, state, seed, data):
       model = self._model()
       x, y = data
       x = self._reshape(x)
@@ -501,33 +542,45 @@ class _LaplaceBase:
       @tf.function
       def run():
 
-        def score(weights):
+        def logits_of(weights):
           for v, w in zip(model.trainable_variables, weights):
             v.assign(w)
-          logits = model(x, training=False)
+          return model(x, training=False)
+
+        def score(prefix, weights):
+          logits = logits_of(weights)
           nll = tf.reduce_sum(
               tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
-          return (nll, _cross_entropy(logits, y)[1],
-                  metrics_lib.calibration_sums(tf.nn.softmax(logits), y))
+          return collections.OrderedDict([
+              (f"{prefix}_loss", nll), (f"{prefix}_correct", _cross_entropy(logits, y)[1]),
+              (f"{prefix}_calibration", metrics_lib.calibration_sums(tf.nn.softmax(logits), y))])
 
-        s_loss, s_correct, s_cal = score(list(server_weights))
-        m_loss, m_correct, m_cal = score(list(state.weights))
-        return collections.OrderedDict(server_loss=s_loss,
-                                       server_correct=s_correct,
-                                       mt_loss=m_loss,
-                                       mt_correct=m_correct,
-                                       num_examples=tf.cast(tf.shape(y)[0], tf.float32),
-                                       server_calibration=s_cal,
-                                       mt_calibration=m_cal)
+        if samples:
+          mean, std = server
+          probs = laplace_predictive(lambda w: tf.nn.softmax(logits_of(w)), list(mean),
+                                     list(std), samples, seed)
+          out = metrics_lib.probability_sums(probs, y, "server")
+        else:
+          out = score("server", list(server))
+        out.update(score("mt", list(state.weights)))
+        out["num_examples"] = tf.cast(tf.shape(y)[0], tf.float32)
+        return out
 
       return run()
+
+    @tff.tensorflow.computation(self.weights_type, self.weights_type)
+    def laplace_posterior(mean, precision):
+      return mean, laplace_std(precision, self.config.num_train_examples,
+                               self.config.laplace_prior_precision)
 
     @rounds.round_computation(self.server_state_type, self.client_state_type, self.seed_type,
                               self.data_type)
     def evaluate_fn(server_state, client_states, seeds, data):
-      del seeds  # deterministic models
-      weights = tff.federated_broadcast(server_state.model.weights)
-      return tff.federated_map(client_eval, (weights, client_states, data))
+      server = server_state.model.weights
+      if samples:
+        server = tff.federated_map(laplace_posterior, (server, server_state.model.precision))
+      return tff.federated_map(client_eval,
+                               (tff.federated_broadcast(server), client_states, seeds, data))
 
     return evaluate_fn
 
@@ -721,6 +774,12 @@ class FedCurvAlgorithm(_LaplaceBase):
   """
 
   name = "fedcurv"
+
+  def __init__(self, config: LaplaceConfig):
+    if config.laplace_samples > 0:
+      raise ValueError("--laplace_samples needs a Laplace posterior at the server (FOLA, "
+                       "laplace_offline); FedCurv's server keeps the clients' mean weights.")
+    super().__init__(config)
 
   def initial_server_state(self) -> FedCurvServerState:
     zeros = [np.zeros_like(w) for w in self._init_weights]

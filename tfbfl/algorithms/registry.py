@@ -76,11 +76,13 @@ def specs() -> Tuple[AlgorithmSpec, ...]:
 
 def model_fields(data, params: Mapping[str, Any]) -> Dict[str, Any]:
   """Config fields taken from the data and the run (a config keeps those it has): the
-  shapes, K, and the run's `seed` and `clients_per_round` (VIRTUAL's step is 1/C)."""
+  shapes, K, the clients' training examples N, and the run's `seed` and
+  `clients_per_round` (VIRTUAL's step is 1/C)."""
   out = dict(input_dim=int(np.prod(data.input_shape)),
              input_shape=tuple(data.input_shape),
              num_classes=int(data.num_classes),
              num_clients=len(data.client_ids),
+             num_train_examples=int(sum(len(y) for _, y in data.train.values())),
              seed=int(params.get("seed", 0)))
   if params.get("clients_per_round") is not None:
     out["clients_per_round"] = int(params["clients_per_round"])

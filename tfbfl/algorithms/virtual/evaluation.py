@@ -42,18 +42,12 @@ def _predictive_sums(cfg: VirtualConfig, net, posterior, head, seed, x, y, prefi
     avg = tf.zeros([tf.shape(x)[0], cfg.num_classes])
     for s in tf.range(cfg.eval_samples):
       avg += to_prob(out(tf.random.experimental.stateless_fold_in(seed, s))) / cfg.eval_samples
-  pred = tf.math.log(avg + 1e-12) if cfg.likelihood == "categorical" else avg
-  sums = collections.OrderedDict()
   if cfg.likelihood == "gaussian":
-    err = tf.cast(y, tf.float32) - tf.squeeze(pred, -1)
-    sums[f"{prefix}_loss"] = tf.reduce_sum(0.5 * tf.square(err) / cfg.noise_scale**2)
-    sums[f"{prefix}_correct"] = tf.constant(0.0)
-    return sums
-  sums[f"{prefix}_loss"] = -tf.reduce_sum(tf.gather(pred, y, axis=1, batch_dims=1))
-  sums[f"{prefix}_correct"] = tf.reduce_sum(
-      tf.cast(tf.equal(tf.argmax(pred, -1, output_type=y.dtype), y), tf.float32))
-  sums[f"{prefix}_calibration"] = metrics_lib.calibration_sums(tf.exp(pred), y)
-  return sums
+    err = tf.cast(y, tf.float32) - tf.squeeze(avg, -1)
+    return collections.OrderedDict([
+        (f"{prefix}_loss", tf.reduce_sum(0.5 * tf.square(err) / cfg.noise_scale**2)),
+        (f"{prefix}_correct", tf.constant(0.0))])
+  return metrics_lib.probability_sums(avg, y, prefix)
 
 
 def _order_sums(s, m, n, client_index):

@@ -245,7 +245,8 @@ def _reliability(recs: Sequence[Mapping[str, Any]], key: str) -> Optional[np.nda
 
 
 def plot_reliability(path: str, records: Mapping[str, Mapping[str, Any]]) -> bool:
-  """Reliability diagrams: per row, S and MT accuracy against mean confidence per bin."""
+  """Reliability diagrams: per row, S and MT accuracy against mean confidence per bin
+  (marker area by the bin's share of the examples)."""
   rows = [row for row in rp.TABLE2_ROWS
           if any(_reliability(recs, "mt_bins") is not None for _, recs in _groups(records, row))]
   if not rows:
@@ -260,9 +261,12 @@ def plot_reliability(path: str, records: Mapping[str, Mapping[str, Any]]) -> boo
         if bins is None:
           continue
         count, conf, correct = bins
+        # Sparse bins zig-zag: markers sized by each bin's share of the examples.
         used = count > 0
-        ax.plot(conf[used] / count[used], correct[used] / count[used], marker="o", ms=3,
-                label=label)
+        line, = ax.plot(conf[used] / count[used], correct[used] / count[used], lw=1,
+                        label=label)
+        ax.scatter(conf[used] / count[used], correct[used] / count[used],
+                   s=4 + 200 * count[used] / count.sum(), color=line.get_color())
       _runs.label_axes(ax, "confidence", "accuracy", f"{row}: {name} reliability")
   _runs.save_figure(fig, path, tight=True)
   return True

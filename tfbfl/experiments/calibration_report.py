@@ -64,6 +64,14 @@ def _baseline_label(algorithm: str, setting: str) -> str:
 _finals = rp.final_values
 
 
+def _color(label: str) -> str:
+  """One colour per setting in every panel (its place among all the settings)."""
+  labels = [f"VIRTUAL {name}" for name, _ in rp.CALIBRATION_SETTINGS]
+  labels += [_baseline_label(a, name) for a in rp.CALIBRATION_BASELINES
+             for name, _ in rp.CALIBRATION_BASELINE_SETTINGS]
+  return f"C{labels.index(label) % 10}"
+
+
 _mean_se = _runs.mean_se
 
 
@@ -263,10 +271,10 @@ def plot_reliability(path: str, records: Mapping[str, Mapping[str, Any]]) -> boo
         count, conf, correct = bins
         # Sparse bins zig-zag: markers sized by each bin's share of the examples.
         used = count > 0
-        line, = ax.plot(conf[used] / count[used], correct[used] / count[used], lw=1,
-                        label=label)
+        ax.plot(conf[used] / count[used], correct[used] / count[used], lw=1, label=label,
+                color=_color(label))
         ax.scatter(conf[used] / count[used], correct[used] / count[used],
-                   s=4 + 200 * count[used] / count.sum(), color=line.get_color())
+                   s=4 + 200 * count[used] / count.sum(), color=_color(label))
       _runs.label_axes(ax, "confidence", "accuracy", f"{row}: {name} reliability")
   _runs.save_figure(fig, path, tight=True)
   return True
@@ -290,7 +298,8 @@ def plot_variances(path: str, records: Mapping[str, Mapping[str, Any]]) -> bool:
           continue
         length = min(len(c[key]) for c in curves)
         values = np.array([[np.nan if v is None else v for v in c[key][:length]] for c in curves])
-        ax.plot(curves[0]["round"][:length], np.nanmean(values, axis=0), label=label)
+        ax.plot(curves[0]["round"][:length], np.nanmean(values, axis=0), label=label,
+                color=_color(label))
       _runs.label_axes(ax, "round", "mean log precision", f"{row}: {key[len('log_prec_'):]}")
   _runs.save_figure(fig, path, tight=True)
   return True

@@ -194,14 +194,16 @@ def _temperature_lines(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
     tempered = calibration_records(records, row, BASELINE, "temperature_scaling")
     if not plain or not tempered:
       continue
-    t = lambda key: _text(_finals([r for r in tempered if key in r["result"]["curves"]], key),
-                          digits=2)
+    fitted = [r for r in tempered if "mt_temperature" in r["result"]["curves"]]
+    temperatures = (f"; final temperature S {_text(_finals(fitted, 'server_temperature'))}, "
+                    f"MT {_text(_finals(fitted, 'mt_temperature'))}" if fitted else "")
     lines.append(
         f"- {row}, FedAvg with fitted temperatures: MT NLL {_text(_finals(tempered, 'mt_loss'))} "
         f"vs {_text(_finals(plain, 'mt_loss'))} untempered, MT ECE "
-        f"{_text(_finals(tempered, 'mt_ece'))} vs {_text(_finals(plain, 'mt_ece'))} (it trains "
-        f"on 20 % less data); final temperature S {t('server_temperature')}, MT "
-        f"{t('mt_temperature')}.")
+        f"{_text(_finals(tempered, 'mt_ece'))} vs {_text(_finals(plain, 'mt_ece'))}, MT "
+        f"accuracy {_text(_finals(tempered, 'mt_accuracy'), 100, 2)} vs "
+        f"{_text(_finals(plain, 'mt_accuracy'), 100, 2)} (it trains on 20 % less "
+        f"data){temperatures}.")
   return lines
 
 

@@ -12,6 +12,7 @@
 """
 
 import csv
+import json
 
 import numpy as np
 import pytest
@@ -66,7 +67,9 @@ TEMPERATURE_SCALING = dict(temperature_scaling=True, calibration_fraction=0.25)
 def test_streamed_cached_evaluation_equals_single_call(tmp_path, algorithm, extra):
   one = tmp_path / "one_call"
   streamed = tmp_path / "streamed"
-  driver.run_training(_params(one, algorithm=algorithm, eval_chunk=0, **extra))
+  # with fitted temperatures, the export states them (its models are untempered)
+  driver.run_training(_params(one, algorithm=algorithm, eval_chunk=0, **extra,
+                              **dict(export=True) if extra else {}))
   # chunks of 3 over 8 clients (a short last chunk), disk store, cache on
   driver.run_training(
       _params(streamed, algorithm=algorithm, eval_chunk=3, client_store="disk", **extra))
@@ -75,9 +78,12 @@ def test_streamed_cached_evaluation_equals_single_call(tmp_path, algorithm, extr
   header = list(_read(one / "metrics.csv")[0])
   assert {"server_ece", "mt_ece", "server_accuracy", "mt_loss"} <= set(header)
   if extra:  # one fitted temperature per predictive and round, a grid value
-    for row in _read(one / "metrics.csv"):
-      for key in ("server_temperature", "mt_temperature"):
+    rows = _read(one / "metrics.csv")
+    manifest = json.loads((one / "export" / "export.json").read_text())
+    for key in ("server_temperature", "mt_temperature"):
+      for row in rows:
         assert np.min(np.abs(np.log(float(row[key]) / temperature.TEMPERATURES))) < 1e-4
+      assert manifest["run"][key] == pytest.approx(float(rows[-1][key]), rel=1e-5)
 
 
 class _Counting:

@@ -419,6 +419,9 @@ class SummaryJson(RunOutput):
         self.path, json.dumps(strict_json(summary), indent=2, sort_keys=True, allow_nan=False))
 
 
+TEMPERATURE_KEYS = ("server_temperature", "mt_temperature")
+
+
 class Export(RunOutput):
   """`export/`: `tfbfl.export.export_run` of the final state, every client's
   model included (a never-selected client: its initial state); skipped, with a
@@ -437,12 +440,16 @@ class Export(RunOutput):
       if self.verbose:
         print(f"[{name}] no export: the algorithm has no export hooks.", flush=True)
       return
+    # The models are exported untempered; a run that fitted temperatures
+    # (`--temperature_scaling`) states its last ones in export.json's "run".
+    last = state.rows[-1] if state.rows else {}
     export.export_run(self.algorithm,
                       state.server_state,
                       export.iter_client_states(self.algorithm, self.client_ids, state.clients),
                       self.directory,
                       samples=self.samples,
                       seed=self.seed,
+                      info={k: last[k] for k in TEMPERATURE_KEYS if k in last},
                       raw_input=self.raw_input)
     if self.verbose:
       print(f"[{name}] exported the server and {len(self.client_ids)} client models to "

@@ -157,7 +157,8 @@ def test_option_rules():
 
 
 def test_every_algorithm_builds_its_config_from_the_defaults():
-  data = types.SimpleNamespace(input_shape=(64,), num_classes=10, client_ids=list(range(10)))
+  data = types.SimpleNamespace(input_shape=(64,), num_classes=10, client_ids=list(range(10)),
+                               train={})
   for spec in registry.specs():
     p = driver.resolve_params(dict(algorithm=spec.name))
     config = spec.make_config(p, data)

@@ -258,7 +258,8 @@ def test_export_gets_every_client_last(tmp_path, monkeypatch):
 
   calls = []
 
-  def export_run(algorithm, server_state, client_items, directory, *, samples, seed, raw_input):
+  def export_run(algorithm, server_state, client_items, directory, *, samples, seed, info,
+                 raw_input):
     calls.append(
         dict(algorithm=algorithm,
              server_state=server_state,
@@ -267,6 +268,7 @@ def test_export_gets_every_client_last(tmp_path, monkeypatch):
              samples=samples,
              seed=seed,
              raw_input=raw_input,
+             info=info,
              checkpoint=state_files.read_meta(str(tmp_path / round_loop.CHECKPOINT))["round"],
              summary=os.path.exists(tmp_path / "summary.json")))
 
@@ -290,6 +292,7 @@ def test_export_gets_every_client_last(tmp_path, monkeypatch):
   assert call["directory"] == os.path.join(str(tmp_path), "export")
   assert call["samples"] == 3 and call["seed"] == 1
   assert call["raw_input"] is data.raw_input  # the loader's preprocessing goes into the export
+  assert call["info"] == {}  # no fitted temperatures to state (`--temperature_scaling` off)
   assert call["checkpoint"] == 1 and call["summary"]  # last: after the checkpoint and summary
   assert [(cid, i) for cid, i, _ in call["items"]
          ] == [(str(c), i) for i, c in enumerate(data.client_ids)]

@@ -30,7 +30,8 @@ def _default_step(clients_per_round):
   """The step a launcher run with the shipped flags takes (its config, as built by the driver)."""
   p = driver.resolve_params(
       dict(algorithm="virtual", num_clients=K, clients_per_round=clients_per_round))
-  data = types.SimpleNamespace(input_shape=(3,), num_classes=1, client_ids=list(range(K)))
+  data = types.SimpleNamespace(input_shape=(3,), num_classes=1, client_ids=list(range(K)),
+                               train={})
   return registry.get("virtual").make_config(p, data).step
 
 

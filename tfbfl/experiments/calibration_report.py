@@ -207,29 +207,24 @@ def _temperature_lines(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
   return lines
 
 
-def table2_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
-  """Item 4: each row's chosen setting (`reproduce.calibration_choice`) on Table II's
-  protocol beside Table II's tuned VIRTUAL and FedAvg cells, and the claim: MT NLL at or
-  below FedAvg's at an MT accuracy within one s.e. of the tuned VIRTUAL's."""
-  lines = [f"**On Table II's protocol** (test split, {rp.TABLE2_ROUNDS['final']} rounds, "
-           "final round, mean ± s.e. over the seeds): each row's chosen setting, the "
-           "calibration setting above with the lowest MT NLL below the tuned one's at an MT "
-           "accuracy within one s.e. of it.", ""]
-  header = ("row", "setting", "seeds", "S acc", "S NLL", "S ECE", "MT acc", "MT NLL", "MT ECE")
-  table, claims = [], []
+def _table2_groups(records: Mapping[str, Mapping[str, Any]], row: str):
+  """`(choice, why, [(label, records)])` of a row on Table II's protocol: the tuned
+  VIRTUAL, the chosen setting (`reproduce.calibration_choice`) and FedAvg."""
+  choice, why = rp.calibration_choice(records, row)
+  return choice, why, [
+      ("VIRTUAL tuned", experiment_records(records, "table2", row, "virtual", "tuned")),
+      (f"VIRTUAL {choice or '(none chosen)'}",
+       experiment_records(records, rp.CALIBRATED_EXPERIMENT, row, "virtual", choice)
+       if choice else []),
+      ("FedAvg", experiment_records(records, "table2", row, BASELINE, "tuned"))]
+
+
+def calibrated_table2_claims(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
+  """Per row on Table II's protocol: the chosen setting's MT NLL at or below FedAvg's at
+  an MT accuracy within one s.e. of the tuned VIRTUAL's (pending until chosen and run)."""
+  claims = []
   for row in rp.TABLE2_ROWS:
-    choice, why = rp.calibration_choice(records, row)
-    groups = [("VIRTUAL tuned", experiment_records(records, "table2", row, "virtual", "tuned")),
-              (f"VIRTUAL {choice or '(none chosen)'}",
-               experiment_records(records, rp.CALIBRATED_EXPERIMENT, row, "virtual", choice)
-               if choice else []),
-              ("FedAvg", experiment_records(records, "table2", row, BASELINE, "tuned"))]
-    for label, recs in groups:
-      if recs:
-        table.append((row, label, len(recs), *[
-            _text(_finals(recs, k), scale, digits) for k, scale, digits in (
-                ("server_accuracy", 100, 2), ("server_loss", 1, 3), ("server_ece", 1, 3),
-                ("mt_accuracy", 100, 2), ("mt_loss", 1, 3), ("mt_ece", 1, 3))]))
+    choice, why, groups = _table2_groups(records, row)
     (_, reference), (label, chosen), (_, baseline) = groups
     text = f"- {row}, Table II protocol: a VIRTUAL setting as calibrated as FedAvg"
     if not choice:
@@ -245,6 +240,26 @@ def table2_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
       verdict = "held" if nll <= nll_base and acc >= acc_ref - se_ref else "not held"
       claims.append(f"{text}: {verdict} ({label}: MT NLL {nll:.3f} vs FedAvg {nll_base:.3f}; "
                     f"MT accuracy {acc:.2f} vs tuned {acc_ref:.2f} ± {se_ref:.2f} s.e.).")
+  return claims
+
+
+def table2_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
+  """Item 4: each row's chosen setting on Table II's protocol beside Table II's tuned
+  VIRTUAL and FedAvg cells (`_table2_groups`), and `calibrated_table2_claims`."""
+  lines = [f"**On Table II's protocol** (test split, {rp.TABLE2_ROUNDS['final']} rounds, "
+           "final round, mean ± s.e. over the seeds): each row's chosen setting, the "
+           "calibration setting above with the lowest MT NLL below the tuned one's at an MT "
+           "accuracy within one s.e. of it.", ""]
+  header = ("row", "setting", "seeds", "S acc", "S NLL", "S ECE", "MT acc", "MT NLL", "MT ECE")
+  table = []
+  for row in rp.TABLE2_ROWS:
+    for label, recs in _table2_groups(records, row)[2]:
+      if recs:
+        table.append((row, label, len(recs), *[
+            _text(_finals(recs, k), scale, digits) for k, scale, digits in (
+                ("server_accuracy", 100, 2), ("server_loss", 1, 3), ("server_ece", 1, 3),
+                ("mt_accuracy", 100, 2), ("mt_loss", 1, 3), ("mt_ece", 1, 3))]))
+  claims = calibrated_table2_claims(records)
   return lines + (_runs.md_table(header, table) + [""] if table else []) + claims + [""]
 
 

@@ -48,6 +48,21 @@ def calibration_sums(probs, labels, num_bins: int = NUM_BINS):
   return tf.stack([per_bin(ones), per_bin(conf), per_bin(correct)])
 
 
+def logit_sums(logits, labels, prefix: str):
+  """`{prefix}_loss` (summed softmax cross-entropy), `{prefix}_correct` (argmax right) and
+  `{prefix}_calibration` (`calibration_sums` of the softmax) of one deterministic model's
+  `logits` `[n, num_classes]`. TF ops, an OrderedDict."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  labels = tf.cast(labels, tf.int32)
+  return collections.OrderedDict([
+      (f"{prefix}_loss", tf.reduce_sum(
+          tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))),
+      (f"{prefix}_correct", tf.reduce_sum(
+          tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float32))),
+      (f"{prefix}_calibration", calibration_sums(tf.nn.softmax(logits), labels))])
+
+
 def probability_sums(probs, labels, prefix: str):
   """`{prefix}_loss` (summed `-log(p_y + 1e-12)`), `{prefix}_correct` (argmax right) and
   `{prefix}_calibration` (`calibration_sums`) of predictive probabilities `probs`

@@ -540,13 +540,8 @@ class ModelComputations:
     `{prefix}_calibration` (`tfbfl.metrics`); given a calibration split, also the grids
     that fit one temperature over the clients (`tfbfl.temperature.select`)."""
     logits = self._logits(weights, x)
-    loss = tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
-    correct = tf.reduce_sum(
-        tf.cast(tf.equal(tf.argmax(logits, -1, output_type=y.dtype), y), tf.float32))
-    out = collections.OrderedDict([
-        (f"{prefix}_loss", loss), (f"{prefix}_correct", correct),
-        ("num_examples", tf.cast(tf.shape(y)[0], tf.float32)),
-        (f"{prefix}_calibration", metrics_lib.calibration_sums(tf.nn.softmax(logits), y))])
+    out = metrics_lib.logit_sums(logits, y, prefix)
+    out["num_examples"] = tf.cast(tf.shape(y)[0], tf.float32)
     if x_calibration is not None:
       out[f"{prefix}_fit_nll"] = temperature.calibration_nll(
           self._logits(weights, x_calibration), y_calibration)

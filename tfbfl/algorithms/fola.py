@@ -547,22 +547,14 @@ class _LaplaceBase:
             v.assign(w)
           return model(x, training=False)
 
-        def score(prefix, weights):
-          logits = logits_of(weights)
-          nll = tf.reduce_sum(
-              tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
-          return collections.OrderedDict([
-              (f"{prefix}_loss", nll), (f"{prefix}_correct", _cross_entropy(logits, y)[1]),
-              (f"{prefix}_calibration", metrics_lib.calibration_sums(tf.nn.softmax(logits), y))])
-
         if samples:
           mean, std = server
           probs = laplace_predictive(lambda w: tf.nn.softmax(logits_of(w)), list(mean),
                                      list(std), samples, seed)
           out = metrics_lib.probability_sums(probs, y, "server")
         else:
-          out = score("server", list(server))
-        out.update(score("mt", list(state.weights)))
+          out = metrics_lib.logit_sums(logits_of(list(server)), y, "server")
+        out.update(metrics_lib.logit_sums(logits_of(list(state.weights)), y, "mt"))
         out["num_examples"] = tf.cast(tf.shape(y)[0], tf.float32)
         return out
 

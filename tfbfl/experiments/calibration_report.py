@@ -122,19 +122,23 @@ def calibration_claims(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
         continue
       text = (f"{row}, VIRTUAL {name}: final MT NLL at or below FedAvg's, MT accuracy within "
               "one s.e. of the tuned VIRTUAL's")
-      if min(len(recs), len(reference), len(baseline)) < 2:
-        lines.append(f"- {text}: pending ({len(recs)}, {len(reference)} and {len(baseline)} "
-                     "seeds of it, the tuned VIRTUAL and FedAvg recorded).")
-        continue
-      nll, _, _ = _mean_se(_finals(recs, "mt_loss"))
-      nll_base, _, _ = _mean_se(_finals(baseline, "mt_loss"))
-      acc, _, _ = _mean_se(_finals(recs, "mt_accuracy"), 100)
-      acc_ref, se_ref, _ = _mean_se(_finals(reference, "mt_accuracy"), 100)
-      held = nll <= nll_base and acc >= acc_ref - se_ref
-      verdict = "held" if held else "not held"
-      lines.append(f"- {text}: {verdict} (MT NLL {nll:.3f} vs FedAvg {nll_base:.3f}; MT "
-                   f"accuracy {acc:.2f} vs tuned {acc_ref:.2f} ± {se_ref:.2f} s.e.).")
+      lines.append(_claim(text, recs, reference, baseline))
   return lines
+
+
+def _claim(text: str, recs, reference, baseline, name: str = "it", prefix: str = "") -> str:
+  """The claim line: `recs`' mean final MT NLL at or below `baseline`'s and their MT
+  accuracy within one s.e. of `reference`'s (pending below two seeds of any)."""
+  if min(len(recs), len(reference), len(baseline)) < 2:
+    return (f"- {text}: pending ({len(recs)}, {len(reference)} and {len(baseline)} seeds of "
+            f"{name}, the tuned VIRTUAL and FedAvg recorded).")
+  nll = _mean_se(_finals(recs, "mt_loss"))[0]
+  nll_base = _mean_se(_finals(baseline, "mt_loss"))[0]
+  acc = _mean_se(_finals(recs, "mt_accuracy"), 100)[0]
+  acc_ref, se_ref, _ = _mean_se(_finals(reference, "mt_accuracy"), 100)
+  verdict = "held" if nll <= nll_base and acc >= acc_ref - se_ref else "not held"
+  return (f"- {text}: {verdict} ({prefix}MT NLL {nll:.3f} vs FedAvg {nll_base:.3f}; MT "
+          f"accuracy {acc:.2f} vs tuned {acc_ref:.2f} ± {se_ref:.2f} s.e.).")
 
 
 _LAYERS = ("log_prec_shared_1", "log_prec_private_1")
@@ -226,20 +230,9 @@ def calibrated_table2_claims(records: Mapping[str, Mapping[str, Any]]) -> List[s
   for row in rp.TABLE2_ROWS:
     choice, why, groups = _table2_groups(records, row)
     (_, reference), (label, chosen), (_, baseline) = groups
-    text = f"- {row}, Table II protocol: a VIRTUAL setting as calibrated as FedAvg"
-    if not choice:
-      claims.append(f"{text}: pending ({why}).")
-    elif min(len(chosen), len(reference), len(baseline)) < 2:
-      claims.append(f"{text}: pending ({len(chosen)}, {len(reference)} and {len(baseline)} "
-                    f"seeds of {label}, the tuned VIRTUAL and FedAvg recorded).")
-    else:
-      nll = _mean_se(_finals(chosen, "mt_loss"))[0]
-      nll_base = _mean_se(_finals(baseline, "mt_loss"))[0]
-      acc = _mean_se(_finals(chosen, "mt_accuracy"), 100)[0]
-      acc_ref, se_ref, _ = _mean_se(_finals(reference, "mt_accuracy"), 100)
-      verdict = "held" if nll <= nll_base and acc >= acc_ref - se_ref else "not held"
-      claims.append(f"{text}: {verdict} ({label}: MT NLL {nll:.3f} vs FedAvg {nll_base:.3f}; "
-                    f"MT accuracy {acc:.2f} vs tuned {acc_ref:.2f} ± {se_ref:.2f} s.e.).")
+    text = f"{row}, Table II protocol: a VIRTUAL setting as calibrated as FedAvg"
+    claims.append(f"- {text}: pending ({why})." if not choice else
+                  _claim(text, chosen, reference, baseline, label, f"{label}: "))
   return claims
 
 

@@ -62,8 +62,10 @@ TEMPERATURE_SCALING = dict(temperature_scaling=True, calibration_fraction=0.25)
 
 
 @pytest.mark.parametrize("algorithm, extra", [("virtual", {}), ("fedavg", {}),
-                                              ("fedavg", TEMPERATURE_SCALING)],
-                         ids=["virtual", "fedavg", "fedavg_temperature_scaling"])
+                                              ("fedavg", TEMPERATURE_SCALING),
+                                              ("virtual", dict(TEMPERATURE_SCALING, eval_samples=2))],
+                         ids=["virtual", "fedavg", "fedavg_temperature_scaling",
+                              "virtual_mc_temperature_scaling"])
 def test_streamed_cached_evaluation_equals_single_call(tmp_path, algorithm, extra):
   one = tmp_path / "one_call"
   streamed = tmp_path / "streamed"

@@ -108,8 +108,9 @@ def test_select_without_any_calibration_example_names_the_flag():
 @pytest.mark.parametrize("flags, match", [
     (dict(algorithm="fedavg", temperature_scaling=True), "set both or neither"),
     (dict(algorithm="fedavg", calibration_fraction=0.2), "set both or neither"),
-    (dict(algorithm="virtual", calibration_fraction=0.2, temperature_scaling=True),
-     "--algorithm=virtual does not have"),
+    (dict(algorithm="fola", calibration_fraction=0.2, temperature_scaling=True),
+     "--algorithm=fola does not have"),
+    (dict(algorithm="virtual", calibration_fraction=0.2), "set both or neither"),
     (dict(algorithm="local", calibration_fraction=0.2), "--algorithm=local does not have"),
 ])
 def test_impossible_flag_combinations_are_refused(flags, match, tmp_path):

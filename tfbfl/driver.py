@@ -181,7 +181,7 @@ def _check_temperature_scaling(p: Dict[str, Any], spec) -> None:
       raise ValueError(
           f"--calibration_fraction={fraction:g} holds out a calibration split that only "
           f"--temperature_scaling reads, which --algorithm={spec.name} does not have "
-          "(FedAvg, FedProx, FedPA do); leave --calibration_fraction at 0.")
+          "(FedAvg, FedProx, FedPA, VIRTUAL do); leave --calibration_fraction at 0.")
     return  # a --temperature_scaling it ignores is `_check_applicable`'s warning
   if (fraction > 0) != scaling:
     raise ValueError(

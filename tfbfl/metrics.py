@@ -22,6 +22,9 @@ from typing import Sequence
 import numpy as np
 
 NUM_BINS = 15
+# Added to a probability before its log (`probability_sums`): a Monte Carlo average can
+# hold an exact 0.
+PROBABILITY_FLOOR = 1e-12
 
 
 def calibration_sums(probs, labels, num_bins: int = NUM_BINS):
@@ -64,14 +67,14 @@ def logit_sums(logits, labels, prefix: str):
 
 
 def probability_sums(probs, labels, prefix: str):
-  """`{prefix}_loss` (summed `-log(p_y + 1e-12)`), `{prefix}_correct` (argmax right) and
+  """`{prefix}_loss` (summed `-log(p_y + PROBABILITY_FLOOR)`), `{prefix}_correct` (argmax right) and
   `{prefix}_calibration` (`calibration_sums`) of predictive probabilities `probs`
   `[n, num_classes]`, e.g. a Monte Carlo average of softmaxes. TF ops, an OrderedDict."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   probs = tf.convert_to_tensor(probs, tf.float32)
   labels = tf.cast(labels, tf.int32)
-  log_p = tf.math.log(probs + 1e-12)
+  log_p = tf.math.log(probs + PROBABILITY_FLOOR)
   return collections.OrderedDict([
       (f"{prefix}_loss", -tf.reduce_sum(tf.gather(log_p, labels, axis=1, batch_dims=1))),
       (f"{prefix}_correct", tf.reduce_sum(

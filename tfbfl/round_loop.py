@@ -321,7 +321,7 @@ class ExperimentRunner:
     self.client_ids = list(data.client_ids)
     self._train = [data.train[c] for c in self.client_ids]
     # A client's evaluation data: its test split, and its calibration split where the
-    # data hold one (FedAvg's temperature scaling fits there).
+    # data hold one (--temperature_scaling fits there).
     self._test = [data.test[c] + (data.calibration[c] if data.calibration else ())
                   for c in self.client_ids]
     self.rows: List[Dict[str, Any]] = []

@@ -62,6 +62,17 @@ def tempered_sums(logits, labels, temperatures=TEMPERATURES):
   return _nll_per_temperature(scaled, labels), bins
 
 
+def fit_sums(prefix: str, logits, labels, calibration_logits, calibration_labels):
+  """The grids one client reports for `prefix`'s temperature (`select`):
+  `{prefix}_fit_nll` (`calibration_nll` of its calibration split),
+  `{prefix}_tempered_loss` and `{prefix}_tempered_calibration` (`tempered_sums` of its
+  test split). A predictive given as probabilities `p` (a Monte Carlo average) passes
+  `log p` as its logits: `softmax(log p / T)` is `p^(1/T)` renormalised. TF ops, a dict."""
+  loss, bins = tempered_sums(logits, labels)
+  return {f"{prefix}_fit_nll": calibration_nll(calibration_logits, calibration_labels),
+          f"{prefix}_tempered_loss": loss, f"{prefix}_tempered_calibration": bins}
+
+
 def select(per_client: Sequence[Dict[str, np.ndarray]], key: str,
            temperatures=TEMPERATURES) -> float:
   """Fits `key`'s temperature (`server` or `mt`) and rewrites each client's sums in place.

@@ -64,6 +64,18 @@ class FederatedAlgorithm(Protocol):
     """Per-client sums {server_loss, server_correct, mt_loss, mt_correct, num_examples}."""
 
 
+def temperature_scaling_option():
+  """`--temperature_scaling`: one declaration for every algorithm that fits temperatures
+  (`tfbfl.temperature`; its evaluation data carry the calibration split)."""
+  return options.boolean(
+      False, "FedAvg, FedProx, FedPA, VIRTUAL: post-hoc temperature scaling: every "
+      "evaluation divides the S logits by one temperature and the MT logits by another "
+      "(VIRTUAL with --eval_samples: the log of the averaged probabilities), each the grid "
+      "value of the smallest NLL summed over the clients' calibration splits "
+      "(--calibration_fraction, never trained on); metrics.csv gets server_temperature "
+      "and mt_temperature.")
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ClientTraining:
   """Settings every algorithm with local training shares (one flag each).

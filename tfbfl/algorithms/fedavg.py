@@ -245,12 +245,7 @@ class FedAvgConfig(ModelConfig):
   """`ModelConfig` with the server optimizer and client momentum as flags (FedAvg,
   FedProx, FedPA): `--server_optimizer=sgd --server_momentum=0.9` is FedAvgM (Hsu et
   al., 2019), `--server_optimizer=adam` FedAdam (Reddi et al., 2021)."""
-  temperature_scaling: bool = options.boolean(
-      False, "FedAvg, FedProx, FedPA: post-hoc temperature scaling: every evaluation divides "
-      "the S logits by one temperature and the MT logits by another, each the grid value "
-      "of the smallest NLL summed over the clients' calibration splits "
-      "(--calibration_fraction, never trained on); metrics.csv gets server_temperature "
-      "and mt_temperature.")
+  temperature_scaling: bool = base.temperature_scaling_option()
   server_optimizer: str = options.choice(
       "sgd", SERVER_OPTIMIZERS,
       "FedAvg family and FedPA: the server optimizer applied to the mean client delta "
@@ -543,10 +538,8 @@ class ModelComputations:
     out = metrics_lib.logit_sums(logits, y, prefix)
     out["num_examples"] = tf.cast(tf.shape(y)[0], tf.float32)
     if x_calibration is not None:
-      out[f"{prefix}_fit_nll"] = temperature.calibration_nll(
-          self._logits(weights, x_calibration), y_calibration)
-      out[f"{prefix}_tempered_loss"], out[f"{prefix}_tempered_calibration"] = (
-          temperature.tempered_sums(logits, y))
+      out.update(temperature.fit_sums(prefix, logits, y, self._logits(weights, x_calibration),
+                                      y_calibration))
     return out
 
   # -------------------------------------------------- federated evaluation

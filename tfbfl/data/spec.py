@@ -43,7 +43,7 @@ class DataSpec:
   calibration_fraction: float = options.real(
       0.0,
       "Hold out this fraction of each client's training data, never trained on, as its "
-      "calibration split (read by FedAvg's --temperature_scaling); 0 = off.",
+      "calibration split (read by --temperature_scaling); 0 = off.",
       high=0.9)
   seed: int = 0  # the run's --seed: the same seed gives identical data
 

@@ -168,8 +168,11 @@ class VirtualAlgorithm:
     seed_type = tff.TensorType(np.int64, [2])
     y_dtype = np.int32 if cfg.likelihood == "categorical" else np.float32
     x_dtype = np.int32 if cfg.architecture == "lstm" else np.float32
-    data_type = tff.to_type(
-        (tff.TensorType(x_dtype, [None, *cfg.example_shape]), tff.TensorType(y_dtype, [None])))
+    split_types = (tff.TensorType(x_dtype, [None, *cfg.example_shape]),
+                   tff.TensorType(y_dtype, [None]))
+    data_type = tff.to_type(split_types)
+    # Evaluation data: the test split, then (temperature scaling) the calibration split.
+    eval_data_type = tff.to_type(split_types * 2 if cfg.temperature_scaling else split_types)
     self._aggregation = self._aggregator.create(posterior_type)
     aggregation = self._aggregation
     server_state_type = tff.to_type(
@@ -241,12 +244,12 @@ class VirtualAlgorithm:
                           uploads.delta_nonzeros, uploads.cavity_floored, uploads.dropped,
                           uploads.update_ratio)
 
-    @tff.tensorflow.computation(posterior_type, client_state_type, seed_type, data_type)
+    @tff.tensorflow.computation(posterior_type, client_state_type, seed_type, eval_data_type)
     def client_eval_comp(server_posterior, state, seed, data):
       state = as_client_state(state)
       return evaluate_client(cfg, gaussian.NaturalGaussian(*server_posterior), state, seed, *data)
 
-    @rounds.round_computation(server_state_type, client_state_type, seed_type, data_type)
+    @rounds.round_computation(server_state_type, client_state_type, seed_type, eval_data_type)
     def evaluate_fn(server_state, client_states, seeds, data):
       return tff.federated_map(
           client_eval_comp,
@@ -256,17 +259,17 @@ class VirtualAlgorithm:
     # posterior alone, MT from each client's state alone (so it can be cached).
     index_type = tff.TensorType(np.int32)
 
-    @tff.tensorflow.computation(posterior_type, index_type, seed_type, data_type)
+    @tff.tensorflow.computation(posterior_type, index_type, seed_type, eval_data_type)
     def server_eval_comp(server_posterior, client_index, seed, data):
       return evaluate_server_client(cfg, gaussian.NaturalGaussian(*server_posterior), client_index,
                                     seed, *data)
 
-    @tff.tensorflow.computation(client_state_type, index_type, seed_type, data_type)
+    @tff.tensorflow.computation(client_state_type, index_type, seed_type, eval_data_type)
     def own_eval_comp(state, client_index, seed, data):
       state = as_client_state(state)._replace(client_index=client_index)
       return evaluate_own_client(cfg, state, seed, *data)
 
-    @rounds.round_computation(server_state_type, index_type, seed_type, data_type)
+    @rounds.round_computation(server_state_type, index_type, seed_type, eval_data_type)
     def evaluate_server_fn(server_state, indices, seeds, data):
       return tff.federated_map(
           server_eval_comp, (tff.federated_broadcast(server_state.posterior), indices, seeds, data))
@@ -274,7 +277,7 @@ class VirtualAlgorithm:
     @tff.federated_computation(tff.FederatedType(client_state_type, tff.CLIENTS),
                                tff.FederatedType(index_type, tff.CLIENTS),
                                tff.FederatedType(seed_type, tff.CLIENTS),
-                               tff.FederatedType(data_type, tff.CLIENTS))
+                               tff.FederatedType(eval_data_type, tff.CLIENTS))
     def evaluate_clients_fn(client_states, indices, seeds, data):
       return tff.federated_map(own_eval_comp, (client_states, indices, seeds, data))
 

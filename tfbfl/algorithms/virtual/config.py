@@ -144,6 +144,7 @@ class VirtualConfig(base.ClientTraining):
   eval_samples: int = options.integer(0,
                                       "MC samples at evaluation (0: posterior mean).",
                                       high=10**6)
+  temperature_scaling: bool = base.temperature_scaling_option()
   input_shape: Optional[Sequence[int]] = None  # None: (input_dim,); images are flattened
   # How the clients' natural-parameter deltas are summed (`tfbfl.aggregators.sum_factory`).
   aggregator: str = options.choice(
@@ -179,6 +180,9 @@ class VirtualConfig(base.ClientTraining):
       raise ValueError(f"--server_lr (the EP step alpha) must be in (0, 1], got {self.server_lr}.")
     if self.likelihood not in ("categorical", "gaussian"):
       raise ValueError(f"likelihood must be 'categorical' or 'gaussian', got {self.likelihood!r}.")
+    if self.temperature_scaling and self.likelihood != "categorical":
+      raise ValueError("--temperature_scaling rescales a categorical predictive; "
+                       f"likelihood={self.likelihood!r} has none.")
     if not 0.0 <= self.prune_percentile < 100.0:
       raise ValueError(f"prune_percentile must be in [0, 100), got {self.prune_percentile}.")
     self.check_architecture(("mlp", "conv", "lstm"), "VIRTUAL")

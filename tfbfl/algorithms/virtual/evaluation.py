@@ -6,7 +6,9 @@ server network with `q_i` where `private` is off; a client never trained has its
 initial model). Each is the network at the posterior means (`eval_samples == 0`)
 or the average of `eval_samples` sampled forward passes: per client the summed
 negative log-likelihood of `log(p + 1e-12)`, correct `argmax` predictions and,
-for a categorical likelihood, the calibration sums.
+for a categorical likelihood, the calibration sums. With `--temperature_scaling` the
+evaluation data also hold each client's calibration split, and S and MT each carry the
+grids that fit one temperature over the clients (`tfbfl.temperature`).
 """
 
 from __future__ import annotations
@@ -22,32 +24,53 @@ from tfbfl.algorithms.virtual.model import flatten_for_mlp
 # TensorFlow and the modules built on it load when an algorithm is built (`tfbfl._lazy`).
 tf = _lazy.load("tensorflow")
 metrics_lib = _lazy.load("tfbfl.metrics")
+temperature = _lazy.load("tfbfl.temperature")
 
 
-def _predictive_sums(cfg: VirtualConfig, net, posterior, head, seed, x, y, prefix):
-  """`{prefix}_loss`, `{prefix}_correct` (and `{prefix}_calibration` for a
-  categorical likelihood) of the predictive with shared `posterior` and the
-  network's current private weights: head 0 is the server network (S), head 1
-  the client network (MT). The posterior mean network (`eval_samples == 0`), or
-  an average over `eval_samples` forward passes seeded from `seed`. Runs in the
-  caller's `tf.function`."""
-  net.set_shared_posterior(posterior)
+def _predictive(cfg: VirtualConfig, net, head, seed, x):
+  """The predictive of head 0 (the server network, S) or 1 (the client network, MT)
+  with the network's current shared posterior and private weights: the network at the
+  posterior means (`eval_samples == 0`), or the average of `eval_samples` forward
+  passes seeded from `seed`; probabilities for a categorical likelihood, else means.
+  Runs in the caller's `tf.function`."""
   to_prob = tf.nn.softmax if cfg.likelihood == "categorical" else tf.identity
   # server_logits(x, s) equals forward(x, s)[0] and reads no private weight.
   out = (lambda s: net.server_logits(x, seed=s)) if head == 0 else (
       lambda s: net.forward(x, seed=s)[head])
   if cfg.eval_samples == 0:
-    avg = to_prob(out(None))
-  else:
-    avg = tf.zeros([tf.shape(x)[0], cfg.num_classes])
-    for s in tf.range(cfg.eval_samples):
-      avg += to_prob(out(tf.random.experimental.stateless_fold_in(seed, s))) / cfg.eval_samples
+    return to_prob(out(None))
+  avg = tf.zeros([tf.shape(x)[0], cfg.num_classes])
+  for s in tf.range(cfg.eval_samples):
+    avg += to_prob(out(tf.random.experimental.stateless_fold_in(seed, s))) / cfg.eval_samples
+  return avg
+
+
+def _predictive_sums(cfg: VirtualConfig, net, posterior, head, seed, data, prefix):
+  """`{prefix}_loss`, `{prefix}_correct` (and `{prefix}_calibration` for a
+  categorical likelihood) of `_predictive` with shared `posterior` on `data`'s test
+  split `(x, y)`; with `--temperature_scaling` `data` also holds the calibration split
+  and the sums carry the temperature grids (`tfbfl.temperature.fit_sums`, on the log
+  probabilities). Runs in the caller's `tf.function`."""
+  net.set_shared_posterior(posterior)
+  x, y = data[0], data[1]
+  avg = _predictive(cfg, net, head, seed, x)
   if cfg.likelihood == "gaussian":
     err = tf.cast(y, tf.float32) - tf.squeeze(avg, -1)
     return collections.OrderedDict([
         (f"{prefix}_loss", tf.reduce_sum(0.5 * tf.square(err) / cfg.noise_scale**2)),
         (f"{prefix}_correct", tf.constant(0.0))])
-  return metrics_lib.probability_sums(avg, y, prefix)
+  out = metrics_lib.probability_sums(avg, y, prefix)
+  if cfg.temperature_scaling:
+    x_calibration, y_calibration = data[2], data[3]
+    log_p = lambda p: tf.math.log(p + metrics_lib.PROBABILITY_FLOOR)
+    out.update(temperature.fit_sums(prefix, log_p(avg), y,
+                                    log_p(_predictive(cfg, net, head, seed, x_calibration)),
+                                    y_calibration))
+  return out
+
+
+TEMPERATURE_GRIDS = tuple(f"{prefix}_{grid}" for prefix in ("server", "mt")
+                          for grid in ("fit_nll", "tempered_loss", "tempered_calibration"))
 
 
 def _order_sums(s, m, n, client_index):
@@ -57,58 +80,68 @@ def _order_sums(s, m, n, client_index):
       out[key] = s[key] if key in s else m[key]
   out["num_examples"] = n
   out["client_index"] = client_index
-  for key in ("server_calibration", "mt_calibration"):
+  for key in ("server_calibration", "mt_calibration", *TEMPERATURE_GRIDS):
     if key in s or key in m:
       out[key] = s[key] if key in s else m[key]
   return out
 
 
-def evaluate_client(cfg: VirtualConfig, server_posterior, state: ClientState, seed, x, y):
+def _flat_data(cfg: VirtualConfig, data):
+  """The test split `(x, y)`, then with `--temperature_scaling` the calibration split,
+  each `x` flattened for an MLP."""
+  if len(data) != (4 if cfg.temperature_scaling else 2):
+    raise ValueError(f"evaluation data of {len(data)} arrays; expected the test split "
+                     "(x, y)" + (" and the calibration split" if cfg.temperature_scaling else ""))
+  return tuple(flatten_for_mlp(cfg, a) if j % 2 == 0 else a for j, a in enumerate(data))
+
+
+def evaluate_client(cfg: VirtualConfig, server_posterior, state: ClientState, seed, *data):
   """Per-client sums {server_loss, server_correct, mt_loss, mt_correct,
-  num_examples, client_index[, server_calibration, mt_calibration]}: S and MT in
+  num_examples, client_index[, server_calibration, mt_calibration, temperature grids]}:
+  S and MT in
   one call (`VirtualAlgorithm.evaluate`; the driver's streamed path uses
   `evaluate_server_client` and `evaluate_own_client`, which compute the same)."""
   net = build_networks(cfg)
-  x = flatten_for_mlp(cfg, x)
+  data = _flat_data(cfg, data)
 
   @tf.function
   def run():
     net.set_private_weights(state.private)
-    s = _predictive_sums(cfg, net, server_posterior, 0, seed, x, y, "server")
+    s = _predictive_sums(cfg, net, server_posterior, 0, seed, data, "server")
     # MT: the client's own q_i, which for a client never trained is its initial
     # model (s^(0) and its seeded private network), as for every algorithm.
-    m = _predictive_sums(cfg, net, state.shared_posterior, 1 if cfg.private else 0, seed, x, y,
+    m = _predictive_sums(cfg, net, state.shared_posterior, 1 if cfg.private else 0, seed, data,
                          "mt")
-    return _order_sums(s, m, tf.cast(tf.shape(y)[0], tf.float32), state.client_index)
+    return _order_sums(s, m, tf.cast(tf.shape(data[1])[0], tf.float32), state.client_index)
 
   return run()
 
 
-def evaluate_server_client(cfg: VirtualConfig, server_posterior, client_index, seed, x, y):
+def evaluate_server_client(cfg: VirtualConfig, server_posterior, client_index, seed, *data):
   """S of one client: {server_loss, server_correct, num_examples, client_index[,
-  server_calibration]} from the server posterior alone (no client state)."""
+  server_calibration, its grids]} from the server posterior alone (no client state)."""
   net = build_networks(cfg)
-  x = flatten_for_mlp(cfg, x)
+  data = _flat_data(cfg, data)
 
   @tf.function
   def run():
-    s = _predictive_sums(cfg, net, server_posterior, 0, seed, x, y, "server")
-    return _order_sums(s, {}, tf.cast(tf.shape(y)[0], tf.float32), client_index)
+    s = _predictive_sums(cfg, net, server_posterior, 0, seed, data, "server")
+    return _order_sums(s, {}, tf.cast(tf.shape(data[1])[0], tf.float32), client_index)
 
   return run()
 
 
-def evaluate_own_client(cfg: VirtualConfig, state: ClientState, seed, x, y):
+def evaluate_own_client(cfg: VirtualConfig, state: ClientState, seed, *data):
   """MT of one client: {mt_loss, mt_correct, num_examples, client_index[,
-  mt_calibration]} from its state alone (its q_i and private network)."""
+  mt_calibration, its grids]} from its state alone (its q_i and private network)."""
   net = build_networks(cfg)
-  x = flatten_for_mlp(cfg, x)
+  data = _flat_data(cfg, data)
 
   @tf.function
   def run():
     net.set_private_weights(state.private)
-    m = _predictive_sums(cfg, net, state.shared_posterior, 1 if cfg.private else 0, seed, x, y,
+    m = _predictive_sums(cfg, net, state.shared_posterior, 1 if cfg.private else 0, seed, data,
                          "mt")
-    return _order_sums({}, m, tf.cast(tf.shape(y)[0], tf.float32), state.client_index)
+    return _order_sums({}, m, tf.cast(tf.shape(data[1])[0], tf.float32), state.client_index)
 
   return run()

@@ -11,6 +11,8 @@ is never trained on: the run's training split has shrunk by it.
 
 import csv
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -99,3 +101,27 @@ def test_gaussian_likelihood_is_refused():
   with pytest.raises(ValueError, match="--temperature_scaling"):
     VirtualConfig(input_dim=2, num_classes=1, num_clients=2, likelihood="gaussian",
                   temperature_scaling=True)
+
+
+def test_launcher_flags_fit_temperatures(tmp_path):
+  """`python -m launchers.train` with the documented flags, as a user runs it."""
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+  out = subprocess.run([sys.executable, "-m", "launchers.train", "--algorithm=virtual",
+                        "--rounds=1", "--epochs_per_round=1", "--num_clients=4",
+                        "--clients_per_round=2", "--hidden_units=8", "--eval_samples=2",
+                        "--temperature_scaling", "--calibration_fraction=0.2",
+                        f"--output_dir={tmp_path}"],
+                       capture_output=True, text=True, timeout=240, env=env,
+                       stdin=subprocess.DEVNULL)
+  assert out.returncode == 0, out.stderr[-2000:]
+  with open(os.path.join(tmp_path, "metrics.csv")) as f:
+    last = list(csv.DictReader(f))[-1]
+  for key in ("server_temperature", "mt_temperature"):
+    assert np.min(np.abs(np.log(float(last[key]) / temperature.TEMPERATURES))) < 1e-4
+  # without the split it reads, the flag is refused before any training, naming both flags
+  bad = subprocess.run([sys.executable, "-m", "launchers.train", "--algorithm=virtual",
+                        "--temperature_scaling", f"--output_dir={tmp_path / 'bad'}"],
+                       capture_output=True, text=True, timeout=120, env=env,
+                       stdin=subprocess.DEVNULL)
+  assert bad.returncode != 0 and "--calibration_fraction" in bad.stderr
+  assert not (tmp_path / "bad").exists()

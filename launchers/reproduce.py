@@ -18,7 +18,8 @@ stops the invocation and writes no record. The real data are read from `--data_r
 it). After running, and with `--report` alone, the report is
 rebuilt from the records: `<results_dir>/REPORT.md`, `<results_dir>/figures/*.png`
 and the block between the reproduction markers of `--readme`. See
-`tfbfl/experiments/reproduce.py` for the cells and the records.
+`tfbfl/experiments/reproduce.py` for the cells, `records.py` for the records and
+`runner.py` for the runs.
 """
 
 import os
@@ -27,8 +28,10 @@ from absl import app
 from absl import flags
 
 from tfbfl import flags as tfbfl_flags
+from tfbfl.experiments import records as records_lib
 from tfbfl.experiments import reproduce
 from tfbfl.experiments import reproduction_report
+from tfbfl.experiments import runner
 
 F = flags.FLAGS
 flags.DEFINE_list("cells", ["*"], "Cell names as `--list` prints them, or shell patterns, "
@@ -56,21 +59,21 @@ def main(argv):
   if F.report and F.list:
     raise ValueError("--report and --list: give one of them.")
   selected = lambda records: reproduce.select(reproduce.catalogue(records, F.catalogue), F.cells)
-  records = reproduce.read_records(F.results_dir)
+  records = records_lib.read_records(F.results_dir)
   cells = selected(records)
   readme = F.readme or None
   if readme is not None and not os.path.isfile(readme):
     raise FileNotFoundError(f"--readme={readme}: no such file (empty --readme writes none).")
   if F.list:
-    print("\n".join(reproduce.listing(cells, records)))
+    print("\n".join(runner.listing(cells, records)))
     return
   if not F.report:
     try:
-      reproduce.run(cells, results_dir=F.results_dir, work_dir=F.work_dir,
+      runner.run(cells, results_dir=F.results_dir, work_dir=F.work_dir,
                     data_root=F.data_root, max_cells=F.max_cells, max_hours=F.max_hours,
                     refresh=selected,
                     all_cells=lambda records: reproduce.catalogue(records, F.catalogue))
-    except reproduce.CellFailed as e:
+    except runner.CellFailed as e:
       raise ValueError(str(e)) from None
   reproduction_report.write_report(F.results_dir, readme=readme)
   print(f"reproduce: report written to {os.path.join(F.results_dir, 'REPORT.md')}" +

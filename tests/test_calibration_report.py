@@ -7,6 +7,7 @@ import numpy as np
 from tfbfl import metrics
 from tfbfl.experiments import calibration_report
 from tfbfl.experiments import reproduce
+from tfbfl.experiments import runner
 
 
 def _calibration(rng, client_nll, confidence):
@@ -31,7 +32,7 @@ def _record(cell, mt_accuracy, mt_loss, client_nll, confidence, log_prec=None):
     curves.update(log_prec_shared_1=[5.99, log_prec], log_prec_private_1=[5.99, log_prec - 1])
   result = dict(curves=curves,
                 summary=dict(final_calibration=_calibration(rng, client_nll, confidence)))
-  return reproduce.make_record(cell, cell.command("out", "/data"), result, 10.0, time.time())
+  return runner.make_record(cell, cell.command("out", "/data"), result, 10.0, time.time())
 
 
 def test_claims_table_and_figures_follow_the_records(tmp_path):

@@ -14,8 +14,10 @@ import pytest
 
 from tfbfl import data as data_lib
 from tfbfl import round_loop
+from tfbfl.experiments import records as records_lib
 from tfbfl.experiments import reproduce
 from tfbfl.experiments import reproduction_report
+from tfbfl.experiments import runner
 
 from launcher_helpers import ROOT
 
@@ -24,7 +26,7 @@ def _record(cell, curves, wall=10.0):
   """A record as `run_cell` writes it, with the given per-round curves."""
   result = dict(curves=dict(round=list(range(1, len(curves["mt_accuracy"]) + 1)), **curves),
                 summary={})
-  return reproduce.make_record(cell, cell.command("out", "/data"), result, wall, time.time())
+  return runner.make_record(cell, cell.command("out", "/data"), result, wall, time.time())
 
 
 def _write(results_dir, rec):
@@ -118,13 +120,13 @@ def test_a_row_can_shrink_its_grid_and_a_fixed_axis_is_no_edge(tmp_path):
   for c in pmnist:
     _write(results, _record(c, dict(mt_accuracy=[0.5, 0.9 if c.flag_dict["client_lr"] == inner
                                                  else 0.8])))
-  text = "\n".join(reproduction_report.table2_markdown(reproduce.read_records(results)))
+  text = "\n".join(reproduction_report.table2_markdown(records_lib.read_records(results)))
   chosen = f"**client_lr={inner:g},kl_weight=0.0001: 90.0**"
   assert chosen in text and chosen + " †" not in text
   for c in pmnist:  # now the top lr wins: on the edge
     top = c.flag_dict["client_lr"] == max(lrs)
     _write(results, _record(c, dict(mt_accuracy=[0.5, 0.95 if top else 0.8])))
-  text = "\n".join(reproduction_report.table2_markdown(reproduce.read_records(results)))
+  text = "\n".join(reproduction_report.table2_markdown(records_lib.read_records(results)))
   assert f"**client_lr={max(lrs):g},kl_weight=0.0001: 95.0** †" in text
 
 
@@ -159,13 +161,13 @@ def test_one_invocation_runs_the_tuning_then_the_cells_waiting_on_it(tmp_path, m
                                       reproduce.TABLE2_ROUNDS["final"], c.seed, False)
       old[c.name] = _record(dataclasses.replace(c, flags=flags), dict(mt_accuracy=[0.5, 0.97]))
       _write(str(results), old[c.name])
-  monkeypatch.setattr(reproduce, "run_cell", fake_run_cell)
-  reproduce.run(cells, results_dir=str(results), work_dir=str(tmp_path / "work"),
+  monkeypatch.setattr(runner, "run_cell", fake_run_cell)
+  runner.run(cells, results_dir=str(results), work_dir=str(tmp_path / "work"),
                 data_root=str(data_root), log=lambda line: None, refresh=refresh,
                 all_cells=reproduce.catalogue)
   steps = len(reproduce.STEP_STAGE["fedavg"]) - 1
   assert [n.split("/")[1] for n in ran] == ["tune"] * len(lrs) + ["tune_step"] * steps + ["table2"] * 3
-  records = reproduce.read_records(str(results))
+  records = records_lib.read_records(str(results))
   assert all(records[n]["flags"]["client_lr"] == best_lr for n in ran[len(lrs):])
   assert all(records[n]["flags"]["server_lr"] == best_step for n in ran[-3:])
   # The old records were moved to the default step's cells before the tuned cells ran.
@@ -176,7 +178,7 @@ def test_one_invocation_runs_the_tuning_then_the_cells_waiting_on_it(tmp_path, m
         {k: rec[k] for k in ("flags", "result", "command")}
   # Without `refresh` the waiting cells stay waiting.
   ran.clear()
-  reproduce.run(refresh({}), results_dir=str(tmp_path / "again"), work_dir=str(tmp_path / "w2"),
+  runner.run(refresh({}), results_dir=str(tmp_path / "again"), work_dir=str(tmp_path / "w2"),
                 data_root=str(data_root), log=lambda line: None)
   assert ran and all("/tune/" in n for n in ran)
 
@@ -197,10 +199,10 @@ def test_select_and_status():
     reproduce.select(cells, ["nothing/like/this"])
   c = pfnm[0]
   rec = _record(c, dict(mt_accuracy=[0.5]))
-  assert reproduce.status(c, {}) == "todo"
-  assert reproduce.status(c, {c.name: rec}) == "done"
+  assert runner.status(c, {}) == "todo"
+  assert runner.status(c, {c.name: rec}) == "done"
   stale = dict(rec, flags=dict(rec["flags"], J=999))
-  assert reproduce.status(c, {c.name: stale}) == "stale"
+  assert runner.status(c, {c.name: stale}) == "stale"
 
 
 # ---------------------------------------------------------- validation split
@@ -297,7 +299,7 @@ def test_report_judges_the_claims_from_records_alone(tmp_path):
   for c in fola[:2]:
     methods = {m: dict(curves=dict(round=[1, 2, 3], server_accuracy=[0.3, g, g + 0.01]))
                for m, g in (("fola", 0.8), ("fedavg", 0.6))}
-    rec = reproduce.make_record(c, c.command("out", "/data"), dict(methods=methods), 10.0,
+    rec = runner.make_record(c, c.command("out", "/data"), dict(methods=methods), 10.0,
                                 time.time())
     _write(results, rec)
   text = reproduction_report.write_report(results)
@@ -323,13 +325,13 @@ def test_a_killed_cell_is_redone_and_the_others_are_not(tmp_path):
   first = tmp_path / "results" / "smoke/digits/digits/fedavg/default/seed0.json"
   proc = subprocess.Popen(_runner(tmp_path), cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                           stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
-  runner = psutil.Process(proc.pid)
+  runner_process = psutil.Process(proc.pid)
   deadline = time.time() + 240
   while not first.exists() and time.time() < deadline and proc.poll() is None:
     time.sleep(0.2)
   assert first.exists(), "the first cell did not finish"
   time.sleep(2.0)  # the second cell's launcher is running now
-  children = runner.children(recursive=True)
+  children = runner_process.children(recursive=True)
   proc.send_signal(signal.SIGKILL)
   proc.wait()
   psutil.wait_procs(children, timeout=30)
@@ -359,7 +361,7 @@ def test_ablation_cells_change_one_knob_of_the_tuned_setting_and_report_the_diff
   best = tuning[-1].flag_dict
   for c in tuning:
     _write(results, _record(c, dict(mt_accuracy=[0.5, 0.9 if c is tuning[-1] else 0.8])))
-  records = reproduce.read_records(results)
+  records = records_lib.read_records(results)
   cells = [c for c in reproduce.catalogue(records) if c.experiment == "ablate"
            and c.row == "mnist"]
   # "tuned" at seed 0 is the chosen tuning cell itself: not run twice.
@@ -380,7 +382,7 @@ def test_ablation_cells_change_one_knob_of_the_tuned_setting_and_report_the_diff
   # Seed 0 of "tuned": the chosen tuning cell's record (best MT 0.90 above).
   rec = _record(tuning[-1], curves(dataclasses.replace(tuning[-1], setting="tuned")))
   _write(results, rec)
-  text = "\n".join(reproduction_report.ablation_markdown(reproduce.read_records(results)))
+  text = "\n".join(reproduction_report.ablation_markdown(records_lib.read_records(results)))
   assert "| tuned | 90.0 ± 0.0 | 90.5 ± 0.7 | — | 0.300 ± 0.000 | 0.020 ± 0.000 | 2 |" in text
   assert "| server_lr=0.2 | 90.0 ± 0.0 | 93.5 ± 0.7 | +3.00 ± 0.71 |" in text
   assert "| gate_init=0 | — | — | — | — | — | 0 |" in text
@@ -396,7 +398,7 @@ def test_the_server_step_stage_tunes_virtuals_step_after_its_grid(tmp_path):
   for c in tuning:
     _write(results, _record(c, dict(mt_accuracy=[0.5, 0.9 if c is tuning[-1] else 0.8])))
   grid = dict(reproduce._hparams(tuning[-1], "virtual"))
-  records = reproduce.read_records(results)
+  records = records_lib.read_records(results)
 
   def mnist_virtual(records, experiment):
     return [c for c in reproduce.catalogue(records)
@@ -406,14 +408,14 @@ def test_the_server_step_stage_tunes_virtuals_step_after_its_grid(tmp_path):
   assert all("server step" in c.depends for c in tuned)
   # A record from before the stage existed waits too; it is not re-run at no setting.
   old = _record(tuned[0], dict(mt_accuracy=[0.5, 0.97]))
-  assert reproduce.status(tuned[0], {tuned[0].name: old}) == "waiting"
+  assert runner.status(tuned[0], {tuned[0].name: old}) == "waiting"
   stage = [c for c in mnist_virtual(records, "ablate")
            if c.setting.startswith("server_lr=") and c.seed == 0]
   assert sorted(c.flag_dict["server_lr"] for c in stage) == [0.05, 0.2, 0.4]
   scores = {"server_lr=0.05": 0.85, "server_lr=0.2": 0.93, "server_lr=0.4": 0.92}
   for c in stage:
     _write(results, _record(c, dict(mt_accuracy=[0.5, scores[c.setting]])))
-  records = reproduce.read_records(results)
+  records = records_lib.read_records(results)
   for c in mnist_virtual(records, "table2"):
     assert not c.depends and c.flag_dict["server_lr"] == 0.2
     assert {k: c.flag_dict[k] for k in grid} == grid
@@ -443,7 +445,7 @@ def test_the_server_step_stage_tunes_virtuals_step_after_its_grid(tmp_path):
   assert "**server_lr=0.4: 95.0** †" in reproduction_report.write_report(results)
   for c in stage:
     _write(results, _record(c, dict(mt_accuracy=[0.5, 0.5])))
-  records = reproduce.read_records(results)
+  records = records_lib.read_records(results)
   assert not mnist_virtual(records, "default_step")
   assert all("server_lr" not in c.flag_dict for c in mnist_virtual(records, "table2"))
 
@@ -480,7 +482,7 @@ def test_a_baselines_step_stage_and_the_records_it_refiles(tmp_path):
   grid = fedavg({}, "tune")
   for c in grid:
     _write(results, _record(c, dict(mt_accuracy=[0.5, 0.9 if c is grid[0] else 0.8])))
-  records = reproduce.read_records(results)
+  records = records_lib.read_records(results)
   stage = fedavg(records, "tune_step")
   assert sorted(c.flag_dict["server_lr"] for c in stage) == [0.2, 0.4, 0.6, 0.8, 1.5, 2.0, 3.0]
   assert all(c.flag_dict["client_lr"] == grid[0].flag_dict["client_lr"] for c in stage)
@@ -495,21 +497,21 @@ def test_a_baselines_step_stage_and_the_records_it_refiles(tmp_path):
   for c in stage:
     _write(results, _record(c, dict(mt_accuracy=[0.5, 0.95 if c.setting == "server_lr=0.6"
                                                  else 0.85])))
-  records = reproduce.read_records(results)
+  records = records_lib.read_records(results)
   tuned, beside = fedavg(records, "table2"), fedavg(records, "default_step")
-  assert [reproduce.status(c, records) for c in tuned] == ["stale"] * 3
-  assert [reproduce.status(c, records) for c in beside] == ["todo"] * 3
+  assert [runner.status(c, records) for c in tuned] == ["stale"] * 3
+  assert [runner.status(c, records) for c in beside] == ["todo"] * 3
   lines = []
-  records = reproduce.refile(reproduce.catalogue(records), records, results, lines.append)
-  assert len(lines) == 3 and records == reproduce.read_records(results)
+  records = runner.refile(reproduce.catalogue(records), records, results, lines.append)
+  assert len(lines) == 3 and records == records_lib.read_records(results)
   for rec, c in zip(old, beside):
     moved = records[c.name]
     assert moved["refiled_from"] == rec["cell"]["name"] and rec["cell"]["name"] not in records
     assert {k: v for k, v in moved.items() if k not in ("cell", "refiled_from")} == \
         {k: v for k, v in rec.items() if k != "cell"}
-    assert reproduce.status(c, records) == "done"
-  assert [reproduce.status(c, records) for c in fedavg(records, "table2")] == ["todo"] * 3
-  assert reproduce.refile(reproduce.catalogue(records), records, results, lines.append) == records
+    assert runner.status(c, records) == "done"
+  assert [runner.status(c, records) for c in fedavg(records, "table2")] == ["todo"] * 3
+  assert runner.refile(reproduce.catalogue(records), records, results, lines.append) == records
   assert len(lines) == 3
   for c in fedavg(records, "table2"):
     assert c.flag_dict["server_lr"] == 0.6
@@ -532,20 +534,21 @@ def test_a_run_the_robust_rounds_stop_is_recorded_and_loses_its_tuning(tmp_path)
   results = str(tmp_path / "results")
   kw = dict(results_dir=results, work_dir=str(tmp_path / "work"), data_root=str(tmp_path),
             log=lambda line: None)
-  rec = reproduce.run_cell(cell, **kw)
-  assert "every client update was dropped" in reproduce.stopped(rec)
-  assert reproduce.read_records(results)[cell.name]["result"]["stopped"] == reproduce.stopped(rec)
+  rec = runner.run_cell(cell, **kw)
+  assert "every client update was dropped" in records_lib.stopped(rec)
+  recorded = records_lib.read_records(results)[cell.name]
+  assert recorded["result"]["stopped"] == records_lib.stopped(rec)
   assert len(rec["result"]["curves"]["round"]) == round_loop.ALL_DROPPED_STOP_ROUNDS
-  assert "until the run stopped" in reproduce.headline(rec)
+  assert "until the run stopped" in runner.headline(rec)
   fine = _record(base, dict(mt_accuracy=[0.1, 0.2]))
   halted = dict(rec, result=dict(rec["result"], curves=dict(rec["result"]["curves"],
                                                             mt_accuracy=[0.9, 0.9, 0.9])))
   assert reproduce.best_tuning_index([halted, fine]) == 1
   bad = dataclasses.replace(base, setting="bad", flags=tuple(sorted(
       dict(base.flag_dict, client_lr=-1.0).items())))
-  with pytest.raises(reproduce.CellFailed, match="launcher exited 1"):
-    reproduce.run_cell(bad, **kw)
-  assert bad.name not in reproduce.read_records(results)
+  with pytest.raises(runner.CellFailed, match="launcher exited 1"):
+    runner.run_cell(bad, **kw)
+  assert bad.name not in records_lib.read_records(results)
 
 
 def test_a_crashed_worker_costs_one_more_run_of_the_cell(tmp_path):
@@ -568,14 +571,14 @@ def test_a_crashed_worker_costs_one_more_run_of_the_cell(tmp_path):
           p.send_signal(signal.SIGSEGV)
           killed.append(p.pid)
 
-  rec = reproduce.run_cell(cell, results_dir=str(results), work_dir=str(work),
+  rec = runner.run_cell(cell, results_dir=str(results), work_dir=str(work),
                            data_root=str(tmp_path), log=log)
   assert len(killed) == 1, "one worker_binary, killed once"
   crashed = (work / cell.name / "log.crashed.txt").read_text().splitlines()
   assert crashed[-1].startswith("FATAL train: TFF worker"), crashed[-3:]
   assert [l for l in lines if "its TFF worker crashed" in l and "running it again" in l]
   assert rec["attempts"] == 2 and rec["result"]["curves"]["round"] == [1, 2, 3, 4]
-  assert reproduce.read_records(str(results))[cell.name]["attempts"] == 2
+  assert records_lib.read_records(str(results))[cell.name]["attempts"] == 2
 
 
 def test_a_stopped_cell_resumes_from_its_checkpoint_and_records_the_same_result(tmp_path):
@@ -594,13 +597,13 @@ def test_a_stopped_cell_resumes_from_its_checkpoint_and_records_the_same_result(
 
   stopped_results, work = tmp_path / "stopped", tmp_path / "work"
   with pytest.raises(KeyboardInterrupt):
-    reproduce.run_cell(cell, results_dir=str(stopped_results), work_dir=str(work),
+    runner.run_cell(cell, results_dir=str(stopped_results), work_dir=str(work),
                        data_root=str(tmp_path), log=stop_after_round_2)
   assert not list(stopped_results.rglob("*.json"))  # no record of a stopped cell
   assert (work / cell.name / "run" / "checkpoint.npz").exists()
-  resumed = reproduce.run_cell(cell, results_dir=str(stopped_results), work_dir=str(work),
+  resumed = runner.run_cell(cell, results_dir=str(stopped_results), work_dir=str(work),
                                data_root=str(tmp_path), log=lines.append)
-  whole = reproduce.run_cell(cell, results_dir=str(tmp_path / "whole"),
+  whole = runner.run_cell(cell, results_dir=str(tmp_path / "whole"),
                              work_dir=str(tmp_path / "work_whole"), data_root=str(tmp_path),
                              log=lines.append)
   assert resumed["resumed_from_rounds"] and 1 <= resumed["resumed_from_rounds"][0] <= 2
@@ -619,7 +622,7 @@ def test_collect_train_keeps_the_fitted_temperatures_only_where_a_run_has_them(t
   (tmp_path / "tempered").mkdir()
   (tmp_path / "tempered" / "metrics.csv").write_text(
       f"{header},server_temperature,mt_temperature\n1,0.5,1.0,0.5,1.0,0.82,1.22\n")
-  plain = reproduce.collect_train(str(tmp_path / "plain"))["curves"]
-  tempered = reproduce.collect_train(str(tmp_path / "tempered"))["curves"]
+  plain = records_lib.collect_train(str(tmp_path / "plain"))["curves"]
+  tempered = records_lib.collect_train(str(tmp_path / "tempered"))["curves"]
   assert "mt_temperature" not in plain
   assert tempered["server_temperature"] == [0.82] and tempered["mt_temperature"] == [1.22]

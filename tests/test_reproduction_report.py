@@ -7,8 +7,10 @@ import time
 
 import pytest
 
+from tfbfl.experiments import records as records_lib
 from tfbfl.experiments import reproduce
 from tfbfl.experiments import reproduction_report as report
+from tfbfl.experiments import runner
 from tfbfl.experiments import virtual_tables
 
 from launcher_helpers import ROOT
@@ -21,13 +23,13 @@ def _record(cell, curves=None, result=None):
   if result is None:
     n = len(curves["mt_accuracy"])
     result = dict(curves=dict(round=list(range(1, n + 1)), **curves), summary={})
-  return reproduce.make_record(cell, cell.command("out", "/data"), result, 10.0, time.time())
+  return runner.make_record(cell, cell.command("out", "/data"), result, 10.0, time.time())
 
 
 def _femnist_tuning():
   """The committed FEMNIST-MLP tuning records (they choose Table II's settings that the
   FEMNIST experiments run at)."""
-  records = {n: r for n, r in reproduce.read_records(RESULTS).items()
+  records = {n: r for n, r in records_lib.read_records(RESULTS).items()
              if r["cell"]["row"] == "femnist_mlp" and r["cell"]["experiment"] in ("tune", "ablate")}
   if not records:
     pytest.skip(f"no FEMNIST-MLP tuning records under {RESULTS}")

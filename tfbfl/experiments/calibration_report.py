@@ -23,6 +23,7 @@ from typing import Any, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from tfbfl.experiments import _runs
+from tfbfl.experiments import records as records_lib
 from tfbfl.experiments import reproduce as rp
 
 EXPERIMENT = "calibration"
@@ -61,7 +62,7 @@ def _baseline_label(algorithm: str, setting: str) -> str:
   return name if setting == REFERENCE else f"{name} {setting}"
 
 
-_finals = rp.final_values
+_finals = records_lib.final_values
 
 
 def _color(label: str) -> str:

@@ -1,5 +1,6 @@
 """The reproduction report: the papers' tables, claims and figures, and a coverage
-table, rebuilt from the campaign's records alone (`tfbfl.experiments.reproduce`).
+table, rebuilt from the campaign's records alone (`tfbfl.experiments.records`) of the
+catalogue's cells (`tfbfl.experiments.reproduce`).
 
 `write_report` writes `<results_dir>/REPORT.md`, `<results_dir>/figures/*.png` and the
 reproduction block of docs/reproduction.md (the launcher's `--readme`). Every number is
@@ -20,7 +21,9 @@ import numpy as np
 from tfbfl import round_loop
 from tfbfl.experiments import _runs
 from tfbfl.experiments import calibration_report
+from tfbfl.experiments import records as records_lib
 from tfbfl.experiments import reproduce as rp
+from tfbfl.experiments import runner
 
 # The windows `_late_rise` compares: the last LATE_WINDOW evaluated rounds against
 # the LATE_WINDOW before them.
@@ -30,7 +33,7 @@ LATE_WINDOW = 10
 def _late_rise(rec: Mapping[str, Any], key: str) -> float:
   """Mean of curve `key` over the last `LATE_WINDOW` evaluated rounds minus its mean
   over the `LATE_WINDOW` before them (nan when the curve is shorter than both)."""
-  vals = rp.curve_values(rec, key)
+  vals = records_lib.curve_values(rec, key)
   if len(vals) < 2 * LATE_WINDOW:
     return float("nan")
   return float(np.mean(vals[-LATE_WINDOW:]) - np.mean(vals[-2 * LATE_WINDOW:-LATE_WINDOW]))
@@ -64,11 +67,11 @@ def table2_summary(records: Mapping[str, Mapping[str, Any]]) -> Dict[Tuple[str, 
       recs = _cell_records(records, "table2", row, alg)
       m = dict(records=recs, seeds=[r["cell"]["seed"] for r in recs])
       for key in ("server_accuracy", "mt_accuracy"):
-        m[f"best_{key}"] = [rp.best_value(r, key) for r in recs]
-        m[f"final_{key}"] = [rp.final_value(r, key) for r in recs]
+        m[f"best_{key}"] = [records_lib.best_value(r, key) for r in recs]
+        m[f"final_{key}"] = [records_lib.final_value(r, key) for r in recs]
         m[f"late_rise_{key}"] = [_late_rise(r, key) for r in recs]
       for key in ("server_loss", "mt_loss", "server_ece", "mt_ece"):
-        m[f"final_{key}"] = [rp.final_value(r, key) for r in recs]
+        m[f"final_{key}"] = [records_lib.final_value(r, key) for r in recs]
       m["rounds"] = sorted({r["flags"].get("rounds") for r in recs})
       m["setting"] = ({k: v for k, v in recs[0]["flags"].items() if k in rp.setting_keys(row, alg)}
                       if recs else {})
@@ -143,7 +146,7 @@ def table2_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
         chosen = tun[rp.best_tuning_index(tun)]
         cells = []
         for r in tun:
-          text = f"{r['cell']['setting']}: {rp.score_text(r)}"
+          text = f"{r['cell']['setting']}: {records_lib.score_text(r)}"
           if r is chosen:
             edge = any(r["flags"][k] in (min(v), max(v))
                        for k, v in rp.tuning_axes(row, alg).items()
@@ -171,7 +174,7 @@ def _step_stage_rows(records: Mapping[str, Mapping[str, Any]], row: str,
     if rec is None:
       continue
     label = step if step == rp.DEFAULT_STEP else rp.setting_name(dict(server_lr=step))
-    text = f"{label}: {rp.score_text(rec)}"
+    text = f"{label}: {records_lib.score_text(rec)}"
     if chosen == rp.step_setting(grid, step):
       text = f"**{text}**" + (" †" if step in (steps[0], steps[-1]) else "")
     cells.append(text)
@@ -194,20 +197,20 @@ def _difference_rows(by_name: Mapping[str, Sequence[Mapping[str, Any]]],
                      ref: str) -> List[Tuple[Any, ...]]:
   """One row per name: best S and MT, the MT difference to `ref` with its standard
   error over the seeds, final MT NLL and ECE, and the number of seeds."""
-  ref_mt = _mean_std([rp.best_value(r, "mt_accuracy") for r in by_name[ref]], 100)
+  ref_mt = _mean_std([records_lib.best_value(r, "mt_accuracy") for r in by_name[ref]], 100)
   rows = []
   for name, recs in by_name.items():
-    mt = _mean_std([rp.best_value(r, "mt_accuracy") for r in recs], 100)
+    mt = _mean_std([records_lib.best_value(r, "mt_accuracy") for r in recs], 100)
     diff = "—"
     if name != ref and mt[2] and ref_mt[2]:
       d, se = _runs.mean_difference(mt, ref_mt)
       diff = f"{d:+.2f} ± {se:.2f}" if min(mt[2], ref_mt[2]) > 1 else f"{d:+.2f} (1 seed: no s.e.)"
-    halted = sum(bool(rp.stopped(r)) for r in recs)
-    label = f"{name} (rp.stopped: {halted} of {len(recs)} seeds)" if halted else name
-    rows.append((label, _pm([rp.best_value(r, "server_accuracy") for r in recs]),
-                 _pm([rp.best_value(r, "mt_accuracy") for r in recs]), diff,
-                 _pm([rp.final_value(r, "mt_loss") for r in recs], 1, 3),
-                 _pm([rp.final_value(r, "mt_ece") for r in recs], 1, 3), len(recs)))
+    halted = sum(bool(records_lib.stopped(r)) for r in recs)
+    label = f"{name} (stopped: {halted} of {len(recs)} seeds)" if halted else name
+    rows.append((label, _pm([records_lib.best_value(r, "server_accuracy") for r in recs]),
+                 _pm([records_lib.best_value(r, "mt_accuracy") for r in recs]), diff,
+                 _pm([records_lib.final_value(r, "mt_loss") for r in recs], 1, 3),
+                 _pm([records_lib.final_value(r, "mt_ece") for r in recs], 1, 3), len(recs)))
   return rows
 
 
@@ -568,7 +571,7 @@ def fola_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
     best: Dict[str, List[float]] = {}
     for r in curves:
       for m, res in r["result"]["methods"].items():
-        best.setdefault(m, []).append(rp.best_value({"result": res}, "server_accuracy"))
+        best.setdefault(m, []).append(records_lib.best_value({"result": res}, "server_accuracy"))
     lines += _runs.md_table(("method", "best GA", "repeats"),
                             [(m, _pm(v), len(v)) for m, v in sorted(best.items())])
   return lines + ["", "Claims:", ""] + (fola_claims(records) or ["- pending (no records)."])
@@ -680,12 +683,12 @@ def fola_curve_records(records: Mapping[str, Mapping[str, Any]]
 
 def _largest_drop(rec: Mapping[str, Any]) -> float:
   """The largest fall of the global accuracy from one evaluated round to the next."""
-  v = rp.curve_values(rec, "server_accuracy")
+  v = records_lib.curve_values(rec, "server_accuracy")
   return float(max([a - b for a, b in zip(v, v[1:])] + [0.0]))
 
 
 def _at_round(rec: Mapping[str, Any], n: int) -> float:
-  v = rp.curve_values(rec, "server_accuracy")
+  v = records_lib.curve_values(rec, "server_accuracy")
   return float(v[n - 1]) if len(v) >= n else float("nan")
 
 
@@ -710,7 +713,7 @@ def fola_curves_claims(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
 
 def fola_curves_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
   rows = [(n, m, _pm([_at_round(r, 5) for r in recs]),
-           _pm([rp.best_value(r, "server_accuracy") for r in recs]),
+           _pm([records_lib.best_value(r, "server_accuracy") for r in recs]),
            _pm([_largest_drop(r) for r in recs]), len(recs))
           for (n, m), recs in fola_curve_records(records).items()]
   lines = _anchor("fola-fig-3a-n", f"FOLA Fig. 3(a) for several N (alpha = 0.01, E = 5, lr = "
@@ -915,10 +918,10 @@ def _records_of(records: Mapping[str, Mapping[str, Any]], paper: str, experiment
 
 
 def _bests(recs: Sequence[Mapping[str, Any]], key: str) -> List[float]:
-  return [rp.best_value(r, key) for r in recs]
+  return [records_lib.best_value(r, key) for r in recs]
 
 
-_finals = rp.final_values
+_finals = records_lib.final_values
 
 
 _anchor = _runs.anchor
@@ -940,7 +943,7 @@ def _upload_kb(rec: Mapping[str, Any]) -> Optional[float]:
 def _delta_nonzeros(rec: Mapping[str, Any]) -> Optional[float]:
   """Mean non-zero entries of one client's delta a round (metrics.csv's `delta_nonzeros`
   over the clients of the round); None where the record has no such column."""
-  vals = rp.curve_values(rec, "delta_nonzeros")
+  vals = records_lib.curve_values(rec, "delta_nonzeros")
   c = rec["flags"].get("clients_per_round")
   return float(np.mean(vals)) / c if vals and c else None
 
@@ -1432,8 +1435,9 @@ def coverage_rows(records: Mapping[str, Mapping[str, Any]]) -> List[Tuple[Any, .
       rows.append((item.paper, item.item, item.note, 0, "—", "—"))
       continue
     mine = rp.select(cells, item.cells)
-    done = [c for c in mine if rp.status(c, records) == "done"]
-    left = sum(rp.measured_seconds(c, records) for c in mine if rp.status(c, records) != "done")
+    done = [c for c in mine if runner.status(c, records) == "done"]
+    left = sum(runner.measured_seconds(c, records) for c in mine
+               if runner.status(c, records) != "done")
     if len(done) == len(mine):
       status = "reproduced"
     elif done:
@@ -1500,7 +1504,7 @@ def write_report(results_dir: str, readme: Optional[str] = None) -> str:
   """Writes `<results_dir>/REPORT.md` and `<results_dir>/figures/*.png` from the records;
   with `readme`, also replaces the block between `README_BEGIN` and `README_END` in
   that file (ValueError if the markers are missing). Returns the report's text."""
-  records = rp.read_records(results_dir)
+  records = records_lib.read_records(results_dir)
   figures = []
   for name, plot in FIGURES:
     if plot(os.path.join(results_dir, "figures", name), records):

@@ -1,0 +1,155 @@
+"""The campaign's records: what one holds, reading them, and values read off them.
+
+A *record* is the small JSON file `<results_dir>/<cell name>.json` that the runner
+(`tfbfl.experiments.runner`) writes when a cell of the catalogue
+(`tfbfl.experiments.reproduce`) finishes: the cell, its flags and command, the commit,
+wall time, machine, and the result. The result is what a collector (`COLLECTORS`, one
+per launcher) keeps of the launcher's own output files: per-round S/MT accuracy, NLL,
+ECE and bytes for training cells (`collect_train`); per-method accuracies for PFNM and
+FOLA cells. `read_records` reads every record under a results directory;
+`curve_values`, `best_value`, `final_value`, `final_values`, `stopped` and `score_text`
+read one record's values, for the catalogue's tuning choices, the runner's progress
+lines and the report.
+
+Nothing here knows the catalogue's cells: the catalogue reads record values to choose
+its tuned settings, so the records sit below it. This module imports neither
+TensorFlow nor absl.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+
+from tfbfl.experiments import _runs
+
+RECORD_VERSION = 1  # `runner.make_record` writes it; `read_records` passes over others
+
+
+# ------------------------------------------------------------------- reading
+def read_records(results_dir: str) -> Dict[str, Dict[str, Any]]:
+  """cell name -> record, for every readable record under `results_dir`."""
+  out = {}
+  if not os.path.isdir(results_dir):
+    return out
+  for root, _, files in os.walk(results_dir):
+    for f in files:
+      if f.endswith(".json"):
+        rec = _runs.read_json(os.path.join(root, f))
+        if isinstance(rec, dict) and rec.get("record_version") == RECORD_VERSION and "cell" in rec:
+          out[rec["cell"]["name"]] = rec
+  return out
+
+
+# -------------------------------------------------------- a record's result
+def _read_csv(path: str) -> List[Dict[str, str]]:
+  with open(path, newline="") as f:
+    return list(csv.DictReader(f))
+
+
+def _number(text: str) -> Any:
+  try:
+    v = float(text)
+  except (TypeError, ValueError):
+    return text
+  return int(v) if v.is_integer() and "." not in str(text) and "e" not in str(text) else v
+
+
+CURVE_COLUMNS = ("round", "server_accuracy", "server_loss", "server_ece", "mt_accuracy", "mt_loss",
+                 "mt_ece", "train_loss", "clients_dropped", "delta_nonzeros", "bytes_up_total",
+                 "bytes_down_total",
+                 "wall_time_s")
+# Curves kept when a run has them: VIRTUAL's variance trajectories (metrics.csv's
+# `log_prec_*` columns, `mean_shared_log_precision`) and the fitted temperatures
+# (`--temperature_scaling`).
+CURVE_PREFIXES = ("log_prec_", "mean_shared_log_precision")
+OPTIONAL_CURVES = ("server_temperature", "mt_temperature")
+SUMMARY_KEYS = ("best_server_accuracy", "best_mt_accuracy", "final_server_accuracy",
+                "final_mt_accuracy", "final_server_nll", "final_mt_nll", "final_server_ece",
+                "final_mt_ece", "rounds", "wall_time_s", "bytes_up_total", "bytes_down_total",
+                "data_fingerprint", "final_calibration")
+
+
+def collect_train(output_dir: str) -> Dict[str, Any]:
+  """A training cell's result: per-round curves (evaluated rounds) and summary keys."""
+  rows = _runs.read_metrics(output_dir)
+  extra = sorted({c for r in rows for c in r if c.startswith(CURVE_PREFIXES) or
+                  c in OPTIONAL_CURVES})
+  curves = {c: [_number(r.get(c, "")) if r.get(c, "") != "" else None for r in rows]
+            for c in CURVE_COLUMNS + tuple(extra)}
+  summary = _runs.read_json(os.path.join(output_dir, _runs.SUMMARY)) or {}
+  return dict(curves=curves, summary={k: summary.get(k) for k in SUMMARY_KEYS})
+
+
+def collect_csv(name: str) -> Callable[[str], Dict[str, Any]]:
+  def collect(output_dir: str) -> Dict[str, Any]:
+    rows = _read_csv(os.path.join(output_dir, name))
+    return dict(rows=[{k: _number(v) for k, v in r.items()} for r in rows])
+
+  return collect
+
+
+def collect_fola_curves(output_dir: str) -> Dict[str, Any]:
+  """Per method, the learning curve of its run (`<output_dir>/<method>/alpha_*`)."""
+  out = {}
+  for method in sorted(os.listdir(output_dir)):
+    mdir = os.path.join(output_dir, method)
+    if not os.path.isdir(mdir):
+      continue
+    for sub in sorted(os.listdir(mdir)):
+      if os.path.exists(os.path.join(mdir, sub, _runs.METRICS)):
+        out[method] = collect_train(os.path.join(mdir, sub))
+  return dict(methods=out)
+
+
+def collect_snr_cdf(output_dir: str) -> Dict[str, Any]:
+  """Fig. 4's per-layer quantiles of log10 SNR and the CDF curves (`launchers.virtual_snr_cdf`)."""
+  return dict(quantiles=collect_csv("fig4_summary.csv")(output_dir)["rows"],
+              cdf=collect_csv("fig4_snr_cdf.csv")(output_dir)["rows"])
+
+
+COLLECTORS: Dict[str, Callable[[str], Dict[str, Any]]] = {
+    "train": collect_train,
+    "pfnm_batches": collect_csv("trials.csv"),
+    "pfnm_depth": collect_csv("trials.csv"),
+    "pfnm_streaming": collect_csv("trials.csv"),
+    "pfnm_sensitivity": collect_csv("trials.csv"),
+    "fola_first_round": collect_csv("first_round.csv"),
+    "fola_curves": collect_fola_curves,
+    "virtual_snr_cdf": collect_snr_cdf,
+}
+
+
+# ------------------------------------------------------------------- values
+def curve_values(rec: Mapping[str, Any], key: str) -> List[float]:
+  """A training record's curve `key` on its evaluated rounds."""
+  return [v for v in rec["result"]["curves"].get(key, []) if v is not None]
+
+
+def best_value(rec: Optional[Mapping[str, Any]], key: str) -> float:
+  """Max over evaluated rounds of a training record's curve `key` (nan if none)."""
+  if rec is None:
+    return float("nan")
+  vals = curve_values(rec, key)
+  return float(max(vals)) if vals else float("nan")
+
+
+def final_value(rec: Mapping[str, Any], key: str) -> float:
+  vals = curve_values(rec, key)
+  return float(vals[-1]) if vals else float("nan")
+
+
+def final_values(recs: Sequence[Mapping[str, Any]], key: str) -> List[float]:
+  """`final_value` of each record."""
+  return [final_value(r, key) for r in recs]
+
+
+def stopped(rec: Mapping[str, Any]) -> str:
+  """The launcher's one line where the robust rounds stopped the cell's run, else ''."""
+  return rec["result"].get("stopped", "")
+
+
+def score_text(rec: Mapping[str, Any]) -> str:
+  """A tuning record's best-round MT accuracy, % (marked where its run stopped)."""
+  return f"{100 * best_value(rec, 'mt_accuracy'):.1f}" + (" (stopped)" if stopped(rec) else "")

@@ -1,0 +1,380 @@
+"""Runs the catalogue's cells, each as its own launcher process, and writes their records.
+
+Each cell (`tfbfl.experiments.reproduce.Cell`) runs its launcher as a child process
+(`python -m launchers.<name>`) in a scratch directory; when it exits 0, `run_cell` reads
+the launcher's own output files (`records.COLLECTORS`) and writes the cell's record
+(`make_record`) atomically to `<results_dir>/<cell name>.json`. A cell is done when its
+record exists with the same flags (`status`); a cell killed mid-run has no record and
+runs again next time, and the others are not touched. `refile` moves a record whose
+cell now wants other flags to the cell that runs exactly them. `run` runs a selection
+of cells, cheapest first; `listing` is what `--list` prints.
+
+This module imports neither TensorFlow nor absl.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import platform
+import re
+import shlex
+import signal
+import subprocess
+import time
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+
+import numpy as np
+
+from tfbfl import round_loop
+from tfbfl import run_directory
+from tfbfl.experiments import _runs
+from tfbfl.experiments import records as records_lib
+from tfbfl.experiments.reproduce import Cell
+
+
+# -------------------------------------------------------- cells' records
+# What ties a cell to its record (whether it is done, the record it gets, a record moved
+# to another cell) lives here, above the catalogue: `records` reads records without cells.
+def status(cell: Cell, records: Mapping[str, Mapping[str, Any]]) -> str:
+  """'done', 'stale' (recorded with other flags), 'waiting' (tuning unfinished, even
+  where an earlier tuning's record exists: its setting is not known yet) or 'todo'."""
+  if cell.depends:
+    return "waiting"
+  rec = records.get(cell.name)
+  if rec is not None:
+    if _runs.jsonable(cell.flag_dict) == rec.get("flags"):
+      return "done"
+    return "stale"
+  return "waiting" if cell.depends else "todo"
+
+
+def machine() -> Dict[str, Any]:
+  """Where a record was measured (its wall times depend on it)."""
+  return dict(cores=os.cpu_count(), platform=platform.platform(), python=platform.python_version(),
+              load_1min=os.getloadavg()[0] if hasattr(os, "getloadavg") else None)
+
+
+def make_record(cell: Cell, command: Sequence[str], result: Dict[str, Any], wall_s: float,
+                started: float) -> Dict[str, Any]:
+  return _runs.jsonable(
+      dict(record_version=records_lib.RECORD_VERSION,
+           cell=_cell_fields(cell),
+           flags=cell.flag_dict,
+           command=" ".join(shlex.quote(a) for a in ["python"] + list(command[1:])),
+           **run_directory.source_provenance(),
+           started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+           wall_time_s=round(wall_s, 1),
+           machine=machine(),
+           result=result))
+
+
+def _cell_fields(cell: Cell) -> Dict[str, Any]:
+  return dict(name=cell.name, paper=cell.paper, experiment=cell.experiment, row=cell.row,
+              algorithm=cell.algorithm, setting=cell.setting, seed=cell.seed,
+              launcher=cell.launcher)
+
+
+def refile(cells: Sequence[Cell], records: Mapping[str, Mapping[str, Any]], results_dir: str,
+           log: Callable[[str], None] = _runs.log_line) -> Dict[str, Dict[str, Any]]:
+  """Moves each record that its own cell no longer wants (status 'stale') to the cell of
+  `cells` that has no record yet and runs exactly its launcher and flags; returns the
+  records as they are then.
+
+  This is how Table II's tuned records at the default server step become the
+  `default_step` cells once the step stage chooses another step, instead of being
+  overwritten by the tuned cells' new runs. The moved record keeps its result,
+  command, commit and times; its `cell` is the new one and `refiled_from` names the
+  old. The new file is written (atomically) before the old one is removed.
+  """
+  records = dict(records)
+  by_name = {c.name: c for c in cells}
+  for target in cells:
+    if status(target, records) != "todo":
+      continue
+    wanted = _runs.jsonable(target.flag_dict)
+    source = next((by_name[n] for n, r in records.items()
+                   if n in by_name and r.get("flags") == wanted and
+                   r["cell"]["launcher"] == target.launcher and
+                   status(by_name[n], records) == "stale"), None)
+    if source is None:
+      continue
+    moved = _runs.jsonable(dict(records[source.name], cell=_cell_fields(target),
+                                refiled_from=source.name))
+    round_loop.atomic_write_text(target.record_path(results_dir),
+                                 json.dumps(moved, indent=1, sort_keys=True) + "\n")
+    os.remove(source.record_path(results_dir))
+    records[target.name] = moved
+    del records[source.name]
+    log(f"reproduce: the record of {source.name} (its cell now wants other flags) has "
+        f"{target.name}'s flags; moved there")
+  return records
+
+
+# -------------------------------------------------------------------- running
+class CellFailed(RuntimeError):
+  """A cell's launcher exited non-zero (the message names the cell and its log)."""
+
+
+# A crashed TFF worker (1 in ~290 cells of the campaign, a segfault in gRPC's server
+# thread) costs one more run of the cell, not the runner's stop.
+WORKER_CRASH_ATTEMPTS = 2
+
+
+def _die_with_parent() -> Optional[Callable[[], None]]:
+  """A `preexec_fn` that asks the kernel to SIGTERM the cell's launcher when the
+  runner dies (Linux; None elsewhere). libc is loaded here, in the parent: code
+  between fork and exec must not load libraries."""
+  try:
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+  except OSError:
+    return None
+  return lambda: libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def run_cell(cell: Cell, *, results_dir: str, work_dir: str, data_root: str,
+             log: Callable[[str], None]) -> Dict[str, Any]:
+  """Runs one cell's launcher; writes and returns its record.
+
+  The launcher's output goes to the console and to `<work_dir>/<cell>/log.txt`.
+  `CellFailed` (naming the log) if the launcher fails; the record is written only
+  after a finished run, atomically. A training run the robust rounds stopped (exit
+  `round_loop.RUN_STOPPED_STATUS`) is finished: its record keeps the rounds it ran
+  and, under `result["stopped"]`, the launcher's one-line cause. A launcher whose TFF
+  worker crashed (exit `round_loop.WORKER_EXITED_STATUS`) runs once more from the
+  start (its log kept as `log.crashed.txt`; the record then says `"attempts": 2`, and
+  its wall time counts both runs). A cell that sets `checkpoint_every` continues from
+  the checkpoint an interrupted invocation (or a crashed attempt) left in its run
+  directory, so a stop loses at most that many rounds; the record lists the rounds it
+  resumed from (`resumed_from_rounds`) and its wall time counts this invocation only.
+  """
+  out_dir = os.path.join(work_dir, cell.name)
+  os.makedirs(out_dir, exist_ok=True)
+  run_out = os.path.join(out_dir, "run")
+  log_path = os.path.join(out_dir, "log.txt")
+  started = time.time()
+  resumed = []
+  for attempt in range(1, WORKER_CRASH_ATTEMPTS + 1):
+    command = cell.command(run_out, data_root)
+    if cell.launcher == "train":
+      command.append("--resume" if _resumable(cell, run_out) else "--overwrite")
+    code = _run_launcher(command, log_path, log)
+    resumed += _resumed_rounds(log_path)
+    if code != round_loop.WORKER_EXITED_STATUS or attempt == WORKER_CRASH_ATTEMPTS:
+      break
+    crashed_log = os.path.join(out_dir, "log.crashed.txt")
+    os.replace(log_path, crashed_log)
+    log(f"reproduce: cell {cell.name}: its TFF worker crashed "
+        f"({_tail(crashed_log, 1).strip()[:200]}); running it again")
+  run_stopped = cell.launcher == "train" and code == round_loop.RUN_STOPPED_STATUS
+  if code != 0 and not run_stopped:
+    tail = _tail(log_path, 5)
+    raise CellFailed(f"cell {cell.name}: launcher exited {code}; log {log_path}:\n{tail}")
+  result = records_lib.COLLECTORS[cell.launcher](run_out)
+  if run_stopped:  # a setting that diverges is a result (a tuning grid's included), not a failure
+    result["stopped"] = _tail(log_path, 1).strip()
+  record = make_record(cell, command, result, time.time() - started, started)
+  if attempt > 1:
+    record["attempts"] = attempt
+  if resumed:
+    record["resumed_from_rounds"] = resumed
+  round_loop.atomic_write_text(cell.record_path(results_dir),
+                               json.dumps(record, indent=1, sort_keys=True) + "\n")
+  return record
+
+
+def _resumable(cell: Cell, run_out: str) -> bool:
+  """Whether the cell's training run continues from its checkpoint: the cell sets
+  `checkpoint_every` and an earlier invocation left `checkpoint.npz` in its run
+  directory (the launcher refuses one written with other flags or on other data)."""
+  return bool(cell.flag_dict.get("checkpoint_every")) and os.path.exists(
+      os.path.join(run_out, round_loop.CHECKPOINT))
+
+
+_RESUMED = re.compile(r"^resumed from .* at round (\d+)")
+
+
+def _resumed_rounds(log_path: str) -> List[int]:
+  """The rounds a launcher's log says its run resumed from (`round_loop`'s start line)."""
+  with open(log_path) as f:
+    return [int(m.group(1)) for m in map(_RESUMED.match, f) if m]
+
+
+def _run_launcher(command: List[str], log_path: str, log: Callable[[str], None]) -> int:
+  """Runs a cell's launcher, its output to `log_path` (progress lines to `log` too);
+  its exit status. The launcher dies with the runner, and with an exception here."""
+  env = dict(os.environ, PYTHONUNBUFFERED="1")
+  env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  with open(log_path, "w") as log_file:
+    proc = subprocess.Popen(command, cwd=_repo_root(), env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+                            preexec_fn=_die_with_parent())
+    try:
+      for line in proc.stdout:
+        log_file.write(line)
+        if line.startswith("["):  # the launchers' progress lines
+          log(f"  {line.rstrip()}")
+      return proc.wait()
+    except BaseException:
+      proc.terminate()
+      try:
+        proc.wait(timeout=30)
+      except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+      raise
+
+
+def _tail(path: str, n: int) -> str:
+  with open(path) as f:
+    return "".join(f.readlines()[-n:])
+
+
+def _repo_root() -> str:
+  return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def measured_seconds(cell: Cell, records: Mapping[str, Mapping[str, Any]]) -> float:
+  """The cell's estimate, rescaled by what recorded cells of the same kind took."""
+  same = [
+      r for n, r in records.items()
+      if r["cell"]["launcher"] == cell.launcher and r["cell"]["row"] == cell.row and
+      r["cell"]["algorithm"] == cell.algorithm and r["cell"]["experiment"] == cell.experiment
+  ]
+  if not same:
+    return cell.estimate_s
+  per_round = []
+  for r in same:
+    rounds = r["flags"].get("rounds")
+    if rounds:
+      per_round.append(float(r["wall_time_s"]) / float(rounds))
+  rounds = cell.flag_dict.get("rounds")
+  if per_round and rounds:
+    return float(np.mean(per_round)) * float(rounds)
+  return float(np.mean([float(r["wall_time_s"]) for r in same]))
+
+
+def run(cells: Sequence[Cell], *, results_dir: str, work_dir: str, data_root: str,
+        max_cells: Optional[int] = None, max_hours: Optional[float] = None,
+        log: Callable[[str], None] = _runs.log_line,
+        refresh: Optional[Callable[[Mapping[str, Any]], Sequence[Cell]]] = None,
+        all_cells: Optional[Callable[[Mapping[str, Any]], Sequence[Cell]]] = None) -> List[str]:
+  """Runs the selected cells that are not done (`status` 'todo' or 'stale'), one at a
+  time, cheapest first (catalogue order among equal estimates); returns the names run.
+
+  `refresh(records)`: the selected cells as the catalogue builds them from `records`;
+  given, a waiting (tuned) cell whose tuning a finished cell completed joins the
+  queue at its chosen setting, so one invocation runs the tuning and then the cells
+  that wait on it. `all_cells(records)`: the whole catalogue; given, records are
+  `refile`d before the plan and after each cell (selected or not, a stale cell's
+  record another cell wants is moved there before the stale cell runs again).
+
+  Prints the plan and its cost estimate first. Cells whose data folder is missing
+  under `data_root` are skipped with a line naming it; `waiting` cells are listed.
+  `max_cells` / `max_hours` stop the loop before a cell that would start past them.
+  """
+  records = _refiled(records_lib.read_records(results_dir), all_cells, results_dir, log)
+  todo, waiting, missing = [], [], []
+  for c in cells:
+    s = status(c, records)
+    if s == "waiting":
+      waiting.append(c)
+    elif s in ("todo", "stale"):
+      absent = [n for n in c.needs if not os.path.isdir(os.path.join(data_root, n))]
+      (missing if absent else todo).append((c, absent))
+  est = {c.name: measured_seconds(c, records) for c, _ in todo}
+  todo.sort(key=lambda item: est[item[0].name])  # stable: catalogue order among equals
+  done = len(cells) - len(todo) - len(waiting) - len(missing)
+  log(f"reproduce: {len(cells)} cells selected: {done} done, {len(todo)} to run "
+      f"(~{_duration(sum(est.values()))}; estimate from recorded cells where there are any), "
+      f"{len(waiting)} waiting for tuning, {len(missing)} without data")
+  for c, absent in missing:
+    log(f"  skip {c.name}: no {', '.join(os.path.join(data_root, a) for a in absent)} "
+        "(--data_root)")
+  for c in waiting[:5]:
+    log(f"  waiting {c.name}: {c.depends}")
+  if len(waiting) > 5:
+    log(f"  ... and {len(waiting) - 5} more waiting")
+  ran, start = [], time.time()
+  queue = [c for c, _ in todo]
+  while queue:
+    c = queue.pop(0)
+    if status(c, records) == "done":  # a record was refiled to it
+      continue
+    i, total = len(ran) + 1, len(ran) + 1 + len(queue)
+    if max_cells is not None and len(ran) >= max_cells:
+      log(f"reproduce: stopped after --max_cells={max_cells}")
+      break
+    if max_hours is not None and (time.time() - start + est[c.name]) / 3600 > max_hours:
+      log(f"reproduce: next cell {c.name} (~{est[c.name] / 60:.0f} min) would pass "
+          f"--max_hours={max_hours:g}; stopping")
+      break
+    log(f"cell {i}/{total} {c.name} (~{_duration(est[c.name])}) ...")
+    rec = run_cell(c, results_dir=results_dir, work_dir=work_dir, data_root=data_root, log=log)
+    ran.append(c.name)
+    # Tuned cells whose tuning this cell completed join the queue (cheapest first),
+    # as the catalogue now builds them (at the chosen setting).
+    records = _refiled(records_lib.read_records(results_dir), all_cells, results_dir, log)
+    fresh = {f.name: f for f in (refresh(records) if refresh is not None and waiting else ())}
+    ready = [fresh[w.name] for w in waiting
+             if w.name in fresh and status(fresh[w.name], records) in ("todo", "stale")]
+    if ready:
+      waiting = [w for w in waiting if w.name not in {r.name for r in ready}]
+      est.update({w.name: measured_seconds(w, records) for w in ready})
+      queue = sorted(queue + ready, key=lambda x: est[x.name])
+      log(f"reproduce: tuning done for {len(ready)} waiting cell(s): "
+          f"{', '.join(w.name for w in ready[:3])}{' ...' if len(ready) > 3 else ''}")
+    left = sum(est[n.name] for n in queue)
+    log(f"cell {i}/{len(ran) + len(queue)} {c.name}: {headline(rec)} "
+        f"({rec['wall_time_s']:.0f} s; ~{_duration(left)} left)")
+  return ran
+
+
+def _refiled(records: Dict[str, Dict[str, Any]],
+             all_cells: Optional[Callable[[Mapping[str, Any]], Sequence[Cell]]], results_dir: str,
+             log: Callable[[str], None]) -> Dict[str, Dict[str, Any]]:
+  return records if all_cells is None else refile(all_cells(records), records, results_dir, log)
+
+
+def _duration(seconds: float) -> str:
+  return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
+
+
+def headline(rec: Mapping[str, Any]) -> str:
+  """One line of a record's result."""
+  res = rec["result"]
+  if records_lib.stopped(rec):
+    return (f"best S {_pct(records_lib.best_value(rec, 'server_accuracy'))} "
+            f"MT {_pct(records_lib.best_value(rec, 'mt_accuracy'))} "
+            f"until the run stopped: {records_lib.stopped(rec)}")
+  if "summary" in res:
+    s = res["summary"]
+    return (f"best S {_pct(s.get('best_server_accuracy'))} MT {_pct(s.get('best_mt_accuracy'))}")
+  if "rows" in res:
+    acc = {}
+    for r in res["rows"]:
+      key = r.get("method", "pfnm")
+      val = next(r[k] for k in ("accuracy", "global_accuracy", "test_accuracy") if k in r)
+      acc.setdefault(key, []).append(float(val))
+    return " ".join(f"{k}={np.mean(v) * 100:.1f}" for k, v in acc.items())
+  if "methods" in res:
+    return " ".join(f"{m}: best {_pct(v['summary'].get('best_server_accuracy'))}"
+                    for m, v in res["methods"].items())
+  return ""
+
+
+def _pct(v: Any) -> str:
+  return "-" if v is None else f"{100 * float(v):.1f}"
+
+
+# ----------------------------------------------------------------------- list
+def listing(cells: Sequence[Cell], records: Mapping[str, Mapping[str, Any]]) -> List[str]:
+  """One line per cell: status, estimate (or recorded wall time) and name."""
+  out = []
+  for c in cells:
+    s = status(c, records)
+    secs = records[c.name]["wall_time_s"] if s == "done" else measured_seconds(c, records)
+    extra = f"  ({c.depends})" if s == "waiting" else ""
+    out.append(f"{s:8s} {float(secs) / 60:7.1f} min  {c.name}{extra}")
+  return out

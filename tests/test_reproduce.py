@@ -18,6 +18,7 @@ from tfbfl.experiments import records as records_lib
 from tfbfl.experiments import reproduce
 from tfbfl.experiments import reproduction_report
 from tfbfl.experiments import runner
+from tfbfl.experiments import virtual_report
 
 from launcher_helpers import ROOT
 
@@ -120,13 +121,13 @@ def test_a_row_can_shrink_its_grid_and_a_fixed_axis_is_no_edge(tmp_path):
   for c in pmnist:
     _write(results, _record(c, dict(mt_accuracy=[0.5, 0.9 if c.flag_dict["client_lr"] == inner
                                                  else 0.8])))
-  text = "\n".join(reproduction_report.table2_markdown(records_lib.read_records(results)))
+  text = "\n".join(virtual_report.table2_markdown(records_lib.read_records(results)))
   chosen = f"**client_lr={inner:g},kl_weight=0.0001: 90.0**"
   assert chosen in text and chosen + " †" not in text
   for c in pmnist:  # now the top lr wins: on the edge
     top = c.flag_dict["client_lr"] == max(lrs)
     _write(results, _record(c, dict(mt_accuracy=[0.5, 0.95 if top else 0.8])))
-  text = "\n".join(reproduction_report.table2_markdown(records_lib.read_records(results)))
+  text = "\n".join(virtual_report.table2_markdown(records_lib.read_records(results)))
   assert f"**client_lr={max(lrs):g},kl_weight=0.0001: 95.0** †" in text
 
 
@@ -382,7 +383,7 @@ def test_ablation_cells_change_one_knob_of_the_tuned_setting_and_report_the_diff
   # Seed 0 of "tuned": the chosen tuning cell's record (best MT 0.90 above).
   rec = _record(tuning[-1], curves(dataclasses.replace(tuning[-1], setting="tuned")))
   _write(results, rec)
-  text = "\n".join(reproduction_report.ablation_markdown(records_lib.read_records(results)))
+  text = "\n".join(virtual_report.ablation_markdown(records_lib.read_records(results)))
   assert "| tuned | 90.0 ± 0.0 | 90.5 ± 0.7 | — | 0.300 ± 0.000 | 0.020 ± 0.000 | 2 |" in text
   assert "| server_lr=0.2 | 90.0 ± 0.0 | 93.5 ± 0.7 | +3.00 ± 0.71 |" in text
   assert "| gate_init=0 | — | — | — | — | — | 0 |" in text

@@ -7,10 +7,12 @@ import time
 
 import pytest
 
+from tfbfl.experiments import pfnm_report
 from tfbfl.experiments import records as records_lib
 from tfbfl.experiments import reproduce
 from tfbfl.experiments import reproduction_report as report
 from tfbfl.experiments import runner
+from tfbfl.experiments import virtual_report
 from tfbfl.experiments import virtual_tables
 
 from launcher_helpers import ROOT
@@ -99,12 +101,12 @@ def test_coverage_and_table_iii_follow_the_records():
       assert partial[2].startswith("partial: 1 of 21 cells") and partial[3] == 1
   row = _coverage_row(records, "Table III (SNR-pruned updates)")
   assert row[2] == "reproduced" and row[3] == 21
-  claims = report.table3_claims(records)
+  claims = virtual_report.table3_claims(records)
   above_init = [l for l in claims if "above VIRTUAL + FedAvg init" in l]
   # 0 % compares with Table II's VIRTUAL cells, which these records do not hold.
   assert [("pending" in l, ": held (" in l) for l in above_init] == [(True, False)] + [
       (False, True)] * 3
-  text = "\n".join(report.table3_markdown(records))
+  text = "\n".join(virtual_report.table3_markdown(records))
   assert "| 50 % | VIRTUAL | 94.3 | 95.0 ± 0.0 |" in text
   assert "| 50 % | VIRTUAL + FedAvg init | 76.3 | 81.0 ± 1.0 |" in text
   assert "| 500 |" in text  # 5000 non-zeros over the round's 10 clients
@@ -125,7 +127,7 @@ def test_sections_judge_their_claims_from_records(tmp_path):
           curves=dict(mt_accuracy=[0.5, mnist + 0.001 * seed]))
       add(f"virtual_v1/v1_table2/pmnist/{alg}/default/seed{seed}",
           curves=dict(mt_accuracy=[0.3, pmnist + 0.001 * seed]))
-  claims = report.v1_claims(records)
+  claims = virtual_report.v1_claims(records)
   assert all(": held (" in l for l in claims), claims
   assert len(claims) == 5
   # PFNM's streaming and sensitivity.
@@ -134,13 +136,13 @@ def test_sections_judge_their_claims_from_records(tmp_path):
   add("pfnm/streaming/homogeneous/all/J=3,S=15/seed0",
       result=dict(rows=stream("pfnm_streaming", 0.9) + stream("downpour_sgd", 0.8) +
                   stream("local", 0.95)))
-  lines = report.pfnm_streaming_claims(records)
+  lines = pfnm_report.pfnm_streaming_claims(records)
   assert [(": held (" in l) for l in lines] == [True, False]
   grid = [dict(J=25, trial=0, sigma0_sq=s0, gamma0=g0, sigma_sq=s2,
                train_accuracy=0.95 - 0.015 * (s2 == 1.0), test_accuracy=0.94, neurons=1, params=1)
           for s0 in (1, 10) for g0 in (1, 10) for s2 in (0.1, 1.0)]
   add("pfnm/sensitivity/homogeneous/all/J=25/seed0", result=dict(rows=grid))
-  lines = report.pfnm_sensitivity_claims(records)
+  lines = pfnm_report.pfnm_sensitivity_claims(records)
   assert ": held (range 1.5 pp" in lines[0] and ": held (" in lines[1]
   # The whole report, with the coverage table first and every new section.
   results = tmp_path / "results"

@@ -66,6 +66,14 @@ def logit_sums(logits, labels, prefix: str):
       (f"{prefix}_calibration", calibration_sums(tf.nn.softmax(logits), labels))])
 
 
+def log_probabilities(probs):
+  """`log(probs + PROBABILITY_FLOOR)`: the log predictive every probability-valued
+  evaluation, temperature fit and exported decision reads. TF ops."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  return tf.math.log(tf.convert_to_tensor(probs, tf.float32) + PROBABILITY_FLOOR)
+
+
 def probability_sums(probs, labels, prefix: str):
   """`{prefix}_loss` (summed `-log(p_y + PROBABILITY_FLOOR)`), `{prefix}_correct` (argmax right) and
   `{prefix}_calibration` (`calibration_sums`) of predictive probabilities `probs`
@@ -74,7 +82,7 @@ def probability_sums(probs, labels, prefix: str):
 
   probs = tf.convert_to_tensor(probs, tf.float32)
   labels = tf.cast(labels, tf.int32)
-  log_p = tf.math.log(probs + PROBABILITY_FLOOR)
+  log_p = log_probabilities(probs)
   return collections.OrderedDict([
       (f"{prefix}_loss", -tf.reduce_sum(tf.gather(log_p, labels, axis=1, batch_dims=1))),
       (f"{prefix}_correct", tf.reduce_sum(

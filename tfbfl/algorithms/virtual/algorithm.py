@@ -39,6 +39,7 @@ tff = _lazy.load("tensorflow_federated")
 aggregators = _lazy.load("tfbfl.aggregators")
 communication = _lazy.load("tfbfl.communication")
 gaussian = _lazy.load("tfbfl.gaussian")
+metrics_lib = _lazy.load("tfbfl.metrics")
 client_batch = _lazy.load("tfbfl.algorithms.client_batch")
 robust = _lazy.load("tfbfl.algorithms.robust")
 rounds = _lazy.load("tfbfl.algorithms.rounds")
@@ -507,7 +508,7 @@ class VirtualAlgorithm:
     """A predictor computing the evaluation's predictive (`evaluation`): the network's
     variables are assigned as the evaluation assigns them (from the natural
     parameters), and the forward pass, the softmax, the Monte Carlo average and
-    the decision `argmax log(p + 1e-12)` are the same ops."""
+    the decision `argmax metrics.log_probabilities(p)` are the same ops."""
     cfg = self.config
     if cfg.likelihood != "categorical":
       raise ValueError("export needs a categorical likelihood (class probabilities), got "
@@ -537,7 +538,7 @@ class VirtualAlgorithm:
 
         _, avg = tf.while_loop(lambda s, _: s < samples, body,
                                (tf.constant(0), tf.zeros([tf.shape(x)[0], cfg.num_classes])))
-      pred = tf.math.log(avg + 1e-12)
+      pred = metrics_lib.log_probabilities(avg)
       return avg, tf.argmax(pred, -1, output_type=tf.int32)
 
     kw = dict(input_shape=cfg.example_shape,

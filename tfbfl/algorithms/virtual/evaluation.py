@@ -62,10 +62,10 @@ def _predictive_sums(cfg: VirtualConfig, net, posterior, head, seed, data, prefi
   out = metrics_lib.probability_sums(avg, y, prefix)
   if cfg.temperature_scaling:
     x_calibration, y_calibration = data[2], data[3]
-    log_p = lambda p: tf.math.log(p + metrics_lib.PROBABILITY_FLOOR)
-    out.update(temperature.fit_sums(prefix, log_p(avg), y,
-                                    log_p(_predictive(cfg, net, head, seed, x_calibration)),
-                                    y_calibration))
+    out.update(temperature.fit_sums(
+        prefix, metrics_lib.log_probabilities(avg), y,
+        metrics_lib.log_probabilities(_predictive(cfg, net, head, seed, x_calibration)),
+        y_calibration))
   return out
 
 

@@ -204,6 +204,9 @@ def test_select_and_status():
   assert runner.status(c, {c.name: rec}) == "done"
   stale = dict(rec, flags=dict(rec["flags"], J=999))
   assert runner.status(c, {c.name: stale}) == "stale"
+  # how often a run checkpoints does not decide its result (a resumed run equals a whole one)
+  checkpointed = dict(rec, flags=dict(rec["flags"], checkpoint_every=5))
+  assert runner.status(c, {c.name: checkpointed}) == "done"
 
 
 # ---------------------------------------------------------- validation split

@@ -514,11 +514,13 @@ VIRTUAL_TABLE4 = {"femnist_mlp": {"MT": dict(fedavg=92.7, fedprox=92.8, virtual=
 # cross-entropy per client); the tuned beta's cells are Table II's.
 BETAS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)
 BETA_SEEDS = (0, 1)
+# Cells near a working session's length (the FEMNIST-conv row, issue 34's chosen settings
+# on Table II's protocol) checkpoint every CHECKPOINT_EVERY rounds, so that a stopped
+# cell resumes.
+CHECKPOINT_EVERY = 5
 # Table II's FEMNIST-conv row: at the MLP row's tuned settings (no grid of its own:
-# ~85 s a round, measured), checkpointed every CONV_CHECKPOINT_EVERY rounds so that
-# a stopped cell resumes.
+# ~85 s a round, measured).
 CONV_ROW = "femnist_conv"
-CONV_CHECKPOINT_EVERY = 5
 # VIRTUAL v1 Table 2 (virtual_v1.txt): 10 clients, all in every round, Local, Global,
 # FedAvg and VIRTUAL, MT accuracy over splits (the seed draws the partition).
 V1_ROWS = ("mnist", "pmnist")
@@ -656,7 +658,9 @@ def calibrated_table2_cells(records: Mapping[str, Mapping[str, Any]]) -> List[Ce
     for seed in TABLE2_SEEDS:
       cells.append(
           Cell("virtual", CALIBRATED_EXPERIMENT, row, "virtual", name or "chosen", seed, "train",
-               _table2_flags(row, "virtual", dict(tuned or {}, **knob), rounds, seed, False),
+               _table2_flags(row, "virtual", dict(tuned or {}, **knob,
+                                                  checkpoint_every=CHECKPOINT_EVERY),
+                             rounds, seed, False),
                _train_estimate_s(row, "virtual", rounds, False, _evaluation_cost(knob)),
                (_row_data(row),), depends=why_choice or why))
   return cells
@@ -698,7 +702,7 @@ def virtual_figure_cells(records: Mapping[str, Mapping[str, Any]]) -> List[Cell]
       cells.append(_femnist_train_cell(records, "table2_conv", algorithm, algorithm,
                                        "mlp_tuned", seed,
                                        dict(presets.preset(CONV_ROW),
-                                            checkpoint_every=CONV_CHECKPOINT_EVERY),
+                                            checkpoint_every=CHECKPOINT_EVERY),
                                        row=CONV_ROW, rounds_cost=25.0))
   return cells
 

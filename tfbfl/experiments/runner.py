@@ -38,13 +38,14 @@ from tfbfl.experiments.reproduce import Cell
 # What ties a cell to its record (whether it is done, the record it gets, a record moved
 # to another cell) lives here, above the catalogue: `records` reads records without cells.
 def status(cell: Cell, records: Mapping[str, Mapping[str, Any]]) -> str:
-  """'done', 'stale' (recorded with other flags), 'waiting' (tuning unfinished, even
-  where an earlier tuning's record exists: its setting is not known yet) or 'todo'."""
+  """'done', 'stale' (recorded with flags that decide another result: how often a run
+  checkpoints does not), 'waiting' (tuning unfinished, even where an earlier tuning's
+  record exists: its setting is not known yet) or 'todo'."""
   if cell.depends:
     return "waiting"
   rec = records.get(cell.name)
   if rec is not None:
-    if _runs.jsonable(cell.flag_dict) == rec.get("flags"):
+    if _runs.same_flags(rec.get("flags") or {}, cell.flag_dict):
       return "done"
     return "stale"
   return "waiting" if cell.depends else "todo"
@@ -93,9 +94,8 @@ def refile(cells: Sequence[Cell], records: Mapping[str, Mapping[str, Any]], resu
   for target in cells:
     if status(target, records) != "todo":
       continue
-    wanted = _runs.jsonable(target.flag_dict)
     source = next((by_name[n] for n, r in records.items()
-                   if n in by_name and r.get("flags") == wanted and
+                   if n in by_name and _runs.same_flags(r.get("flags") or {}, target.flag_dict) and
                    r["cell"]["launcher"] == target.launcher and
                    status(by_name[n], records) == "stale"), None)
     if source is None:

@@ -126,7 +126,8 @@ def test_only_trained_clients_recomputed(tmp_path):
                                  num_clients=k,
                                  clients_per_round=c,
                                  rounds=3,
-                                 output_dir=None),
+                                 output_dir=None,
+                                 eval_samples=0),  # MT cached: the posterior means
                          eval_chunk=3)
   runner.run()
   per_eval = (k + 2) // 3  # S calls per evaluation

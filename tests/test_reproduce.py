@@ -209,6 +209,25 @@ def test_select_and_status():
   assert runner.status(c, {c.name: checkpointed}) == "done"
 
 
+def test_paper_cells_evaluate_virtual_at_the_means_and_older_records_count_as_such():
+  """VIRTUAL's default evaluation is the Monte Carlo predictive; every VIRTUAL cell of the
+  catalogue names its evaluation, the papers' cells the means, so a record made before
+  the default changed (its flags do not name `eval_samples`) is done for a means cell and
+  stale for a Monte Carlo one."""
+  cells = reproduce.catalogue({})
+  runs_virtual = [c for c in cells if c.flag_dict.get("algorithm") == "virtual" or
+                  c.launcher == "virtual_snr_cdf"]
+  assert runs_virtual and all("eval_samples" in c.flag_dict for c in runs_virtual)
+  table2 = [c for c in runs_virtual if c.experiment in ("tune", "table2", "v1_table2")]
+  assert table2 and all(c.flag_dict["eval_samples"] == 0 for c in table2)
+  means = table2[0]
+  old = _record(means, dict(mt_accuracy=[0.5]))
+  old["flags"] = {k: v for k, v in old["flags"].items() if k != "eval_samples"}
+  assert runner.status(means, {means.name: old}) == "done"
+  mc = dataclasses.replace(means, flags=tuple(sorted(dict(means.flag_dict, eval_samples=10).items())))
+  assert runner.status(mc, {mc.name: old}) == "stale"
+
+
 # ---------------------------------------------------------- validation split
 def test_validation_split_holds_out_training_data_only():
   fd = data_lib.load_federated("digits", num_clients=5, seed=3)

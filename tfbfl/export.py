@@ -53,10 +53,11 @@ manifest's `raw_input` states the preprocessing. Monte Carlo predictives keep
 Which model each file is (the algorithms' `server_predictor` / `client_predictor`
 hooks compute exactly what their `evaluate` computes):
 
-* VIRTUAL: server = the server network with the server posterior's means (with
-  `eval_samples > 0`, or `samples > 0` here, the Monte Carlo predictive of that many
-  forward passes); client = the client network (its posterior q_i's means and its
-  private weights, with the lateral connections), as MT evaluates it.
+* VIRTUAL: server = the server network's Monte Carlo predictive of `eval_samples`
+  forward passes (the default 10; `samples > 0` here asks for that many), at the
+  server posterior's means with `eval_samples == 0`; client = the client network (its
+  posterior q_i and its private weights, with the lateral connections), the same way,
+  as MT evaluates it.
 * FedAvg, FedProx, FedPA: server = the server weights; client = the client's
   deployed weights (after its last local training; the initial model if never
   selected).

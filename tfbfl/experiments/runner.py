@@ -37,6 +37,22 @@ from tfbfl.experiments.reproduce import Cell
 # -------------------------------------------------------- cells' records
 # What ties a cell to its record (whether it is done, the record it gets, a record moved
 # to another cell) lives here, above the catalogue: `records` reads records without cells.
+# Flags whose default changed after records were made, with the value a record that does
+# not name one ran at: VIRTUAL evaluated at the posterior means (`eval_samples=0`) until
+# the Monte Carlo predictive became its default (issue 34). The cells name them.
+FORMER_DEFAULTS = {"eval_samples": 0}
+
+
+def _ran_with(rec: Mapping[str, Any], cell: Cell) -> bool:
+  """True if record `rec` ran with `cell`'s flags (`_runs.same_flags`; a flag of
+  `FORMER_DEFAULTS` that the cell names and the record does not, at its former default)."""
+  flags = dict(rec.get("flags") or {})
+  for name, value in FORMER_DEFAULTS.items():
+    if name in cell.flag_dict:
+      flags.setdefault(name, value)
+  return _runs.same_flags(flags, cell.flag_dict)
+
+
 def status(cell: Cell, records: Mapping[str, Mapping[str, Any]]) -> str:
   """'done', 'stale' (recorded with flags that decide another result: how often a run
   checkpoints does not), 'waiting' (tuning unfinished, even where an earlier tuning's
@@ -45,7 +61,7 @@ def status(cell: Cell, records: Mapping[str, Mapping[str, Any]]) -> str:
     return "waiting"
   rec = records.get(cell.name)
   if rec is not None:
-    if _runs.same_flags(rec.get("flags") or {}, cell.flag_dict):
+    if _ran_with(rec, cell):
       return "done"
     return "stale"
   return "waiting" if cell.depends else "todo"
@@ -95,7 +111,7 @@ def refile(cells: Sequence[Cell], records: Mapping[str, Mapping[str, Any]], resu
     if status(target, records) != "todo":
       continue
     source = next((by_name[n] for n, r in records.items()
-                   if n in by_name and _runs.same_flags(r.get("flags") or {}, target.flag_dict) and
+                   if n in by_name and _ran_with(r, target) and
                    r["cell"]["launcher"] == target.launcher and
                    status(by_name[n], records) == "stale"), None)
     if source is None:

@@ -551,7 +551,7 @@ def test_launcher_ctrl_c_is_one_line_and_the_flags_file_continues_it(tmp_path):
   out = tmp_path / "run"
   env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
   run = _Launcher("--algorithm=fedavg",
-                  "--rounds=40",
+                  "--rounds=400",  # more than run before the signal, even on a loaded machine
                   "--checkpoint_every=1",
                   "--epochs_per_round=1",
                   "--num_clients=4",
@@ -561,7 +561,7 @@ def test_launcher_ctrl_c_is_one_line_and_the_flags_file_continues_it(tmp_path):
                   "--noexport",
                   env=env)
   try:
-    first = run.wait_for_line(r"^\[fedavg\] round 1/40 ", timeout=240)
+    first = run.wait_for_line(r"^\[fedavg\] round 1/400 ", timeout=240)
     assert first, ("".join(run.out) + "".join(run.err))[-3000:]
     os.killpg(run.proc.pid, signal.SIGINT)  # Ctrl-C in a terminal: the whole process group
   finally:
@@ -576,7 +576,7 @@ def test_launcher_ctrl_c_is_one_line_and_the_flags_file_continues_it(tmp_path):
   saved = state_files.read_meta(str(out / round_loop.CHECKPOINT))["round"]
   assert saved >= 1
   assert re.fullmatch(
-      rf"train: interrupted in round \d+ of 40; the checkpoint has round {saved}; continue "
+      rf"train: interrupted in round \d+ of 400; the checkpoint has round {saved}; continue "
       rf"with: python -m launchers.train --flagfile={re.escape(str(out))}/flags.txt --resume",
       lines[0]), lines[0]
   # The printed command continues the run (one round more).

@@ -115,7 +115,8 @@ def test_terminal_ctrl_c_reaches_the_parent_which_ends_the_worker(tmp_path):
     assert worker_pid in workers
     assert all(os.getpgid(pid) != proc.pid for pid in workers), "worker in the terminal's group"
     os.killpg(proc.pid, signal.SIGINT)
-    _, err = proc.communicate(timeout=30)
+    # a bound, not a timing: ending the worker took over 30 s on a loaded machine
+    _, err = proc.communicate(timeout=120)
     assert "KeyboardInterrupt" in err, err[-2000:]
     for pid in workers:
       assert _wait_gone(pid, 10), "worker outlived its interrupted parent"

@@ -11,21 +11,22 @@ fig3_extra_resources.png into --output_dir.
 from absl import flags
 
 from tfbfl.experiments import pfnm_figures as px
+from tfbfl.experiments import pfnm_options as po
 from tfbfl import flags as tfbfl_flags
 
 FLAGS = flags.FLAGS
-px.define_launcher_flags(px.ONESHOT_METHODS)
-px.define_options(px.BatchesOptions, module_name=__name__)  # --J, --trials
+po.define_launcher_flags(po.ONESHOT_METHODS)
+po.define_options(po.BatchesOptions, module_name=__name__)  # --J, --trials
 
 
 def main(argv):
 
   def prepare():
-    settings = px.settings_from_flags(FLAGS, px.ONESHOT_METHODS)
-    own = px.options_from_flags(px.BatchesOptions, FLAGS)
+    settings = po.settings_from_flags(FLAGS, po.ONESHOT_METHODS)
+    own = po.options_from_flags(po.BatchesOptions, FLAGS)
     return lambda: px.run_batches(settings, list(own.J), own.trials, FLAGS.output_dir)
 
-  px.launcher_main(argv, prepare)
+  po.launcher_main(argv, prepare)
 
 
 if __name__ == "__main__":

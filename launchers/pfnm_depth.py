@@ -9,22 +9,23 @@ into --output_dir.
 from absl import flags
 
 from tfbfl.experiments import pfnm_figures as px
+from tfbfl.experiments import pfnm_options as po
 from tfbfl import flags as tfbfl_flags
 
 FLAGS = flags.FLAGS
-px.define_launcher_flags(px.DEPTH_METHODS, hidden_units=False)
-px.define_options(px.DepthOptions, module_name=__name__)  # --C, --J, --width, --trials
+po.define_launcher_flags(po.DEPTH_METHODS, hidden_units=False)
+po.define_options(po.DepthOptions, module_name=__name__)  # --C, --J, --width, --trials
 
 
 def main(argv):
 
   def prepare():
-    settings = px.settings_from_flags(FLAGS, px.DEPTH_METHODS)
-    own = px.options_from_flags(px.DepthOptions, FLAGS)
+    settings = po.settings_from_flags(FLAGS, po.DEPTH_METHODS)
+    own = po.options_from_flags(po.DepthOptions, FLAGS)
     return lambda: px.run_depth(settings, list(own.C), own.J, own.width, own.trials,
                                 FLAGS.output_dir)
 
-  px.launcher_main(argv, prepare)
+  po.launcher_main(argv, prepare)
 
 
 if __name__ == "__main__":

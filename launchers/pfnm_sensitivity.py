@@ -11,23 +11,24 @@ and fig5_sigma.png into --output_dir.
 from absl import flags
 
 from tfbfl.experiments import pfnm_figures as px
+from tfbfl.experiments import pfnm_options as po
 from tfbfl import flags as tfbfl_flags
 
 FLAGS = flags.FLAGS
-px.define_launcher_flags()
+po.define_launcher_flags()
 # --J, --trials, --sigma0_sq_grid, --gamma0_grid, --sigma_sq_grid
-px.define_options(px.SensitivityOptions, module_name=__name__)
+po.define_options(po.SensitivityOptions, module_name=__name__)
 
 
 def main(argv):
 
   def prepare():
-    settings = px.settings_from_flags(FLAGS, ("pfnm",))
-    own = px.options_from_flags(px.SensitivityOptions, FLAGS)
+    settings = po.settings_from_flags(FLAGS, ("pfnm",))
+    own = po.options_from_flags(po.SensitivityOptions, FLAGS)
     grids = [list(own.sigma0_sq_grid), list(own.gamma0_grid), list(own.sigma_sq_grid)]
     return lambda: px.run_sensitivity(settings, list(own.J), own.trials, *grids, FLAGS.output_dir)
 
-  px.launcher_main(argv, prepare)
+  po.launcher_main(argv, prepare)
 
 
 if __name__ == "__main__":

@@ -9,19 +9,20 @@ settings.json and fig_streaming.png into --output_dir.
 from absl import flags
 
 from tfbfl.experiments import pfnm_figures as px
+from tfbfl.experiments import pfnm_options as po
 from tfbfl import flags as tfbfl_flags
 
 FLAGS = flags.FLAGS
-px.define_launcher_flags(px.STREAMING_METHODS)
+po.define_launcher_flags(po.STREAMING_METHODS)
 # --J, --steps, --trials, --fresh_neurons, --init_noise
-px.define_options(px.StreamingOptions, module_name=__name__)
+po.define_options(po.StreamingOptions, module_name=__name__)
 
 
 def main(argv):
 
   def prepare():
-    settings = px.settings_from_flags(FLAGS, px.STREAMING_METHODS)
-    own = px.options_from_flags(px.StreamingOptions, FLAGS)
+    settings = po.settings_from_flags(FLAGS, po.STREAMING_METHODS)
+    own = po.options_from_flags(po.StreamingOptions, FLAGS)
     return lambda: px.run_streaming(settings,
                                     own.J,
                                     own.steps,
@@ -30,7 +31,7 @@ def main(argv):
                                     fresh_neurons=own.fresh_neurons,
                                     init_noise=own.init_noise)
 
-  px.launcher_main(argv, prepare)
+  po.launcher_main(argv, prepare)
 
 
 if __name__ == "__main__":

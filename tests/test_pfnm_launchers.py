@@ -9,7 +9,7 @@ import pytest
 from launcher_helpers import run_launchers_in_parallel
 from absl import flags
 
-from tfbfl.experiments import pfnm_figures as px
+from tfbfl.experiments import pfnm_options as po
 
 TINY = ["--trials=1", "--epochs=1", "--seed=1"]
 LAUNCHERS = {
@@ -63,7 +63,7 @@ def test_launcher_writes_its_outputs(runs, name):
     md = f.read()
   assert "PFNM" in md and "± " in md
   if name == "pfnm_batches":
-    assert methods == set(px.ONESHOT_METHODS) and {r["J"] for r in rows} == {"2"}
+    assert methods == set(po.ONESHOT_METHODS) and {r["J"] for r in rows} == {"2"}
     kd = next(r for r in rows if r["method"] == "distillation")
     assert "violates the federated constraint" in kd["constraint"]
     assert "KD (pools data) †" in md
@@ -73,15 +73,15 @@ def test_launcher_writes_its_outputs(runs, name):
     assert len(pf) == 1 and float(pf[0]["neurons_mean"]) > 0
   if name == "pfnm_streaming":
     assert {r["step"] for r in rows} == {"1", "2"}
-    assert methods == set(px.STREAMING_METHODS)
+    assert methods == set(po.STREAMING_METHODS)
 
 
 def _flag_values(extra_args):
   fv = flags.FlagValues()
-  px.define_data_flags(fv)
-  px.define_training_flags(fv)
-  px.define_matching_flags(fv)
-  px.define_baseline_flags(px.ONESHOT_METHODS, fv)
+  po.define_data_flags(fv)
+  po.define_training_flags(fv)
+  po.define_matching_flags(fv)
+  po.define_baseline_flags(po.ONESHOT_METHODS, fv)
   fv(["prog", "--output_dir=/tmp/unused", *extra_args])
   return fv
 
@@ -98,33 +98,33 @@ def _flag_values(extra_args):
 ])
 def test_bad_flags_raise_value_errors_naming_the_flag(args, flag):
   with pytest.raises(ValueError, match=flag):
-    px.settings_from_flags(_flag_values(args), px.ONESHOT_METHODS)
+    po.settings_from_flags(_flag_values(args), po.ONESHOT_METHODS)
 
 
 def test_list_parsers_name_the_flag():
-  assert px.parse_int_list("J", "2, 5,10") == [2, 5, 10]
-  assert px.parse_float_list("gamma0_grid", ["0.1", "1"]) == [0.1, 1.0]
+  assert po.parse_int_list("J", "2, 5,10") == [2, 5, 10]
+  assert po.parse_float_list("gamma0_grid", ["0.1", "1"]) == [0.1, 1.0]
   with pytest.raises(ValueError, match="--J"):
-    px.parse_int_list("J", "2,x")
+    po.parse_int_list("J", "2,x")
   with pytest.raises(ValueError, match="--J"):
-    px.parse_int_list("J", "0")
+    po.parse_int_list("J", "0")
   with pytest.raises(ValueError, match="--sigma_sq_grid"):
-    px.parse_float_list("sigma_sq_grid", "0.1,-1")
+    po.parse_float_list("sigma_sq_grid", "0.1,-1")
 
 
 def test_reference_settings_preset_and_explicit_overrides():
-  hp = px.settings_from_flags(_flag_values([]), px.ONESHOT_METHODS).hp
+  hp = po.settings_from_flags(_flag_values([]), po.ONESHOT_METHODS).hp
   assert (hp.sigma0_sq, hp.sigma_sq, hp.gamma0, hp.popularity_cap) == (10.0, 0.1, 1.0, None)
   assert hp.softmax_precision == "class_frequency"
-  ref = px.settings_from_flags(_flag_values(["--reference_settings"]), px.ONESHOT_METHODS).hp
+  ref = po.settings_from_flags(_flag_values(["--reference_settings"]), po.ONESHOT_METHODS).hp
   assert (ref.sigma0_sq, ref.sigma_sq, ref.popularity_cap, ref.truncation) == (1.0, 1.0, 10,
                                                                                "reference")
-  mixed = px.settings_from_flags(_flag_values(["--reference_settings", "--sigma_sq=0.2"]),
-                                 px.ONESHOT_METHODS).hp
+  mixed = po.settings_from_flags(_flag_values(["--reference_settings", "--sigma_sq=0.2"]),
+                                 po.ONESHOT_METHODS).hp
   assert (mixed.sigma0_sq, mixed.sigma_sq, mixed.popularity_cap) == (1.0, 0.2, 10)
 
 
 def test_missing_mnist_files_give_a_clear_error(tmp_path):
-  settings = px.ExperimentSettings(dataset="mnist", data_dir=str(tmp_path))
+  settings = po.ExperimentSettings(dataset="mnist", data_dir=str(tmp_path))
   with pytest.raises(FileNotFoundError, match=str(tmp_path)):
     settings.load(num_clients=2, seed=0)

@@ -1,5 +1,5 @@
 """The PFNM launchers' settings as `tfbfl.options` fields: flags made from the option
-dataclasses of `tfbfl.experiments.pfnm_figures`, parsed back into them, bad values named."""
+dataclasses of `tfbfl.experiments.pfnm_options`, parsed back into them, bad values named."""
 
 import dataclasses
 import math
@@ -9,47 +9,47 @@ from absl import flags
 
 from launcher_helpers import run_launcher
 from tfbfl import options
-from tfbfl.experiments import pfnm_figures as px
+from tfbfl.experiments import pfnm_options as po
 
-OWN = (px.BatchesOptions, px.DepthOptions, px.StreamingOptions, px.SensitivityOptions)
-SHARED = (px.DataOptions, px.TrainingOptions, px.MatchingOptions, px.BaselineOptions)
+OWN = (po.BatchesOptions, po.DepthOptions, po.StreamingOptions, po.SensitivityOptions)
+SHARED = (po.DataOptions, po.TrainingOptions, po.MatchingOptions, po.BaselineOptions)
 
 
 def _parsed(cls, *args):
   fv = flags.FlagValues()
-  px.define_options(cls, fv)
+  po.define_options(cls, fv)
   fv(["prog", *args])
-  return px.options_from_flags(cls, fv)
+  return po.options_from_flags(cls, fv)
 
 
 @pytest.mark.parametrize("cls", OWN + SHARED)
 def test_flag_defaults_parse_back_to_the_declared_defaults(cls):
   expected = cls()
-  if cls is px.BaselineOptions:  # an empty list flag parses to None (tfbfl.options' rule)
+  if cls is po.BaselineOptions:  # an empty list flag parses to None (tfbfl.options' rule)
     expected = dataclasses.replace(expected, fedavg_hidden_units=None)
   assert _parsed(cls) == expected
 
 
 def test_launcher_options_are_typed():
-  assert _parsed(px.BatchesOptions, "--J=2, 5", "--trials=3") == px.BatchesOptions(J=(2, 5),
+  assert _parsed(po.BatchesOptions, "--J=2, 5", "--trials=3") == po.BatchesOptions(J=(2, 5),
                                                                                    trials=3)
-  grid = _parsed(px.SensitivityOptions, "--sigma_sq_grid=0.5,2")
+  grid = _parsed(po.SensitivityOptions, "--sigma_sq_grid=0.5,2")
   assert grid.sigma_sq_grid == (0.5, 2.0) and grid.sigma0_sq_grid == (1.0, 10.0, 100.0)
-  assert _parsed(px.StreamingOptions, "--init_noise=0").init_noise == 0.0
+  assert _parsed(po.StreamingOptions, "--init_noise=0").init_noise == 0.0
 
 
 @pytest.mark.parametrize("cls, args, flag", [
-    (px.BatchesOptions, ["--J=0"], "--J"),
-    (px.BatchesOptions, ["--J=2,x"], "--J"),
-    (px.BatchesOptions, ["--J="], "--J"),
-    (px.BatchesOptions, ["--trials=0"], "--trials"),
-    (px.DepthOptions, ["--C="], "--C"),
-    (px.DepthOptions, ["--width=0"], "--width"),
-    (px.StreamingOptions, ["--init_noise=-1"], "--init_noise"),
-    (px.StreamingOptions, ["--steps=0"], "--steps"),
-    (px.SensitivityOptions, ["--sigma_sq_grid=0.1,-1"], "--sigma_sq_grid"),
-    (px.SensitivityOptions, ["--gamma0_grid=x"], "--gamma0_grid"),
-    (px.SensitivityOptions, ["--sigma0_sq_grid=inf"], "--sigma0_sq_grid"),
+    (po.BatchesOptions, ["--J=0"], "--J"),
+    (po.BatchesOptions, ["--J=2,x"], "--J"),
+    (po.BatchesOptions, ["--J="], "--J"),
+    (po.BatchesOptions, ["--trials=0"], "--trials"),
+    (po.DepthOptions, ["--C="], "--C"),
+    (po.DepthOptions, ["--width=0"], "--width"),
+    (po.StreamingOptions, ["--init_noise=-1"], "--init_noise"),
+    (po.StreamingOptions, ["--steps=0"], "--steps"),
+    (po.SensitivityOptions, ["--sigma_sq_grid=0.1,-1"], "--sigma_sq_grid"),
+    (po.SensitivityOptions, ["--gamma0_grid=x"], "--gamma0_grid"),
+    (po.SensitivityOptions, ["--sigma0_sq_grid=inf"], "--sigma0_sq_grid"),
 ])
 def test_bad_launcher_flags_raise_value_errors_naming_the_flag(cls, args, flag):
   with pytest.raises(ValueError, match=flag):
@@ -58,7 +58,7 @@ def test_bad_launcher_flags_raise_value_errors_naming_the_flag(cls, args, flag):
 
 def test_launcher_flags_belong_to_the_given_module():
   fv = flags.FlagValues()
-  names = px.define_options(px.DepthOptions, fv, module_name="launchers.pfnm_depth")
+  names = po.define_options(po.DepthOptions, fv, module_name="launchers.pfnm_depth")
   assert names == ["C", "J", "width", "trials"]
   key = fv.get_key_flags_for_module("launchers.pfnm_depth")
   assert sorted(f.name for f in key) == sorted(names)
@@ -66,9 +66,9 @@ def test_launcher_flags_belong_to_the_given_module():
 
 def test_define_options_overrides_skips_and_keeps_list_defaults():
   fv = flags.FlagValues()
-  px.define_training_flags(fv, hidden_units=False)
-  px.define_baseline_flags(("pfnm", "local"), fv)
-  px.define_options(px.SensitivityOptions, fv)
+  po.define_training_flags(fv, hidden_units=False)
+  po.define_baseline_flags(("pfnm", "local"), fv)
+  po.define_options(po.SensitivityOptions, fv)
   assert "hidden_units" not in fv and "lr" in fv
   assert fv["methods"].help == "Comma list of methods, or 'all': ['pfnm', 'local']."
   assert fv["sigma_sq_grid"].default == ["0.03", "0.1", "0.3", "1"]
@@ -77,9 +77,9 @@ def test_define_options_overrides_skips_and_keeps_list_defaults():
 
 def _settings(*args):
   fv = flags.FlagValues()
-  px.define_launcher_flags(px.ONESHOT_METHODS, fv)
+  po.define_launcher_flags(po.ONESHOT_METHODS, fv)
   fv(["prog", "--output_dir=/tmp/unused", *args])
-  return px.settings_from_flags(fv, px.ONESHOT_METHODS)
+  return po.settings_from_flags(fv, po.ONESHOT_METHODS)
 
 
 def test_settings_from_flags():
@@ -94,7 +94,7 @@ def test_settings_from_flags():
   given = _settings("--dataset=cifar10", "--lr=0.05").training
   assert (given["learning_rate"], given["l2"]) == (0.05, 1e-5)
   with pytest.raises(ValueError, match="--output_dir"):
-    px.settings_from_flags(flags.FlagValues(), px.ONESHOT_METHODS)
+    po.settings_from_flags(flags.FlagValues(), po.ONESHOT_METHODS)
 
 
 def test_real_list_option():

@@ -97,6 +97,17 @@ def test_claims_table_and_figures_follow_the_records(tmp_path):
   assert "| mnist | VIRTUAL eval_samples=10 | 3 |" in text, text
   assert "mnist, Table II protocol: a VIRTUAL setting as calibrated as FedAvg: held" in text, text
   assert "pmnist, Table II protocol: a VIRTUAL setting as calibrated as FedAvg: pending" in text
+  # Where the choice is not the default evaluation (PMNIST: none yet), the default alone
+  # runs on Table II's protocol too and stands in the table beside it; not where it is.
+  assert "(the default)" not in text
+  default = "virtual/table2_calibrated/pmnist/virtual/eval_samples=10/seed{}"
+  table2 = {c.name: c for c in reproduce.catalogue(records)}
+  assert dict(table2[default.format(0)].flags)["eval_samples"] == 10
+  for seed in (0, 1, 2):
+    records[default.format(seed)] = _record(table2[default.format(seed)], 0.88, 0.6, [0.6], 0.9)
+  text = "\n".join(calibration_report.table2_markdown(records))
+  assert "| pmnist | VIRTUAL eval_samples=10 (the default) | 3 |" in text, text
+  assert "pmnist, Table II protocol: a VIRTUAL setting as calibrated as FedAvg: pending" in text
   for name, plot in calibration_report.FIGURES:
     assert plot(str(tmp_path / name), records), name
     assert (tmp_path / name).stat().st_size > 1000

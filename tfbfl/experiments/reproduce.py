@@ -627,6 +627,9 @@ def calibration_cells(records: Mapping[str, Mapping[str, Any]]) -> List[Cell]:
 # Issue 34, item 4: the setting the calibration cells choose, on Table II's protocol (test
 # split, TABLE2_ROUNDS["final"] rounds, TABLE2_SEEDS) beside the row's tuned cells.
 CALIBRATED_EXPERIMENT = "table2_calibrated"
+# VIRTUAL's default evaluation since issue 34, a CALIBRATION_SETTINGS entry: on Table II's
+# protocol also where a row's chosen setting changes more than it.
+DEFAULT_EVALUATION = "eval_samples=10"
 
 
 def calibration_choice(records: Mapping[str, Mapping[str, Any]],
@@ -654,21 +657,25 @@ def calibration_choice(records: Mapping[str, Mapping[str, Any]],
 
 
 def calibrated_table2_cells(records: Mapping[str, Mapping[str, Any]]) -> List[Cell]:
-  """Issue 34's chosen setting (`calibration_choice`) per row on Table II's protocol."""
+  """Issue 34's chosen setting (`calibration_choice`) per row on Table II's protocol and,
+  where that changes more, VIRTUAL's default evaluation alone (`DEFAULT_EVALUATION`)."""
   cells = []
   rounds = TABLE2_ROUNDS["final"]
   for row in TABLE2_ROWS:
     tuned, why = tuned_setting(records, row, "virtual")
     name, why_choice = calibration_choice(records, row)
-    knob = dict(CALIBRATION_SETTINGS).get(name, {})
-    for seed in TABLE2_SEEDS:
-      cells.append(
-          Cell("virtual", CALIBRATED_EXPERIMENT, row, "virtual", name or "chosen", seed, "train",
-               _table2_flags(row, "virtual", dict(tuned or {}, **knob,
-                                                  checkpoint_every=CHECKPOINT_EVERY),
-                             rounds, seed, False),
-               _train_estimate_s(row, "virtual", rounds, False, _evaluation_cost(knob)),
-               (_row_data(row),), depends=why_choice or why))
+    settings = [(name or "chosen", dict(CALIBRATION_SETTINGS).get(name, {}), why_choice or why)]
+    if name != DEFAULT_EVALUATION:
+      settings.append((DEFAULT_EVALUATION, dict(CALIBRATION_SETTINGS)[DEFAULT_EVALUATION], why))
+    for setting, knob, depends in settings:
+      for seed in TABLE2_SEEDS:
+        cells.append(
+            Cell("virtual", CALIBRATED_EXPERIMENT, row, "virtual", setting, seed, "train",
+                 _table2_flags(row, "virtual", dict(tuned or {}, **knob,
+                                                    checkpoint_every=CHECKPOINT_EVERY),
+                               rounds, seed, False),
+                 _train_estimate_s(row, "virtual", rounds, False, _evaluation_cost(knob)),
+                 (_row_data(row),), depends=depends))
   return cells
 
 

@@ -95,6 +95,12 @@ VALIDATION_FRACTION = 0.2
 # not say; the campaign's records are of them). The library's default is the Monte Carlo
 # predictive since issue 34; a cell's setting may ask for it (`eval_samples=10`).
 PAPER_EVALUATION = dict(eval_samples=0)
+
+
+def _paper_evaluation(algorithm: str) -> Dict[str, Any]:
+  """`PAPER_EVALUATION` for a VIRTUAL cell; no flag for the other algorithms."""
+  return dict(PAPER_EVALUATION) if algorithm == "virtual" else {}
+
 # VIRTUAL's own knobs (issue 21, item 4), each changed alone from the row's tuned
 # setting, on the tuning protocol (validation split, TABLE2_ROUNDS["tune"] rounds):
 # the damped-EP step (default 1/C = 0.1), the lateral gate's start, the natural-
@@ -229,8 +235,7 @@ def _table2_flags(row: str, algorithm: str, hparams: Mapping[str, Any], rounds: 
   flags = presets.preset(row)
   flags.update(data_dir=_data(_row_data(row)), algorithm=algorithm, rounds=rounds, seed=seed, eval_every=1,
                export=False)
-  if algorithm == "virtual":
-    flags.update(PAPER_EVALUATION)
+  flags.update(_paper_evaluation(algorithm))
   if tune:
     flags["validation_fraction"] = VALIDATION_FRACTION
   flags.update(hparams)
@@ -661,12 +666,13 @@ def calibrated_table2_cells(records: Mapping[str, Mapping[str, Any]]) -> List[Ce
   where that changes more, VIRTUAL's default evaluation alone (`DEFAULT_EVALUATION`)."""
   cells = []
   rounds = TABLE2_ROUNDS["final"]
+  knobs = dict(CALIBRATION_SETTINGS)
   for row in TABLE2_ROWS:
     tuned, why = tuned_setting(records, row, "virtual")
     name, why_choice = calibration_choice(records, row)
-    settings = [(name or "chosen", dict(CALIBRATION_SETTINGS).get(name, {}), why_choice or why)]
+    settings = [(name or "chosen", knobs.get(name, {}), why_choice or why)]
     if name != DEFAULT_EVALUATION:
-      settings.append((DEFAULT_EVALUATION, dict(CALIBRATION_SETTINGS)[DEFAULT_EVALUATION], why))
+      settings.append((DEFAULT_EVALUATION, knobs[DEFAULT_EVALUATION], why))
     for setting, knob, depends in settings:
       for seed in TABLE2_SEEDS:
         cells.append(
@@ -727,7 +733,7 @@ def v1_cells() -> List[Cell]:
     for algorithm in V1_ALGORITHMS:
       for seed in V1_SEEDS:
         flags = dict(V1_FLAGS, dataset=row, data_dir=_data("mnist"), algorithm=algorithm,
-                     seed=seed, **(PAPER_EVALUATION if algorithm == "virtual" else {}))
+                     seed=seed, **_paper_evaluation(algorithm))
         if row == "mnist":
           flags["partition"] = "homogeneous"
         cells.append(Cell("virtual_v1", "v1_table2", row, algorithm, "default", seed, "train",

@@ -332,9 +332,9 @@ def test_monte_carlo_server_predictive(virtual_run, tmp_path):
 
 def test_monte_carlo_exports_replay_the_evaluation(tmp_path):
   """With eval_samples > 0 S and MT are Monte Carlo predictives seeded per client
-  and evaluation; `predict_seeded` with those seeds gives the summary's accuracies."""
+  (`evaluation_seed`); `predict_seeded` with those seeds gives the summary's accuracies."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from tfbfl.algorithms.base import client_seed  # pylint: disable=g-import-not-at-top
+  from tfbfl.algorithms.base import evaluation_seed  # pylint: disable=g-import-not-at-top
 
   _train(
       dict(algorithm="virtual",
@@ -353,7 +353,7 @@ def test_monte_carlo_exports_replay_the_evaluation(tmp_path):
   s_correct = mt_correct = n = 0
   for entry in manifest["clients"]:
     x, y = fd.test[entry["client_id"]]
-    seed = tf.constant(client_seed(0, -1 - summary["rounds"], entry["client_index"]))
+    seed = tf.constant(evaluation_seed(0, entry["client_index"]))
     client = load(entry["path"])
     s_correct += int(np.sum(server["predict_seeded"](x=x, seed=seed)["predictions"].numpy() == y))
     mt_correct += int(np.sum(client["predict_seeded"](x=x, seed=seed)["predictions"].numpy() == y))

@@ -21,7 +21,7 @@ import tensorflow as tf
 from tfbfl import driver
 from tfbfl import restore
 from tfbfl import temperature
-from tfbfl.algorithms.base import client_seed
+from tfbfl.algorithms.base import evaluation_seed
 from tfbfl.algorithms import virtual
 from tfbfl.algorithms.virtual import VirtualConfig
 
@@ -51,7 +51,6 @@ def _check_against_predictors(out, last, samples):
   run = restore.restore_run(str(out))
   algorithm, state, fd = run.algorithm, run.server_state, run.data
   assert fd.calibration is not None
-  rounds = int(last["round"])
   fits = {"server": 0.0, "mt": 0.0}
   tests = {"server": 0.0, "mt": 0.0}
   n = 0
@@ -63,11 +62,11 @@ def _check_against_predictors(out, last, samples):
     s, m = algorithm.server_predictor(state), algorithm.client_predictor(state, client)
     predict = {"server": s, "mt": m}
     if samples:  # the evaluation's seeds, which the seeded signature replays
-      seed = tf.constant(client_seed(int(run.params["seed"]), -1 - rounds, i))
+      seed = tf.constant(evaluation_seed(int(run.params["seed"]), i))
       seeded = lambda f: lambda a: f.serve_seeded(tf.constant(a), seed)["probabilities"]
       predict = {"server": seeded(s), "mt": seeded(m)}
     # the grids one client reports, computed by the evaluation's own functions
-    seed = client_seed(int(run.params["seed"]), -1 - rounds, i)
+    seed = evaluation_seed(int(run.params["seed"]), i)
     sums = {**virtual.evaluate_server_client(algorithm.config, state.posterior, np.int32(i),
                                              seed, x, y, xc, yc),
             **virtual.evaluate_own_client(algorithm.config, client, seed, x, y, xc, yc)}

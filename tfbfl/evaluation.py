@@ -5,7 +5,7 @@ MT = each client's own model on its own test data (its last deployed model; a
      client never selected yet is evaluated with its initial model),
 
 both weighted by client test-set size (`aggregate_evaluation`). Client k's
-evaluation seed after r rounds is `client_seed(seed, -1 - r, k)`.
+evaluation seed is `evaluation_seed(seed, k)` at every round.
 
 An algorithm with `base.SupportsStreamedEvaluation` is evaluated `chunk` clients
 per call: S from the server state and the clients' test data alone; MT from each
@@ -146,11 +146,11 @@ class Evaluator:
       out.append(self.algorithm.initial_client_state(i) if s is None else s)
     return out
 
-  def __call__(self, server_state, clients, round_num: int) -> Dict[str, Any]:
-    """`aggregate_evaluation` of every client after `round_num` rounds, with the
-    clients' states in the store `clients` (index -> state)."""
+  def __call__(self, server_state, clients) -> Dict[str, Any]:
+    """`aggregate_evaluation` of every client, with the clients' states in the
+    store `clients` (index -> state)."""
     k = len(self.test_data)
-    seeds = [base.client_seed(self.seed, -1 - round_num, i) for i in range(k)]
+    seeds = [base.evaluation_seed(self.seed, i) for i in range(k)]
     if not self.streamed:  # every state at once; a never-trained client's is stored
       for i in range(k):
         if i not in clients:

@@ -71,7 +71,7 @@ Monte Carlo predictives draw their noise from a seed: `serving_default` uses a f
 seed (recorded in the manifest, from `seed`: `[seed, 0]` for the server, `[seed, i + 1]`
 for client i), so equal input batches give equal outputs; the signature
 `predict_seeded(x, seed)` (seed int64 [2]) takes it as an input, e.g. the
-evaluation's `client_seed(run seed, -1 - round, i)` to replay an evaluation exactly.
+evaluation's `evaluation_seed(run seed, i)` to replay an evaluation exactly.
 The noise is drawn per batch (local reparameterization), so an example's output
 depends on its batch.
 

@@ -444,7 +444,7 @@ class ExperimentRunner:
     """S and MT over all K clients of `state` (`tfbfl.evaluation.Evaluator`:
     streamed `eval_chunk` clients per call where the algorithm allows it, MT
     cached per client where exact)."""
-    return self.evaluator(state.server_state, state.clients, state.round)
+    return self.evaluator(state.server_state, state.clients)
 
   @property
   def eval_counts(self) -> Dict[str, int]:

@@ -550,8 +550,7 @@ def evaluate(process: TfbflLearningProcess,
   if process.num_clients is not None and k != process.num_clients:
     raise ValueError(f"the process was built for {process.num_clients} clients, the data has {k}.")
   data = [(federated_data.train if split == "train" else federated_data.test)[c] for c in ids]
-  rounds_done = int(np.asarray(state.round_num))
-  seeds = [base.client_seed(process.seed, -1 - rounds_done, i) for i in range(k)]
+  seeds = [base.evaluation_seed(process.seed, i) for i in range(k)]
   server_state = state.algorithm
   if isinstance(algorithm, base.SupportsStreamedEvaluation):
     per_client = algorithm.evaluate_server(server_state, list(range(k)), seeds, data)

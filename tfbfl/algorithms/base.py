@@ -33,9 +33,17 @@ SEED_STRIDE = 1_000_003
 
 def client_seed(seed: int, round_num: int, client_index: int) -> np.ndarray:
   """The stateless seed `[seed, round_num * SEED_STRIDE + k]` the driver gives client k
-  in round `round_num` (1-based; evaluation after r rounds uses `-1 - r`); algorithms
-  that draw on their own (Global) reuse it."""
+  in round `round_num` (1-based; evaluations use `evaluation_seed`); algorithms that
+  draw on their own (Global) reuse it."""
   return np.array([seed, round_num * SEED_STRIDE + client_index], dtype=np.int64)
+
+
+def evaluation_seed(seed: int, client_index: int) -> np.ndarray:
+  """Client k's seed at every evaluation, `client_seed(seed, -1, k)`. No round changes
+  it, so an evaluation is a function of the states evaluated: a Monte Carlo
+  predictive of a client that has not trained since gives the same sums, which the
+  driver caches (`SupportsStreamedEvaluation.mt_cacheable`)."""
+  return client_seed(seed, -1, client_index)
 
 
 @runtime_checkable

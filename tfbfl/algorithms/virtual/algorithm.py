@@ -302,12 +302,9 @@ class VirtualAlgorithm:
     self.evaluate = evaluate_fn
 
   # ------------------------------------------- streamed evaluation protocol
-  @property
-  def mt_cacheable(self) -> bool:
-    """MT is a function of the client's state alone only with posterior-mean
-    evaluation; Monte Carlo predictives (`eval_samples > 0`) draw from seeds
-    that change every evaluation, so the driver recomputes every client then."""
-    return self.config.eval_samples == 0
+  # MT is a function of the client's state alone: at the posterior means, or with
+  # Monte Carlo passes drawn from the client's evaluation seed, which no round changes.
+  mt_cacheable = True
 
   def evaluate_server(self, server_state, client_indices, seeds, test_data):
     """S sums of the given clients {server_loss, server_correct, num_examples,

@@ -23,10 +23,10 @@ def _calibration(rng, client_nll, confidence):
               client_num_examples=[n] * len(client_nll))
 
 
-def _record(cell, mt_accuracy, mt_loss, client_nll, confidence, log_prec=None):
+def _record(cell, mt_accuracy, mt_loss, client_nll, confidence, log_prec=None, server_loss=0.3):
   rng = np.random.default_rng(cell.seed)
   curves = dict(round=[1, 2], mt_accuracy=[0.5, mt_accuracy], mt_loss=[1.0, mt_loss],
-                server_accuracy=[0.5, 0.9], server_loss=[1.0, 0.3], server_ece=[0.1, 0.02],
+                server_accuracy=[0.5, 0.9], server_loss=[1.0, server_loss], server_ece=[0.1, 0.02],
                 mt_ece=[0.1, abs(confidence - 0.8)])
   if log_prec is not None:
     curves.update(log_prec_shared_1=[5.99, log_prec], log_prec_private_1=[5.99, log_prec - 1])
@@ -46,6 +46,8 @@ def test_claims_table_and_figures_follow_the_records(tmp_path):
   for seed in (0, 1):
     add("fedavg", "tuned", seed, 0.915, 0.30, [0.30, 0.30, 0.30], 0.85)
     add("fedavg", "temperature_scaling", seed, 0.913, 0.29, [0.29, 0.31, 0.31], 0.81)
+    add("fola", "mean", seed, 0.905, 0.33, [0.33] * 3, 0.85)
+    add("fola", "laplace_samples=10", seed, 0.905, 0.33, [0.33] * 3, 0.85, server_loss=0.45)
     add("virtual", "tuned", seed, 0.910 + 0.002 * seed, 0.40, [0.40, 0.40, 0.40], 0.95, 5.99)
     # Calibrated at the tuned accuracy: lower NLL on two of three clients.
     add("virtual", "eval_samples=10", seed, 0.911, 0.28, [0.20, 0.25, 0.35], 0.82, 5.99)
@@ -66,6 +68,10 @@ def test_claims_table_and_figures_follow_the_records(tmp_path):
   # the tempered FedAvg is paired with the untempered one, client by client (1 of 3 lower)
   assert "| FedAvg temperature_scaling | 2 |" in text and "| 33 % |" in text
   assert "mnist, FedAvg with fitted temperatures: MT NLL 0.290 ± 0.000 vs 0.300 ± 0.000" in text
+  # FOLA beside them, its Laplace predictive's S against its mean's
+  assert "| FOLA mean | 2 |" in text and "| FOLA laplace_samples=10 | 2 |" in text
+  assert ("mnist, FOLA's Laplace predictive against the mean: S NLL 0.450 ± 0.000 vs "
+          "0.300 ± 0.000") in text
   # One seed of a setting: its claim waits.
   del records["virtual/calibration/mnist/virtual/scale_adam/seed1"]
   assert any("scale_adam" in l and "pending" in l

@@ -534,6 +534,16 @@ def test_a_baselines_step_stage_and_the_records_it_refiles(tmp_path):
         {k: v for k, v in rec.items() if k != "cell"}
     assert runner.status(c, records) == "done"
   assert [runner.status(c, records) for c in fedavg(records, "table2")] == ["todo"] * 3
+  # FOLA's calibration cells (issue 34) start from FedAvg's tuned client setting, without
+  # the server step: FOLA's server takes the Gaussian product.
+  calibration = {(c.algorithm, c.setting): c for c in reproduce.catalogue(records)
+                 if (c.experiment, c.row, c.seed) == ("calibration", "mnist", 0)}
+  fed = calibration["fedavg", "tuned"].flag_dict
+  mean, laplace = calibration["fola", "mean"], calibration["fola", "laplace_samples=10"]
+  assert fed["server_lr"] == 0.6 and not mean.depends
+  assert mean.flag_dict == dict({k: v for k, v in fed.items() if k != "server_lr"},
+                                algorithm="fola")
+  assert laplace.flag_dict == dict(mean.flag_dict, **reproduce.LAPLACE_PREDICTIVE)
   assert runner.refile(reproduce.catalogue(records), records, results, lines.append) == records
   assert len(lines) == 3
   for c in fedavg(records, "table2"):

@@ -132,7 +132,7 @@ def save_figure(fig, path: str, *, dpi: int = 100, tight: bool = False) -> None:
 
 # How the reports name the algorithms of the papers' tables.
 ALGORITHM_NAMES = {"virtual": "VIRTUAL", "fedavg": "FedAvg", "fedprox": "FedProx", "fedpa": "FedPA",
-                   "local": "Local", "global": "Global"}
+                   "local": "Local", "global": "Global", "fola": "FOLA"}
 
 # --------------------------------------------------------------------- claims
 # A VIRTUAL mean S at most this many percentage points below a baseline's is "comparable".

@@ -2,7 +2,9 @@
 
 From the `virtual/calibration` records (`reproduce.calibration_cells`: the tuning
 protocol of every Table II row, `reproduce.CALIBRATION_SETTINGS` of VIRTUAL beside
-FedAvg at its tuned setting, `reproduce.CALIBRATION_SEEDS`):
+`reproduce.CALIBRATION_BASELINE_SETTINGS`: FedAvg at its tuned setting, with and
+without fitted temperatures, and FOLA with and without its Laplace predictive;
+`reproduce.CALIBRATION_SEEDS`):
 
 * a table per row: final S and MT accuracy, NLL and ECE (mean ± standard error over
   the seeds), the MT NLL against FedAvg's, the final mean log precision of the first
@@ -11,6 +13,8 @@ FedAvg at its tuned setting, `reproduce.CALIBRATION_SEEDS`):
   seed (the share of clients where it is lower), and the median client MT ECE;
 * claim lines: a setting "is calibrated" when its final MT NLL is at or below FedAvg's
   mean and its final MT accuracy is within one standard error of the tuned VIRTUAL's;
+  what fitted temperatures did to FedAvg's and VIRTUAL's MT, and the Laplace predictive
+  to FOLA's S;
 * figures: reliability diagrams (accuracy against confidence, the records' pooled
   bins summed over seeds, S and MT) and the variance trajectories (mean log
   precision per round of the shared and private layers).
@@ -53,7 +57,7 @@ def _groups(records: Mapping[str, Mapping[str, Any]],
   out = [(f"VIRTUAL {name}", calibration_records(records, row, "virtual", name))
          for name, _ in rp.CALIBRATION_SETTINGS]
   out += [(_baseline_label(a, name), calibration_records(records, row, a, name))
-          for a in rp.CALIBRATION_BASELINES for name, _ in rp.CALIBRATION_BASELINE_SETTINGS]
+          for a, settings in rp.CALIBRATION_BASELINE_SETTINGS.items() for name, _ in settings]
   return [(label, recs) for label, recs in out if recs]
 
 
@@ -68,8 +72,8 @@ _finals = records_lib.final_values
 def _color(label: str) -> str:
   """One colour per setting in every panel (its place among all the settings)."""
   labels = [f"VIRTUAL {name}" for name, _ in rp.CALIBRATION_SETTINGS]
-  labels += [_baseline_label(a, name) for a in rp.CALIBRATION_BASELINES
-             for name, _ in rp.CALIBRATION_BASELINE_SETTINGS]
+  labels += [_baseline_label(a, name) for a, settings in rp.CALIBRATION_BASELINE_SETTINGS.items()
+             for name, _ in settings]
   return f"C{labels.index(label) % 10}"
 
 
@@ -157,8 +161,11 @@ def calibration_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
       "Bayes by backprop's weight instead of beta; `temperature_scaling`: one temperature for "
       "S and one for MT fitted on calibration splits, 20 % of each client's training data "
       "held out, by the summed NLL over the clients, on the log of VIRTUAL's Monte Carlo "
-      "probabilities). Final round, mean ± standard error "
-      "over the seeds; log precision "
+      "probabilities). FOLA runs at FedAvg's tuned client setting (no tuning of its own; its "
+      "server takes the Gaussian product, no step): `mean` evaluates S at the server "
+      "Gaussian's mean, `laplace_samples=10` as its Laplace predictive (10 draws, "
+      "`--laplace_prior_precision=1e4`); its MT is each client's own trained weights in both. "
+      "Final round, mean ± standard error over the seeds; log precision "
       "`log(1/sigma^2)` of the first shared and private layer (4.61 is sigma = 0.1, 5.99 the "
       "initial sigma = 0.05).", ""
   ]
@@ -188,7 +195,7 @@ def calibration_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
   if not any_row:
     lines += ["No record yet (`python -m launchers.reproduce --cells='virtual/calibration/*'`).",
               ""]
-  claims = calibration_claims(records) + _temperature_lines(records)
+  claims = calibration_claims(records) + _temperature_lines(records) + _laplace_lines(records)
   return lines + claims + ([""] if claims else []) + table2_markdown(records)
 
 
@@ -218,6 +225,25 @@ def _temperature_lines(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
           f"{_text(_finals(tempered, 'mt_accuracy'), 100, 2)} vs "
           f"{_text(_finals(plain, 'mt_accuracy'), 100, 2)} (it trains on 20 % less "
           f"data){temperatures}.")
+  return lines
+
+
+def _laplace_lines(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
+  """Per row: what FOLA's Laplace predictive did to its S beside the server Gaussian's mean."""
+  lines = []
+  (mean, _), (laplace, _) = rp.CALIBRATION_BASELINE_SETTINGS["fola"]
+  for row in rp.TABLE2_ROWS:
+    plain = calibration_records(records, row, "fola", mean)
+    sampled = calibration_records(records, row, "fola", laplace)
+    if not plain or not sampled:
+      continue
+    lines.append(
+        f"- {row}, FOLA's Laplace predictive against the mean: S NLL "
+        f"{_text(_finals(sampled, 'server_loss'))} vs {_text(_finals(plain, 'server_loss'))}, "
+        f"S ECE {_text(_finals(sampled, 'server_ece'))} vs "
+        f"{_text(_finals(plain, 'server_ece'))}, S accuracy "
+        f"{_text(_finals(sampled, 'server_accuracy'), 100, 2)} vs "
+        f"{_text(_finals(plain, 'server_accuracy'), 100, 2)}.")
   return lines
 
 

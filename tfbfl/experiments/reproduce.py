@@ -225,7 +225,9 @@ def setting_name(hparams: Mapping[str, Any]) -> str:
 # Rough seconds per round on a quiet 2-core machine at the MNIST protocol (C = 10,
 # E = 20, B = 20, 600 examples a client, evaluation every round), measured; FEMNIST's
 # sample has ~100 examples a client (x 1/6). Start-up: loading, tracing, first round.
-TRAIN_SECONDS_PER_ROUND = {"virtual": 17.0, "fedavg": 2.5, "fedprox": 3.0, "fedpa": 3.5}
+# FOLA's was measured beside two campaign cells (an upper bound).
+TRAIN_SECONDS_PER_ROUND = {"virtual": 17.0, "fedavg": 2.5, "fedprox": 3.0, "fedpa": 3.5,
+                           "fola": 6.0}
 TRAIN_STARTUP_S = 30.0
 ROW_SCALE = {"mnist": 1.0, "pmnist": 1.0, "femnist_mlp": 0.2}
 
@@ -611,19 +613,41 @@ CALIBRATION_SETTINGS = (
     # The Monte Carlo predictive, post-hoc calibrated as FedAvg's is below.
     ("eval_samples=10,temperature_scaling", dict(TEMPERATURE_SCALING, eval_samples=10)),
 )
-CALIBRATION_BASELINES = ("fedavg",)
-CALIBRATION_BASELINE_SETTINGS = (("tuned", {}), ("temperature_scaling", TEMPERATURE_SCALING))
+# What a user might pick instead: FedAvg at its tuned setting, with and without fitted
+# temperatures; FOLA (not a Table II algorithm: no tuning of its own) at FedAvg's tuned
+# client setting, its S at the server Gaussian's mean and as its Laplace predictive, at the
+# prior precision that did best on digits (docs/paper-experiments.md, "The Laplace predictive").
+LAPLACE_PREDICTIVE = dict(laplace_samples=10, laplace_prior_precision=1e4)
+CALIBRATION_BASELINE_SETTINGS = {
+    "fedavg": (("tuned", {}), ("temperature_scaling", TEMPERATURE_SCALING)),
+    "fola": (("mean", {}), ("laplace_samples=10", LAPLACE_PREDICTIVE)),
+}
+CALIBRATION_BASELINES = tuple(CALIBRATION_BASELINE_SETTINGS)
 CALIBRATION_SEEDS = (0, 1)
 
 
+def calibration_setting(records: Mapping[str, Mapping[str, Any]], row: str,
+                        algorithm: str) -> Tuple[Optional[Dict[str, Any]], str]:
+  """The setting a calibration cell of `algorithm` starts from: the row's tuned one
+  (`tuned_setting`); FOLA's is FedAvg's without the server step (FOLA's server takes
+  the Gaussian product, no step)."""
+  if algorithm != "fola":
+    return tuned_setting(records, row, algorithm)
+  chosen, why = tuned_setting(records, row, "fedavg")
+  return (None if chosen is None else
+          {k: v for k, v in chosen.items() if k != "server_lr"}), why
+
+
 def calibration_cells(records: Mapping[str, Mapping[str, Any]]) -> List[Cell]:
-  """Issue 34's cells: `CALIBRATION_SETTINGS` of VIRTUAL and the baselines at their tuned
-  settings, per Table II row and seed, on the tuning protocol (waiting for the row's tuning)."""
+  """Issue 34's cells: `CALIBRATION_SETTINGS` of VIRTUAL and the baselines'
+  `CALIBRATION_BASELINE_SETTINGS`, per Table II row and seed, on the tuning protocol
+  (waiting for the row's tuning)."""
   cells = []
   for row in TABLE2_ROWS:
     for algorithm in ("virtual",) + CALIBRATION_BASELINES:
-      chosen, why = tuned_setting(records, row, algorithm)
-      settings = CALIBRATION_SETTINGS if algorithm == "virtual" else CALIBRATION_BASELINE_SETTINGS
+      chosen, why = calibration_setting(records, row, algorithm)
+      settings = (CALIBRATION_SETTINGS if algorithm == "virtual" else
+                  CALIBRATION_BASELINE_SETTINGS[algorithm])
       cells += [_knob_cell("calibration", row, algorithm, name, knob, seed, chosen, why)
                 for name, knob in settings for seed in CALIBRATION_SEEDS]
   return cells

@@ -69,12 +69,14 @@ def _baseline_label(algorithm: str, setting: str) -> str:
 _finals = records_lib.final_values
 
 
-def _color(label: str) -> str:
-  """One colour per setting in every panel (its place among all the settings)."""
+def _style(label: str) -> dict:
+  """One colour per setting in every panel (its place among all the settings); the
+  baselines dashed, so that a colour shared past the tenth setting stays distinct."""
   labels = [f"VIRTUAL {name}" for name, _ in rp.CALIBRATION_SETTINGS]
   labels += [_baseline_label(a, name) for a, settings in rp.CALIBRATION_BASELINE_SETTINGS.items()
              for name, _ in settings]
-  return f"C{labels.index(label) % 10}"
+  return dict(color=f"C{labels.index(label) % 10}",
+              ls="-" if label.startswith("VIRTUAL") else "--")
 
 
 _mean_se = _runs.mean_se
@@ -324,9 +326,9 @@ def plot_reliability(path: str, records: Mapping[str, Mapping[str, Any]]) -> boo
         # Sparse bins zig-zag: markers sized by each bin's share of the examples.
         used = count > 0
         ax.plot(conf[used] / count[used], correct[used] / count[used], lw=1, label=label,
-                color=_color(label))
+                **_style(label))
         ax.scatter(conf[used] / count[used], correct[used] / count[used],
-                   s=4 + 200 * count[used] / count.sum(), color=_color(label))
+                   s=4 + 200 * count[used] / count.sum(), color=_style(label)["color"])
       _runs.label_axes(ax, "confidence", "accuracy", f"{row}: {name} reliability")
   _runs.save_figure(fig, path, tight=True)
   return True
@@ -351,7 +353,7 @@ def plot_variances(path: str, records: Mapping[str, Mapping[str, Any]]) -> bool:
         length = min(len(c[key]) for c in curves)
         values = np.array([[np.nan if v is None else v for v in c[key][:length]] for c in curves])
         ax.plot(curves[0]["round"][:length], np.nanmean(values, axis=0), label=label,
-                color=_color(label))
+                **_style(label))
       _runs.label_axes(ax, "round", "mean log precision", f"{row}: {key[len('log_prec_'):]}")
   _runs.save_figure(fig, path, tight=True)
   return True

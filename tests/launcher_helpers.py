@@ -1,6 +1,7 @@
 """Running launchers as subprocesses, as a user does (shared by the launcher tests)."""
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -59,3 +60,11 @@ def assert_one_fatal_line_before_tensorflow(out, flag, program="train"):
       l.split("|")[-1].strip() for l in out.stderr.splitlines() if l.startswith("import time:")
   }
   assert "tensorflow" not in imported and "tensorflow_federated" not in imported
+
+
+def as_terminal_job():
+  """`preexec_fn` for a child that stands in for a terminal's foreground job: SIGINT at
+  its default action, as a terminal leaves it. A shell starts background jobs with
+  SIGINT ignored and children inherit that, so a suite run from `cmd &` would
+  otherwise start launchers deaf to the Ctrl-C the tests send."""
+  signal.signal(signal.SIGINT, signal.SIG_DFL)

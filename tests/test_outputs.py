@@ -27,6 +27,7 @@ from tfbfl import state_files
 from tfbfl import driver
 from tfbfl.data import from_client_arrays
 from tfbfl.experiments import _runs
+from launcher_helpers import as_terminal_job
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -481,7 +482,8 @@ class _Launcher:
                                  stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE,
                                  text=True,
-                                 start_new_session=True)
+                                 start_new_session=True,
+                                 preexec_fn=as_terminal_job)
     self.lines = queue.Queue()
     self.out, self.err = [], []
 

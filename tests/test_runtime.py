@@ -16,6 +16,7 @@ import pytest
 from tfbfl import runtime
 from tfbfl.runtime import guard
 from tfbfl.runtime import isolation
+from launcher_helpers import as_terminal_job
 
 _SCRIPT = textwrap.dedent("""
     import os, sys
@@ -107,7 +108,8 @@ def test_terminal_ctrl_c_reaches_the_parent_which_ends_the_worker(tmp_path):
       stdout=subprocess.PIPE,
       stderr=subprocess.PIPE,
       text=True,
-      start_new_session=True)  # the script's group, as a terminal's
+      start_new_session=True,  # the script's group, as a terminal's
+      preexec_fn=as_terminal_job)
   try:
     worker_pid = _worker_pid_once_computed(proc)
     # The script's descendants only: tests run in parallel start workers too.

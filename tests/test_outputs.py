@@ -331,7 +331,9 @@ def test_summary_json_names_version_commit_and_data(tmp_path):
   assert summary["git_modified"] in ((None,) if head is None else (True, False))
 
 
-def test_source_modified_follows_tracked_files(tmp_path, monkeypatch):
+def _fake_checkout(tmp_path, monkeypatch):
+  """A git work tree at `tmp_path/checkout` that `tfbfl` seems to be imported from
+  (its `tfbfl/__init__.py`, returned with a `git` runner there); not yet initialised."""
   checkout = tmp_path / "checkout"
   (checkout / "tfbfl").mkdir(parents=True)
   module = checkout / "tfbfl" / "__init__.py"
@@ -347,6 +349,11 @@ def test_source_modified_follows_tracked_files(tmp_path, monkeypatch):
                    capture_output=True,
                    timeout=30)
 
+  return checkout, module, git
+
+
+def test_source_modified_follows_tracked_files(tmp_path, monkeypatch):
+  checkout, module, git = _fake_checkout(tmp_path, monkeypatch)
   git("init", "-q")
   assert run_directory.source_commit.__wrapped__() is None  # no commit yet
   assert run_directory.source_modified.__wrapped__() is False  # nothing tracked differs
@@ -372,6 +379,39 @@ def test_source_modified_follows_tracked_files(tmp_path, monkeypatch):
   second = run_directory.source_provenance()
   assert second["git_modified"] is True and re.fullmatch(r"[0-9a-f]{64}", first)
   assert second["git_diff_sha256"] != first  # the hash names the difference that ran
+
+
+def test_a_run_resumed_under_other_code_names_the_code_of_each_stretch(tmp_path, monkeypatch):
+  _, module, git = _fake_checkout(tmp_path, monkeypatch)
+  git("init", "-q")
+  git("add", ".")
+  git("commit", "-q", "-m", "first")
+  commit = run_directory.source_commit.__wrapped__()
+  out = tmp_path / "run"
+  history = lambda: json.loads((out / "summary.json").read_text())["code_history"]
+  _run(out, rounds=2, checkpoint_every=1)
+  assert history() == [dict(from_round=0, git_commit=commit, git_modified=False)]
+  _run(out, rounds=3, resume=True)  # the same code: one stretch
+  assert history() == [dict(from_round=0, git_commit=commit, git_modified=False)]
+  module.write_text("x = 2\n")
+  _run(out, rounds=5, checkpoint_every=1, resume=True)
+  diff = run_directory.source_provenance()["git_diff_sha256"]
+  second = dict(from_round=3, git_commit=commit, git_modified=True, git_diff_sha256=diff)
+  assert history() == [dict(from_round=0, git_commit=commit, git_modified=False), second]
+  summary = json.loads((out / "summary.json").read_text())
+  assert summary["git_modified"] is True and summary["git_diff_sha256"] == diff
+  # The history travels in the checkpoint: a third session under the commit's code adds its
+  # stretch after the modified one.
+  module.write_text("x = 1\n")
+  _run(out, rounds=6, resume=True)
+  assert history()[1:] == [second, dict(from_round=5, git_commit=commit, git_modified=False)]
+
+
+def test_code_history_of_a_checkpoint_written_before_it_starts_unknown():
+  now = dict(git_commit="c" * 40, git_modified=False)
+  assert run_directory.extend_code_history(None, 4, now) == [
+      dict(from_round=0, git_commit=None, git_modified=None), dict(from_round=4, **now)]
+  assert run_directory.extend_code_history(None, 0, now) == [dict(from_round=0, **now)]
 
 
 def test_source_commit_is_none_outside_a_checkout(tmp_path, monkeypatch):

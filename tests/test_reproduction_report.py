@@ -158,3 +158,22 @@ def test_sections_judge_their_claims_from_records(tmp_path):
     assert f'id="{anchor}"' in text
     assert f"(#{anchor})" in text or anchor in ("virtual-table-ii",)
   assert "| virtual_v1 | Table 2, MNIST column | reproduced | 12 | 2 held |" in text
+
+
+def test_the_first_line_names_every_commit_a_records_rounds_ran():
+  cell = reproduce.smoke_cells()[0]
+  clean = {k: v for k, v in _record(cell, dict(mt_accuracy=[0.5])).items()
+           if k != "git_diff_sha256"}  # this checkout's own state is not the test's
+  clean.update(git_commit="a" * 40, git_modified=False)
+  modified = dict(clean, git_commit="b" * 40, git_modified=True, git_diff_sha256="d" * 64)
+  old_rule = dict(clean, git_commit="c" * 40, git_modified=True)  # no hash: the older rule
+  resumed = dict(clean, code_history=[
+      dict(from_round=0, git_commit="e" * 40, git_modified=False),
+      dict(from_round=3, git_commit="a" * 40, git_modified=False)])
+  line = report.provenance_line(dict(clean=clean, modified=modified, old_rule=old_rule,
+                                     resumed=resumed))
+  assert line.startswith("4 cell records under `results/`")
+  assert "from commits aaaaaaa, bbbbbbb, ccccccc, eeeeeee;" in line
+  assert "; 1 ran source that differs from its commit" in line
+  assert ", 1 carry the older rule's `git_modified`" in line
+  assert ", 1 were resumed under other code" in line

@@ -46,7 +46,8 @@ round loop calls (`ExperimentRunner.standard_outputs`; pass `outputs=` for other
 * `client_metrics.csv`: per-client MT accuracy per evaluated round.
 * `summary.json` (strict JSON): best/final S and MT, the flags, `tfbfl_version`,
   `git_commit` (of the tfbfl checkout, or null), `git_modified` (tracked files
-  differ from that commit, or null), `data_fingerprint`.
+  differ from that commit, or null), `code_history` (the code of each stretch of
+  rounds: a run resumed under other code lists each), `data_fingerprint`.
 * `flags.txt`: the run's flags as an absl flag file, so that
   `python -m launchers.train --flagfile=<output_dir>/flags.txt [--resume]`
   replays (or continues) it.
@@ -524,6 +525,8 @@ class ExperimentRunner:
   def _run(self) -> Dict[str, Any]:
     cfg = self.config
     state = self._start_state()  # lock, ownership of output_dir, checkpoint or fresh
+    state.code_history = run_directory.extend_code_history(
+        state.code_history, state.round, run_directory.source_provenance())
     self.state, self._rounds_done = state, state.round
     if cfg.resume and cfg.verbose:
       print(f"resumed from {checkpoint.path_in(cfg.output_dir)} at round {state.round}",
@@ -680,4 +683,5 @@ class ExperimentRunner:
         bytes_down_total=state.bytes_down_total,
         tfbfl_version=tfbfl.__version__,
         **run_directory.source_provenance(),
+        code_history=state.code_history,
         data_fingerprint=self._data_fingerprint())

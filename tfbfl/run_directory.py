@@ -371,6 +371,29 @@ def source_provenance(timeout_s: float = 2.0) -> Dict[str, Any]:
   return out
 
 
+_CODE_IDENTITY = ("git_commit", "git_modified", "git_diff_sha256")
+
+
+def extend_code_history(history: Optional[Sequence[Mapping[str, Any]]], from_round: int,
+                        now: Mapping[str, Any]) -> List[Dict[str, Any]]:
+  """A run's code history after a session that starts at round `from_round` under the
+  code `now` (`source_provenance()`): one entry per stretch of rounds that one code ran,
+  `{"from_round": r, "git_commit": ..., "git_modified": ...[, "git_diff_sha256": ...]}`.
+
+  A session under the code of the last entry adds nothing, so a run that never changed
+  code has one entry. A resumed run whose checkpoint predates the history (`history`
+  None at `from_round` > 0) starts with an entry of unknown code for the rounds before.
+  """
+  out = [dict(e) for e in history or ()]
+  if not out and from_round > 0:
+    out.append(dict(from_round=0, git_commit=None, git_modified=None))
+  entry = dict(from_round=int(from_round), **{k: now[k] for k in _CODE_IDENTITY if k in now})
+  identity = lambda e: tuple(e.get(k) for k in _CODE_IDENTITY)
+  if not out or identity(out[-1]) != identity(entry):
+    out.append(entry)
+  return out
+
+
 @functools.lru_cache(maxsize=1)
 def source_modified(timeout_s: float = 2.0) -> Optional[bool]:
   """Whether a file of `SOURCE_PATHS` in that checkout differs from `source_commit()`

@@ -224,19 +224,32 @@ README_BEGIN = "<!-- reproduction:begin (written by `python -m launchers.reprodu
 README_END = "<!-- reproduction:end -->"
 
 
+def provenance_line(records: Mapping[str, Mapping[str, Any]]) -> str:
+  """The report's first line: how many records, their hours, and the code that made them
+  (every commit a record's rounds ran, how many ran modified source or mixed code)."""
+  code = lambda r: [r] + list(r.get("code_history") or ())
+  commits = sorted({e.get("git_commit") or "unknown" for r in records.values() for e in code(r)})
+  hours = sum(float(r["wall_time_s"]) for r in records.values()) / 3600
+  cores = sorted({r["machine"].get("cores") for r in records.values()})
+  # A modified record without a diff hash predates the rule that counts only code (above).
+  modified = sum(any(e.get("git_diff_sha256") for e in code(r)) for r in records.values())
+  old_rule = sum(bool(r.get("git_modified")) and "git_diff_sha256" not in r
+                 for r in records.values())
+  mixed = sum(len(r.get("code_history") or ()) > 1 for r in records.values())
+  return (f"{len(records)} cell records under `results/` ({hours:.1f} CPU-wall hours on "
+          f"{'/'.join(str(c) for c in cores) or '?'}-core machines), from commits "
+          f"{', '.join(c[:7] for c in commits) or '—'}; {modified} ran source that differs "
+          f"from its commit (`git_diff_sha256` names the difference), {old_rule} carry the "
+          f"older rule's `git_modified` (any tracked file, see above), {mixed} were resumed "
+          "under other code than their first rounds ran (`code_history` names each stretch's). "
+          "Every number below is rebuilt from the records alone by `python -m "
+          "launchers.reproduce --report`; each record holds its cell's command.")
+
+
 def report_markdown(records: Mapping[str, Mapping[str, Any]], figures: Iterable[str],
                     figure_prefix: str = "figures/") -> str:
   """The report: the three papers' tables, claims, figures and provenance."""
-  commits = sorted({r.get("git_commit") or "unknown" for r in records.values()})
-  hours = sum(float(r["wall_time_s"]) for r in records.values()) / 3600
-  cores = sorted({r["machine"].get("cores") for r in records.values()})
-  lines = [
-      f"{len(records)} cell records under `results/` ({hours:.1f} CPU-wall hours on "
-      f"{'/'.join(str(c) for c in cores) or '?'}-core machines), from commits "
-      f"{', '.join(c[:7] for c in commits) or '—'}. Every number below is rebuilt from the "
-      "records alone by `python -m launchers.reproduce --report`; each record holds its "
-      "cell's command.", ""
-  ]
+  lines = [provenance_line(records), ""]
   lines += coverage_markdown(records)
   lines += virtual_report.table2_markdown(records) + [""]
   lines += virtual_report.default_step_markdown(records)

@@ -209,6 +209,22 @@ def test_select_and_status():
   assert runner.status(c, {c.name: checkpointed}) == "done"
 
 
+def test_long_training_cells_checkpoint_and_their_older_records_stay_done():
+  """A training cell estimated above CHECKPOINT_AFTER_S resumes after a stop; a short one
+  does not pay for checkpoints; a record made before its cell checkpointed is done."""
+  train = [c for c in reproduce.catalogue({}) if c.launcher == "train"]
+  long = [c for c in train if c.estimate_s > reproduce.CHECKPOINT_AFTER_S]
+  assert long and all(c.flag_dict.get("checkpoint_every") == reproduce.CHECKPOINT_EVERY
+                      for c in long)
+  assert {c.experiment for c in long} >= {"table2", "table2_conv", "table3", "table4", "beta",
+                                          "v1_table2", "table2_calibrated"}
+  assert all("checkpoint_every" not in c.flag_dict for c in train if c not in long)
+  cell = next(c for c in long if not c.depends)  # (the tuned cells wait for their tuning)
+  older = _record(cell, dict(mt_accuracy=[0.5]))
+  older["flags"] = {k: v for k, v in older["flags"].items() if k != "checkpoint_every"}
+  assert runner.status(cell, {cell.name: older}) == "done"
+
+
 def test_paper_cells_evaluate_virtual_at_the_means_and_older_records_count_as_such():
   """VIRTUAL's default evaluation is the Monte Carlo predictive; every VIRTUAL cell of the
   catalogue names its evaluation, the papers' cells the means, so a record made before

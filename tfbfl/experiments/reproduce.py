@@ -533,10 +533,11 @@ VIRTUAL_TABLE4 = {"femnist_mlp": {"MT": dict(fedavg=92.7, fedprox=92.8, virtual=
 # cross-entropy per client); the tuned beta's cells are Table II's.
 BETAS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)
 BETA_SEEDS = (0, 1)
-# Cells near a working session's length (the FEMNIST-conv row, issue 34's chosen settings
-# on Table II's protocol) checkpoint every CHECKPOINT_EVERY rounds, so that a stopped
-# cell resumes.
+# A training cell estimated above CHECKPOINT_AFTER_S (quiet; a loaded machine takes 2-3x)
+# checkpoints every CHECKPOINT_EVERY rounds, so that a stopped campaign loses minutes of
+# it, not the cell (`_checkpointed`; how often a run checkpoints decides no result).
 CHECKPOINT_EVERY = 5
+CHECKPOINT_AFTER_S = 300.0
 # Table II's FEMNIST-conv row: at the MLP row's tuned settings (no grid of its own:
 # ~85 s a round, measured).
 CONV_ROW = "femnist_conv"
@@ -708,9 +709,7 @@ def calibrated_table2_cells(records: Mapping[str, Mapping[str, Any]]) -> List[Ce
       for seed in TABLE2_SEEDS:
         cells.append(
             Cell("virtual", CALIBRATED_EXPERIMENT, row, "virtual", setting, seed, "train",
-                 _table2_flags(row, "virtual", dict(tuned or {}, **knob,
-                                                    checkpoint_every=CHECKPOINT_EVERY),
-                               rounds, seed, False),
+                 _table2_flags(row, "virtual", dict(tuned or {}, **knob), rounds, seed, False),
                  _train_estimate_s(row, "virtual", rounds, False, _evaluation_cost(knob)),
                  (_row_data(row),), depends=depends))
   return cells
@@ -751,8 +750,7 @@ def virtual_figure_cells(records: Mapping[str, Mapping[str, Any]]) -> List[Cell]
     for seed in TABLE2_SEEDS:
       cells.append(_femnist_train_cell(records, "table2_conv", algorithm, algorithm,
                                        "mlp_tuned", seed,
-                                       dict(presets.preset(CONV_ROW),
-                                            checkpoint_every=CHECKPOINT_EVERY),
+                                       presets.preset(CONV_ROW),
                                        row=CONV_ROW, rounds_cost=25.0))
   return cells
 
@@ -875,11 +873,21 @@ CATALOGUES = {"papers": lambda records: (table2_cells(records) + default_step_ce
               "smoke": lambda records: smoke_cells()}
 
 
+def _checkpointed(cell: Cell) -> Cell:
+  """`cell`, checkpointing every CHECKPOINT_EVERY rounds if it is a training cell
+  estimated above CHECKPOINT_AFTER_S."""
+  if (cell.launcher != "train" or cell.estimate_s <= CHECKPOINT_AFTER_S or
+      "checkpoint_every" in cell.flag_dict):
+    return cell
+  flags = dict(cell.flag_dict, checkpoint_every=CHECKPOINT_EVERY)
+  return dataclasses.replace(cell, flags=tuple(sorted(flags.items())))
+
+
 def catalogue(records: Mapping[str, Mapping[str, Any]], name: str = "papers") -> List[Cell]:
   """Every cell of catalogue `name` (the tuned cells' settings come from `records`)."""
   if name not in CATALOGUES:
     raise ValueError(f"--catalogue must be one of {sorted(CATALOGUES)}, got {name!r}.")
-  return CATALOGUES[name](records)
+  return [_checkpointed(c) for c in CATALOGUES[name](records)]
 
 
 def _rejoin_settings(pieces: Sequence[str]) -> List[str]:

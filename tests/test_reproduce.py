@@ -657,7 +657,9 @@ def test_a_stopped_cell_resumes_from_its_checkpoint_and_records_the_same_result(
                              log=lines.append)
   assert resumed["resumed_from_rounds"] and 1 <= resumed["resumed_from_rounds"][0] <= 2
   assert "resumed_from_rounds" not in whole
-  assert "code_history" not in resumed  # both invocations ran this checkout's code
+  assert len(resumed["code_history"]) == 1  # both invocations ran this checkout's code
+  assert resumed["code_history"][0]["git_commit"] == resumed["git_commit"]
+  assert "code_history" not in whole
   timeless = lambda rec: {k: v for k, v in rec["result"]["curves"].items() if k != "wall_time_s"}
   assert timeless(resumed) == timeless(whole)
   assert resumed["result"]["curves"]["round"] == [1, 2, 3, 4]

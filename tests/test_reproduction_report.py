@@ -170,10 +170,13 @@ def test_the_first_line_names_every_commit_a_records_rounds_ran():
   resumed = dict(clean, code_history=[
       dict(from_round=0, git_commit="e" * 40, git_modified=False),
       dict(from_round=3, git_commit="a" * 40, git_modified=False)])
+  resumed["resumed_from_rounds"] = [3]
+  legacy = dict(clean, resumed_from_rounds=[5])  # resumed before records kept the history
   line = report.provenance_line(dict(clean=clean, modified=modified, old_rule=old_rule,
-                                     resumed=resumed))
-  assert line.startswith("4 cell records under `results/`")
+                                     resumed=resumed, legacy=legacy))
+  assert line.startswith("5 cell records under `results/`")
   assert "from commits aaaaaaa, bbbbbbb, ccccccc, eeeeeee;" in line
   assert "; 1 ran source that differs from its commit" in line
   assert ", 1 carry the older rule's `git_modified`" in line
   assert ", 1 were resumed under other code" in line
+  assert ", 1 were resumed before records kept that history" in line

@@ -236,12 +236,16 @@ def provenance_line(records: Mapping[str, Mapping[str, Any]]) -> str:
   old_rule = sum(bool(r.get("git_modified")) and "git_diff_sha256" not in r
                  for r in records.values())
   mixed = sum(len(r.get("code_history") or ()) > 1 for r in records.values())
+  unknown = sum(bool(r.get("resumed_from_rounds")) and "code_history" not in r
+                for r in records.values())
   return (f"{len(records)} cell records under `results/` ({hours:.1f} CPU-wall hours on "
           f"{'/'.join(str(c) for c in cores) or '?'}-core machines), from commits "
           f"{', '.join(c[:7] for c in commits) or '—'}; {modified} ran source that differs "
           f"from its commit (`git_diff_sha256` names the difference), {old_rule} carry the "
           f"older rule's `git_modified` (any tracked file, see above), {mixed} were resumed "
-          "under other code than their first rounds ran (`code_history` names each stretch's). "
+          "under other code than their first rounds ran (`code_history` names each stretch's), "
+          f"{unknown} were resumed before records kept that history (they name the code of "
+          "their last invocation only). "
           "Every number below is rebuilt from the records alone by `python -m "
           "launchers.reproduce --report`; each record holds its cell's command.")
 

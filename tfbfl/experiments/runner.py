@@ -163,9 +163,10 @@ def run_cell(cell: Cell, *, results_dir: str, work_dir: str, data_root: str,
   its wall time counts both runs). A cell that sets `checkpoint_every` continues from
   the checkpoint an interrupted invocation (or a crashed attempt) left in its run
   directory, so a stop loses at most that many rounds; the record lists the rounds it
-  resumed from (`resumed_from_rounds`) and its wall time counts this invocation only;
-  where an earlier invocation ran other code, `code_history` names the code of each
-  stretch of rounds (`git_commit` and `git_modified` are this invocation's).
+  resumed from (`resumed_from_rounds`), the code of each stretch of its rounds
+  (`code_history`: more than one entry where an earlier invocation ran other code;
+  `git_commit` and `git_modified` are this invocation's), and its wall time counts this
+  invocation only.
   """
   out_dir = os.path.join(work_dir, cell.name)
   os.makedirs(out_dir, exist_ok=True)
@@ -198,7 +199,7 @@ def run_cell(cell: Cell, *, results_dir: str, work_dir: str, data_root: str,
   if resumed:
     record["resumed_from_rounds"] = resumed
   history = _code_history(run_out) if cell.launcher == "train" else []
-  if len(history) > 1:  # the rounds ran under more than one code: name each
+  if resumed or len(history) > 1:  # the code of each stretch of rounds
     record["code_history"] = history
   round_loop.atomic_write_text(cell.record_path(results_dir),
                                json.dumps(record, indent=1, sort_keys=True) + "\n")

@@ -682,6 +682,7 @@ class ExperimentRunner:
         bytes_up_total=state.bytes_up_total,
         bytes_down_total=state.bytes_down_total,
         tfbfl_version=tfbfl.__version__,
-        **run_directory.source_provenance(),
+        # The code this session runs: read once, at its start (`_run`).
+        **run_directory.code_identity(state.code_history[-1]),
         code_history=state.code_history,
         data_fingerprint=self._data_fingerprint())

@@ -374,6 +374,11 @@ def source_provenance(timeout_s: float = 2.0) -> Dict[str, Any]:
 _CODE_IDENTITY = ("git_commit", "git_modified", "git_diff_sha256")
 
 
+def code_identity(entry: Mapping[str, Any]) -> Dict[str, Any]:
+  """The `source_provenance` fields of a code-history `entry` (without its round)."""
+  return {k: entry[k] for k in _CODE_IDENTITY if k in entry}
+
+
 def extend_code_history(history: Optional[Sequence[Mapping[str, Any]]], from_round: int,
                         now: Mapping[str, Any]) -> List[Dict[str, Any]]:
   """A run's code history after a session that starts at round `from_round` under the
@@ -387,7 +392,7 @@ def extend_code_history(history: Optional[Sequence[Mapping[str, Any]]], from_rou
   out = [dict(e) for e in history or ()]
   if not out and from_round > 0:
     out.append(dict(from_round=0, git_commit=None, git_modified=None))
-  entry = dict(from_round=int(from_round), **{k: now[k] for k in _CODE_IDENTITY if k in now})
+  entry = dict(from_round=int(from_round), **code_identity(now))
   identity = lambda e: tuple(e.get(k) for k in _CODE_IDENTITY)
   if not out or identity(out[-1]) != identity(entry):
     out.append(entry)

@@ -118,7 +118,10 @@ def test_grouped_round_equals_per_client_round(tff_runtime):
     server = alg.initial_server_state()
     states = [alg.initial_client_state(i) for i in range(3)]
     results[per_group] = alg.next(server, states, seeds, data)
+  # The grouped round never builds the per-client computations (built on first use).
+  assert "_per_client" not in vars(alg)
   reference = alg.next_per_client(server, states, seeds, data)
+  assert "_per_client" in vars(alg)
   moved = _flat(reference[0].posterior.eta1) - _flat(server.posterior.eta1)
   assert np.max(np.abs(moved)) > 1e-2
   for per_group, (new_server, new_states, metrics) in results.items():

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Optional
+import functools
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
@@ -63,6 +64,16 @@ def upload(output) -> collections.OrderedDict:
       (name, getattr(output, name))
       for name in ("delta", "metrics", "num_examples", "delta_nonzeros", "cavity_floored",
                    "dropped", "update_ratio"))
+
+
+class PerClientComputations(NamedTuple):
+  """VIRTUAL's computations with one TFF client per client (see the properties of
+  `VirtualAlgorithm` of the same names)."""
+  client_update: Any
+  next: Any
+  client_phase: Any
+  server_phase: Any
+  evaluate: Any
 
 
 def as_client_state(struct) -> ClientState:
@@ -180,11 +191,6 @@ class VirtualAlgorithm:
         ServerState(posterior_type, aggregation.initialize.type_signature.result.member,
                     tff.TensorType(np.int32)))
 
-    @tff.tensorflow.computation(posterior_type, client_state_type, seed_type, data_type)
-    def client_update_comp(server_posterior, state, seed, data):
-      state = as_client_state(state)
-      return client_update(cfg, gaussian.NaturalGaussian(*server_posterior), state, seed, *data)
-
     @tff.tensorflow.computation(server_state_type.posterior, posterior_type,
                                 tff.TensorType(np.int32))
     def server_update(posterior, delta_sum, round_num):
@@ -215,6 +221,66 @@ class VirtualAlgorithm:
                                   delta_nonzeros=tff.federated_sum(delta_nonzeros),
                                   **robust.drop_metrics(dropped, update_ratio)))
       return new_state, round_metrics
+
+    # The driver's streamed evaluation (`tfbfl.round_loop`): S from the server
+    # posterior alone, MT from each client's state alone (so it can be cached).
+    index_type = tff.TensorType(np.int32)
+
+    @tff.tensorflow.computation(posterior_type, index_type, seed_type, eval_data_type)
+    def server_eval_comp(server_posterior, client_index, seed, data):
+      return evaluate_server_client(cfg, gaussian.NaturalGaussian(*server_posterior), client_index,
+                                    seed, *data)
+
+    @tff.tensorflow.computation(client_state_type, index_type, seed_type, eval_data_type)
+    def own_eval_comp(state, client_index, seed, data):
+      state = as_client_state(state)._replace(client_index=client_index)
+      return evaluate_own_client(cfg, state, seed, *data)
+
+    @rounds.round_computation(server_state_type, index_type, seed_type, eval_data_type)
+    def evaluate_server_fn(server_state, indices, seeds, data):
+      return tff.federated_map(
+          server_eval_comp, (tff.federated_broadcast(server_state.posterior), indices, seeds, data))
+
+    @tff.federated_computation(tff.FederatedType(client_state_type, tff.CLIENTS),
+                               tff.FederatedType(index_type, tff.CLIENTS),
+                               tff.FederatedType(seed_type, tff.CLIENTS),
+                               tff.FederatedType(eval_data_type, tff.CLIENTS))
+    def evaluate_clients_fn(client_states, indices, seeds, data):
+      return tff.federated_map(own_eval_comp, (client_states, indices, seeds, data))
+
+    self._evaluate_server_fn = evaluate_server_fn
+    self._evaluate_clients_fn = evaluate_clients_fn
+
+    # Kept for the computations built on first use: the per-client ones and the
+    # client-batched rounds (`_group_round`, per group size).
+    self._types = dict(posterior=posterior_type,
+                       client_state=client_state_type,
+                       server_state=server_state_type,
+                       seed=seed_type,
+                       data=data_type,
+                       eval_data=eval_data_type,
+                       x_dtype=x_dtype,
+                       y_dtype=y_dtype)
+    self._finish_round = finish_round
+    self._group_rounds = {}
+
+    self.server_update = server_update
+
+  # ------------------------------------------------ per-client computations
+  # Built on first use: the default rounds run batched groups (`_group_round`) and
+  # the streamed evaluation, and tracing these too cost each run several seconds.
+  @functools.cached_property
+  def _per_client(self) -> PerClientComputations:
+    cfg, types = self.config, self._types
+    posterior_type, client_state_type = types["posterior"], types["client_state"]
+    server_state_type = types["server_state"]
+    seed_type, data_type, eval_data_type = types["seed"], types["data"], types["eval_data"]
+    finish_round = self._finish_round
+
+    @tff.tensorflow.computation(posterior_type, client_state_type, seed_type, data_type)
+    def client_update_comp(server_posterior, state, seed, data):
+      state = as_client_state(state)
+      return client_update(cfg, gaussian.NaturalGaussian(*server_posterior), state, seed, *data)
 
     @rounds.round_computation(server_state_type, client_state_type, seed_type, data_type)
     def next_fn(server_state, client_states, seeds, data):
@@ -256,50 +322,36 @@ class VirtualAlgorithm:
           client_eval_comp,
           (tff.federated_broadcast(server_state.posterior), client_states, seeds, data))
 
-    # The driver's streamed evaluation (`tfbfl.round_loop`): S from the server
-    # posterior alone, MT from each client's state alone (so it can be cached).
-    index_type = tff.TensorType(np.int32)
+    return PerClientComputations(client_update=client_update_comp,
+                                 next=next_fn,
+                                 client_phase=client_phase,
+                                 server_phase=server_phase,
+                                 evaluate=evaluate_fn)
 
-    @tff.tensorflow.computation(posterior_type, index_type, seed_type, eval_data_type)
-    def server_eval_comp(server_posterior, client_index, seed, data):
-      return evaluate_server_client(cfg, gaussian.NaturalGaussian(*server_posterior), client_index,
-                                    seed, *data)
+  @property
+  def client_update(self):
+    """One client's update (a TFF computation): `client.client_update`."""
+    return self._per_client.client_update
 
-    @tff.tensorflow.computation(client_state_type, index_type, seed_type, eval_data_type)
-    def own_eval_comp(state, client_index, seed, data):
-      state = as_client_state(state)._replace(client_index=client_index)
-      return evaluate_own_client(cfg, state, seed, *data)
+  @property
+  def next_per_client(self):
+    """A round with one TFF client computation per client."""
+    return self._per_client.next
 
-    @rounds.round_computation(server_state_type, index_type, seed_type, eval_data_type)
-    def evaluate_server_fn(server_state, indices, seeds, data):
-      return tff.federated_map(
-          server_eval_comp, (tff.federated_broadcast(server_state.posterior), indices, seeds, data))
+  @property
+  def client_phase(self):
+    """`next_two_phase`'s training half."""
+    return self._per_client.client_phase
 
-    @tff.federated_computation(tff.FederatedType(client_state_type, tff.CLIENTS),
-                               tff.FederatedType(index_type, tff.CLIENTS),
-                               tff.FederatedType(seed_type, tff.CLIENTS),
-                               tff.FederatedType(eval_data_type, tff.CLIENTS))
-    def evaluate_clients_fn(client_states, indices, seeds, data):
-      return tff.federated_map(own_eval_comp, (client_states, indices, seeds, data))
+  @property
+  def server_phase(self):
+    """`next_two_phase`'s aggregation half."""
+    return self._per_client.server_phase
 
-    self._evaluate_server_fn = evaluate_server_fn
-    self._evaluate_clients_fn = evaluate_clients_fn
-
-    # Kept for the client-batched rounds (`_group_round`), built per group size.
-    self._types = dict(posterior=posterior_type,
-                       client_state=client_state_type,
-                       server_state=server_state_type,
-                       x_dtype=x_dtype,
-                       y_dtype=y_dtype)
-    self._finish_round = finish_round
-    self._group_rounds = {}
-
-    self.client_update = client_update_comp
-    self.server_update = server_update
-    self.next_per_client = next_fn
-    self.client_phase = client_phase
-    self.server_phase = server_phase
-    self.evaluate = evaluate_fn
+  @property
+  def evaluate(self):
+    """S and MT of the given clients in one call (`evaluation.evaluate_client`)."""
+    return self._per_client.evaluate
 
   # ------------------------------------------- streamed evaluation protocol
   # MT is a function of the client's state alone: at the posterior means, or with

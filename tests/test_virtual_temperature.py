@@ -69,7 +69,8 @@ def _check_against_predictors(out, last, samples):
     seed = evaluation_seed(int(run.params["seed"]), i)
     sums = {**virtual.evaluate_server_client(algorithm.config, state.posterior, np.int32(i),
                                              seed, x, y, xc, yc),
-            **virtual.evaluate_own_client(algorithm.config, client, seed, x, y, xc, yc)}
+            **virtual.evaluate_own_client(algorithm.config, client.shared_posterior, client.private,
+                                          np.int32(i), seed, x, y, xc, yc)}
     for key in fits:
       fit, test = _grid_nll(np.asarray(predict[key](xc)), yc), _grid_nll(np.asarray(predict[key](x)), y)
       np.testing.assert_allclose(sums[f"{key}_fit_nll"], fit, rtol=1e-4, err_msg=key)

@@ -66,6 +66,12 @@ def upload(output) -> collections.OrderedDict:
                    "dropped", "update_ratio"))
 
 
+class MtInput(NamedTuple):
+  """What MT reads of a client's state (`evaluation.evaluate_own_client`)."""
+  shared_posterior: Any
+  private: Any
+
+
 class PerClientComputations(NamedTuple):
   """VIRTUAL's computations with one TFF client per client (see the properties of
   `VirtualAlgorithm` of the same names)."""
@@ -231,22 +237,24 @@ class VirtualAlgorithm:
       return evaluate_server_client(cfg, gaussian.NaturalGaussian(*server_posterior), client_index,
                                     seed, *data)
 
-    @tff.tensorflow.computation(client_state_type, index_type, seed_type, eval_data_type)
-    def own_eval_comp(state, client_index, seed, data):
-      state = as_client_state(state)._replace(client_index=client_index)
-      return evaluate_own_client(cfg, state, seed, *data)
+    mt_input_type = tff.to_type(MtInput(posterior_type, client_state_type.private))
+
+    @tff.tensorflow.computation(mt_input_type, index_type, seed_type, eval_data_type)
+    def own_eval_comp(mt_input, client_index, seed, data):
+      return evaluate_own_client(cfg, gaussian.NaturalGaussian(*mt_input.shared_posterior),
+                                 list(mt_input.private), client_index, seed, *data)
 
     @rounds.round_computation(server_state_type, index_type, seed_type, eval_data_type)
     def evaluate_server_fn(server_state, indices, seeds, data):
       return tff.federated_map(
           server_eval_comp, (tff.federated_broadcast(server_state.posterior), indices, seeds, data))
 
-    @tff.federated_computation(tff.FederatedType(client_state_type, tff.CLIENTS),
+    @tff.federated_computation(tff.FederatedType(mt_input_type, tff.CLIENTS),
                                tff.FederatedType(index_type, tff.CLIENTS),
                                tff.FederatedType(seed_type, tff.CLIENTS),
                                tff.FederatedType(eval_data_type, tff.CLIENTS))
-    def evaluate_clients_fn(client_states, indices, seeds, data):
-      return tff.federated_map(own_eval_comp, (client_states, indices, seeds, data))
+    def evaluate_clients_fn(mt_inputs, indices, seeds, data):
+      return tff.federated_map(own_eval_comp, (mt_inputs, indices, seeds, data))
 
     self._evaluate_server_fn = evaluate_server_fn
     self._evaluate_clients_fn = evaluate_clients_fn
@@ -368,7 +376,8 @@ class VirtualAlgorithm:
   def evaluate_clients(self, client_states, client_indices, seeds, test_data):
     """MT sums of the given clients {mt_loss, mt_correct, num_examples,
     client_index[, mt_calibration]} from their states alone (no server state)."""
-    return self._evaluate_clients_fn(list(client_states), [np.int32(i) for i in client_indices],
+    mt_inputs = [MtInput(s.shared_posterior, s.private) for s in map(_as_client_state, client_states)]
+    return self._evaluate_clients_fn(mt_inputs, [np.int32(i) for i in client_indices],
                                      list(seeds), list(test_data))
 
   # ------------------------------------------------- client-batched rounds

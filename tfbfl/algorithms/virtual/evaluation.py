@@ -131,17 +131,19 @@ def evaluate_server_client(cfg: VirtualConfig, server_posterior, client_index, s
   return run()
 
 
-def evaluate_own_client(cfg: VirtualConfig, state: ClientState, seed, *data):
+def evaluate_own_client(cfg: VirtualConfig, shared_posterior, private, client_index, seed, *data):
   """MT of one client: {mt_loss, mt_correct, num_examples, client_index[,
-  mt_calibration, its grids]} from its state alone (its q_i and private network)."""
+  mt_calibration, its grids]} from what of its state MT reads: its shared posterior
+  q_i (a `NaturalGaussian`) and its private weights. Its shared factor is not an
+  input: the streamed evaluation sends each client only these (the factor would double
+  what travels per client)."""
   net = build_networks(cfg)
   data = _flat_data(cfg, data)
 
   @tf.function
   def run():
-    net.set_private_weights(state.private)
-    m = _predictive_sums(cfg, net, state.shared_posterior, 1 if cfg.private else 0, seed, data,
-                         "mt")
-    return _order_sums({}, m, tf.cast(tf.shape(data[1])[0], tf.float32), state.client_index)
+    net.set_private_weights(private)
+    m = _predictive_sums(cfg, net, shared_posterior, 1 if cfg.private else 0, seed, data, "mt")
+    return _order_sums({}, m, tf.cast(tf.shape(data[1])[0], tf.float32), client_index)
 
   return run()

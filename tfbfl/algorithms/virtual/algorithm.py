@@ -276,7 +276,8 @@ class VirtualAlgorithm:
 
   # ------------------------------------------------ per-client computations
   # Built on first use: the default rounds run batched groups (`_group_round`) and
-  # the streamed evaluation, and tracing these too cost each run several seconds.
+  # the streamed evaluation, so tracing these at build would only slow every run's
+  # start (docs/performance.md, "Start-up").
   @functools.cached_property
   def _per_client(self) -> PerClientComputations:
     cfg, types = self.config, self._types

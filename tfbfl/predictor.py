@@ -157,7 +157,7 @@ def _predictor_class():
         def serve(x):
           return outputs(*forward(x))
 
-        self.serve = tf.function(serve, input_signature=[spec])
+        self.serve = tf.function(serve, input_signature=[spec], autograph=False)
         functions = [self.serve]
       else:
         if default_seed is None:
@@ -171,9 +171,10 @@ def _predictor_class():
         def serve_seeded(x, seed):
           return outputs(*seeded_forward(x, seed))
 
-        self.serve = tf.function(serve, input_signature=[spec])
+        self.serve = tf.function(serve, input_signature=[spec], autograph=False)
         self.serve_seeded = tf.function(
-            serve_seeded, input_signature=[spec, tf.TensorSpec([2], tf.int64, name="seed")])
+            serve_seeded, input_signature=[spec, tf.TensorSpec([2], tf.int64, name="seed")],
+            autograph=False)
         functions = [self.serve, self.serve_seeded]
       # Trace now, then keep (track) exactly the variables the graphs read.
       read = {}

@@ -441,7 +441,7 @@ class ModelComputations:
     model = self._model()
     x = self._flat(x)
 
-    @tf.function
+    @tf.function(autograph=False)
     def train():
       self._assign(model, weights)
       variables = model.trainable_weights
@@ -523,7 +523,7 @@ class ModelComputations:
     model = self._model()
     x = self._flat(x)
 
-    @tf.function
+    @tf.function(autograph=False)
     def run():
       self._assign(model, weights)
       return model(x, training=False)

@@ -466,7 +466,7 @@ class _LaplaceBase:
         loss, correct = _cross_entropy(model(xb, training=True), yb)
       return tape.gradient(loss, variables), loss, correct
 
-    @tf.function
+    @tf.function(autograph=False)
     def run():
       for v, w in zip(variables, start):
         v.assign(w)
@@ -506,12 +506,15 @@ class _LaplaceBase:
         steps = tf.cast(tf.maximum(num_steps, 1), tf.float32)
         fisher = [f / steps for f in fisher]
       elif fisher_mode == "offline":
-        fisher = [tf.zeros_like(v) for v in variables]
-        for i in tf.range(steps_per_epoch):
+
+        def add_batch(i, fisher):
           idx = tf.range(i * c.batch_size, tf.minimum((i + 1) * c.batch_size, n))
           grads, _, _ = task_gradient(tf.gather(x, idx), tf.gather(y, idx))
           size = tf.cast(tf.shape(idx)[0], tf.float32)
-          fisher = [f + size * tf.square(g) for f, g in zip(fisher, grads)]
+          return i + 1, tuple(f + size * tf.square(g) for f, g in zip(fisher, grads))
+
+        _, fisher = tf.while_loop(lambda i, _: i < steps_per_epoch, add_batch,
+                                  (tf.constant(0), tuple(tf.zeros_like(v) for v in variables)))
         fisher = [f / tf.cast(tf.maximum(steps_per_epoch, 1), tf.float32) for f in fisher]
       else:
         fisher = [tf.ones_like(v) for v in variables]
@@ -539,7 +542,7 @@ class _LaplaceBase:
       x, y = data
       x = self._reshape(x)
 
-      @tf.function
+      @tf.function(autograph=False)
       def run():
 
         def logits_of(weights):

@@ -181,7 +181,7 @@ def distill(nets: Sequence[pfnm.Network],
   if student not in _DISTILL_FNS:
     _DISTILL_FNS[student] = tf.function(
         lambda flat0, x_, t_, seed_: pfnm.train_tensors(student, flat0, seed_, x_, t_),
-        reduce_retracing=True)
+        reduce_retracing=True, autograph=False)
   out = _DISTILL_FNS[student](flat, tf.constant(x), tf.constant(targets),
                               tf.constant([seed, 11], tf.int64))
   out = [t.numpy() for t in out]

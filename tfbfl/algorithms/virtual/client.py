@@ -159,7 +159,7 @@ def client_update_batch(cfg: VirtualConfig,
                   s.client_index) for s in unstacked
   ]
 
-  @tf.function
+  @tf.function(autograph=False)
   def train():
     priors = [_client_prior(cfg, server_posterior, s) for s in unstacked]
     stack_g = lambda gs: gaussian.NaturalGaussian([tf.stack(t) for t in zip(*[g.eta1 for g in gs])],
@@ -221,7 +221,7 @@ def client_update(cfg: VirtualConfig,
   x = flatten_for_mlp(cfg, x)
   sgd_epochs = keras_step.make_sgd_epochs(cfg, net, seed, x, y)
 
-  @tf.function
+  @tf.function(autograph=False)
   def train():
     old_factor, cavity, cavity_floored, prior = _client_prior(cfg, server_posterior, state)
     # The factor s_i is what is trained: q_i = s_i * cavity starts at s^(t).

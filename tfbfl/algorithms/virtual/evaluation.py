@@ -39,9 +39,14 @@ def _predictive(cfg: VirtualConfig, net, head, seed, x):
       lambda s: net.forward(x, seed=s)[head])
   if cfg.eval_samples == 0:
     return to_prob(out(None))
-  avg = tf.zeros([tf.shape(x)[0], cfg.num_classes])
-  for s in tf.range(cfg.eval_samples):
-    avg += to_prob(out(tf.random.experimental.stateless_fold_in(seed, s))) / cfg.eval_samples
+  # An explicit loop: tfbfl's tf.functions are built without autograph
+  # (docs/performance.md, "Start-up").
+  def add_sample(s, avg):
+    p = to_prob(out(tf.random.experimental.stateless_fold_in(seed, s)))
+    return s + 1, avg + p / cfg.eval_samples
+
+  _, avg = tf.while_loop(lambda s, _: s < cfg.eval_samples, add_sample,
+                         (tf.constant(0), tf.zeros([tf.shape(x)[0], cfg.num_classes])))
   return avg
 
 
@@ -104,7 +109,7 @@ def evaluate_client(cfg: VirtualConfig, server_posterior, state: ClientState, se
   net = build_networks(cfg)
   data = _flat_data(cfg, data)
 
-  @tf.function
+  @tf.function(autograph=False)
   def run():
     net.set_private_weights(state.private)
     s = _predictive_sums(cfg, net, server_posterior, 0, seed, data, "server")
@@ -123,7 +128,7 @@ def evaluate_server_client(cfg: VirtualConfig, server_posterior, client_index, s
   net = build_networks(cfg)
   data = _flat_data(cfg, data)
 
-  @tf.function
+  @tf.function(autograph=False)
   def run():
     s = _predictive_sums(cfg, net, server_posterior, 0, seed, data, "server")
     return _order_sums(s, {}, tf.cast(tf.shape(data[1])[0], tf.float32), client_index)
@@ -140,7 +145,7 @@ def evaluate_own_client(cfg: VirtualConfig, shared_posterior, private, client_in
   net = build_networks(cfg)
   data = _flat_data(cfg, data)
 
-  @tf.function
+  @tf.function(autograph=False)
   def run():
     net.set_private_weights(private)
     m = _predictive_sums(cfg, net, shared_posterior, 1 if cfg.private else 0, seed, data, "mt")

@@ -92,7 +92,7 @@ def make_sgd_epochs(cfg: VirtualConfig, net, seed, x, y) -> Callable:
   # Every minibatch has the static shape [batch_size] (the last one of an epoch is
   # masked), so with `jit_compile` (plain-TF callers only) XLA compiles the step
   # once per process; the SGD trajectory is the same as with a short last batch.
-  @tf.function(jit_compile=cfg.jit_compile)
+  @tf.function(jit_compile=cfg.jit_compile, autograph=False)
   def sgd_step(xb, yb, mask, step_seed, kl_scale):
     with tf.GradientTape() as tape:
       mean_loss, correct, loss = loss_terms(xb, yb, mask, step_seed, kl_scale)

@@ -847,7 +847,7 @@ def train_clients(cfg, layout: Layout, params: Parameters, shared_prior, x, y, n
 
     # A function of its own per step (a call op in the loop body): grappler then
     # optimises the step as the old per-client step was (measured: inline, 2x slower).
-    @tf.function(jit_compile=cfg.jit_compile)
+    @tf.function(jit_compile=cfg.jit_compile, autograph=False)
     def fused_fn(state, xb, yb, mask, step):
       new, loss, correct = fused_step(cfg, plan, state, xb, yb, mask, step_seeds_of(step),
                                       constants, data_loss)
@@ -864,7 +864,7 @@ def train_clients(cfg, layout: Layout, params: Parameters, shared_prior, x, y, n
 
   shared_prior_1 = tuple(t[0] for t in shared_prior)
 
-  @tf.function(jit_compile=cfg.jit_compile)
+  @tf.function(jit_compile=cfg.jit_compile, autograph=False)
   def step_fn(params, xb, yb, mask, step):
     if single:
       new, loss, correct = sgd_step(cfg, layout, Parameters(*params), xb, yb, mask,

@@ -1,12 +1,12 @@
 """Every `tf.function` of the package is built without autograph.
 
 Autograph transpiles each Python function a converted function calls, tfbfl's
-Gaussian algebra, layers and networks included (424 conversions in a 3-round VIRTUAL
-launcher run on digits), though none of them needs it: the package's loops over
-tensors are explicit `tf.while_loop`s (`client_batch.train_loop`, the Monte Carlo
-predictive). A `tf.function` added without `autograph=False` brings that start-up
-cost back (docs/performance.md, "Start-up"), so the source is checked here; the
-loops themselves are checked by every test that trains or evaluates.
+Gaussian algebra, layers and networks included, though none of them needs it: the
+package's loops over tensors are explicit `tf.while_loop`s (`client_batch.train_loop`,
+the Monte Carlo predictive, FOLA's offline Fisher). A `tf.function` added without
+`autograph=False` brings that start-up cost back (measured in docs/performance.md,
+"Start-up"), so the source is checked here; the loops themselves are checked by every
+test that trains or evaluates.
 """
 
 import ast

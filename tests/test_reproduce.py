@@ -665,6 +665,23 @@ def test_a_stopped_cell_resumes_from_its_checkpoint_and_records_the_same_result(
   assert resumed["result"]["curves"]["round"] == [1, 2, 3, 4]
   same = lambda rec: {k: v for k, v in rec["result"]["summary"].items() if k != "wall_time_s"}
   assert same(resumed) == same(whole)
+  # Its wall time counts the rounds the stopped invocation checkpointed, too.
+  earlier = resumed["earlier_invocations_wall_time_s"]
+  clock = records_lib.clock_at_round(resumed["result"], resumed["resumed_from_rounds"][0])
+  assert earlier > 0 and earlier == pytest.approx(clock, abs=0.05)
+  assert resumed["wall_time_s"] > earlier and "earlier_invocations_wall_time_s" not in whole
+  assert records_lib.wall_seconds(resumed) == resumed["wall_time_s"]
+
+
+def test_wall_seconds_adds_the_resumed_rounds_clock_to_records_written_before_it_was_kept():
+  curves = dict(round=[1, 2, 3], wall_time_s=[1.5, 3.0, 4.5])
+  old = dict(wall_time_s=10.0, resumed_from_rounds=[2], result=dict(curves=curves))
+  assert records_lib.wall_seconds(old) == 13.0  # the clock at round 2 added
+  # Counted already: a record that keeps it; resumed by a second attempt of one invocation.
+  assert records_lib.wall_seconds(dict(old, earlier_invocations_wall_time_s=3.0)) == 10.0
+  assert records_lib.wall_seconds(dict(old, attempts=2)) == 10.0
+  assert records_lib.wall_seconds(dict(old, resumed_from_rounds=None)) == 10.0
+  assert records_lib.clock_at_round(dict(curves=curves), 7) == 0.0
 
 
 def test_collect_train_keeps_the_fitted_temperatures_only_where_a_run_has_them(tmp_path):

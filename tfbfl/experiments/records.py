@@ -7,9 +7,9 @@ wall time, machine, and the result. The result is what a collector (`COLLECTORS`
 per launcher) keeps of the launcher's own output files: per-round S/MT accuracy, NLL,
 ECE and bytes for training cells (`collect_train`); per-method accuracies for PFNM and
 FOLA cells. `read_records` reads every record under a results directory;
-`curve_values`, `best_value`, `final_value`, `final_values`, `stopped` and `score_text`
-read one record's values, for the catalogue's tuning choices, the runner's progress
-lines and the report.
+`curve_values`, `best_value`, `final_value`, `final_values`, `stopped`, `score_text` and
+`wall_seconds` read one record's values, for the catalogue's tuning choices, the
+runner's progress lines and estimates, and the report.
 
 Nothing here knows the catalogue's cells: the catalogue reads record values to choose
 its tuned settings, so the records sit below it. This module imports neither
@@ -143,6 +143,34 @@ def final_value(rec: Mapping[str, Any], key: str) -> float:
 def final_values(recs: Sequence[Mapping[str, Any]], key: str) -> List[float]:
   """`final_value` of each record."""
   return [final_value(r, key) for r in recs]
+
+
+def clock_at_round(result: Mapping[str, Any], round_num: int) -> float:
+  """A training result's clock (metrics.csv's cumulative `wall_time_s`, which a resumed
+  run continues from its checkpoint) at the end of round `round_num`; 0.0 where its
+  curves do not hold that round."""
+  curves = result.get("curves") or {}
+  for r, seconds in zip(curves.get("round") or (), curves.get("wall_time_s") or ()):
+    if r == round_num and seconds is not None:
+      return float(seconds)
+  return 0.0
+
+
+def wall_seconds(rec: Mapping[str, Any]) -> float:
+  """The wall time of a record's cell over every invocation that ran it.
+
+  `wall_time_s` itself where the record has `earlier_invocations_wall_time_s` (the
+  runner then counted the rounds an earlier invocation checkpointed) or was not
+  resumed. A record written before that key, resumed from an earlier invocation's
+  checkpoint (`resumed_from_rounds`, one attempt), counted its last invocation only:
+  the clock of the round it resumed from is added. Neither counts an earlier
+  invocation's start-up or its rounds after its last checkpoint.
+  """
+  seconds = float(rec["wall_time_s"])
+  resumed = rec.get("resumed_from_rounds")
+  if resumed and "earlier_invocations_wall_time_s" not in rec and not rec.get("attempts"):
+    seconds += clock_at_round(rec["result"], resumed[0])
+  return seconds
 
 
 def stopped(rec: Mapping[str, Any]) -> str:

@@ -229,7 +229,7 @@ def provenance_line(records: Mapping[str, Mapping[str, Any]]) -> str:
   (every commit a record's rounds ran, how many ran modified source or mixed code)."""
   code = lambda r: [r] + list(r.get("code_history") or ())
   commits = sorted({e.get("git_commit") or "unknown" for r in records.values() for e in code(r)})
-  hours = sum(float(r["wall_time_s"]) for r in records.values()) / 3600
+  hours = sum(records_lib.wall_seconds(r) for r in records.values()) / 3600
   cores = sorted({r["machine"].get("cores") for r in records.values()})
   # A modified record without a diff hash predates the rule that counts only code (above).
   modified = sum(any(e.get("git_diff_sha256") for e in code(r)) for r in records.values())

@@ -165,8 +165,10 @@ def run_cell(cell: Cell, *, results_dir: str, work_dir: str, data_root: str,
   directory, so a stop loses at most that many rounds; the record lists the rounds it
   resumed from (`resumed_from_rounds`), the code of each stretch of its rounds
   (`code_history`: more than one entry where an earlier invocation ran other code;
-  `git_commit` and `git_modified` are this invocation's), and its wall time counts this
-  invocation only.
+  `git_commit` and `git_modified` are this invocation's); its wall time counts this
+  invocation and the training clock of the rounds it resumed from
+  (`earlier_invocations_wall_time_s`; an earlier invocation's start-up and its rounds
+  after its last checkpoint are not counted).
   """
   out_dir = os.path.join(work_dir, cell.name)
   os.makedirs(out_dir, exist_ok=True)
@@ -174,12 +176,16 @@ def run_cell(cell: Cell, *, results_dir: str, work_dir: str, data_root: str,
   log_path = os.path.join(out_dir, "log.txt")
   started = time.time()
   resumed = []
+  earlier_round = None  # the round this invocation resumed from an earlier one's checkpoint
   for attempt in range(1, WORKER_CRASH_ATTEMPTS + 1):
     command = cell.command(run_out, data_root)
     if cell.launcher == "train":
       command.append("--resume" if _resumable(cell, run_out) else "--overwrite")
     code = _run_launcher(command, log_path, log)
-    resumed += _resumed_rounds(log_path)
+    rounds = _resumed_rounds(log_path)
+    if attempt == 1 and rounds:
+      earlier_round = rounds[0]
+    resumed += rounds
     if code != round_loop.WORKER_EXITED_STATUS or attempt == WORKER_CRASH_ATTEMPTS:
       break
     crashed_log = os.path.join(out_dir, "log.crashed.txt")
@@ -193,7 +199,10 @@ def run_cell(cell: Cell, *, results_dir: str, work_dir: str, data_root: str,
   result = records_lib.COLLECTORS[cell.launcher](run_out)
   if run_stopped:  # a setting that diverges is a result (a tuning grid's included), not a failure
     result["stopped"] = _tail(log_path, 1).strip()
-  record = make_record(cell, command, result, time.time() - started, started)
+  earlier_s = records_lib.clock_at_round(result, earlier_round) if earlier_round else 0.0
+  record = make_record(cell, command, result, time.time() - started + earlier_s, started)
+  if earlier_round:
+    record["earlier_invocations_wall_time_s"] = round(earlier_s, 1)
   if attempt > 1:
     record["attempts"] = attempt
   if resumed:
@@ -276,11 +285,11 @@ def measured_seconds(cell: Cell, records: Mapping[str, Mapping[str, Any]]) -> fl
   for r in same:
     rounds = r["flags"].get("rounds")
     if rounds:
-      per_round.append(float(r["wall_time_s"]) / float(rounds))
+      per_round.append(records_lib.wall_seconds(r) / float(rounds))
   rounds = cell.flag_dict.get("rounds")
   if per_round and rounds:
     return float(np.mean(per_round)) * float(rounds)
-  return float(np.mean([float(r["wall_time_s"]) for r in same]))
+  return float(np.mean([records_lib.wall_seconds(r) for r in same]))
 
 
 def run(cells: Sequence[Cell], *, results_dir: str, work_dir: str, data_root: str,
@@ -402,7 +411,7 @@ def listing(cells: Sequence[Cell], records: Mapping[str, Mapping[str, Any]]) -> 
   out = []
   for c in cells:
     s = status(c, records)
-    secs = records[c.name]["wall_time_s"] if s == "done" else measured_seconds(c, records)
+    secs = records_lib.wall_seconds(records[c.name]) if s == "done" else measured_seconds(c, records)
     extra = f"  ({c.depends})" if s == "waiting" else ""
     out.append(f"{s:8s} {float(secs) / 60:7.1f} min  {c.name}{extra}")
   return out

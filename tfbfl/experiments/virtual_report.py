@@ -65,7 +65,7 @@ def table2_summary(records: Mapping[str, Mapping[str, Any]]) -> Dict[Tuple[str, 
       m["rounds"] = sorted({r["flags"].get("rounds") for r in recs})
       m["setting"] = ({k: v for k, v in recs[0]["flags"].items() if k in rp.setting_keys(row, alg)}
                       if recs else {})
-      m["hours"] = sum(float(r["wall_time_s"]) for r in recs) / 3600
+      m["hours"] = sum(records_lib.wall_seconds(r) for r in recs) / 3600
       out[(row, alg)] = m
   return out
 

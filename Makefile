@@ -26,11 +26,16 @@ lint: install
 	  $(PY) -m pip install -q --disable-pip-version-check $(RUFF)
 	$(PY) -m ruff check tfbfl launchers benchmarks tests
 
-# Two pytest-xdist workers, one test module each at a time (module fixtures run once):
-# 13.5 -> 9.5 min on a quiet 2-core machine. `make test TEST_WORKERS=0` runs serially.
+# Two pytest-xdist workers, one test module each at a time (module fixtures run once),
+# each TensorFlow (and every launcher it starts) with one intra-op and one inter-op
+# thread: the two workers already fill the two cores (docs/tests.md#time).
+# `make test TEST_WORKERS=0 TEST_TF_THREADS=` runs serially with TensorFlow's own
+# thread counts.
 TEST_WORKERS ?= 2
+TEST_TF_THREADS ?= 1
+TF_THREADS_ENV := $(if $(TEST_TF_THREADS),TF_NUM_INTRAOP_THREADS=$(TEST_TF_THREADS) TF_NUM_INTEROP_THREADS=$(TEST_TF_THREADS))
 test: install lint
-	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m pytest -q tests -n $(TEST_WORKERS) --dist loadfile --durations=15
+	TF_CPP_MIN_LOG_LEVEL=2 $(TF_THREADS_ENV) $(PY) -m pytest -q tests -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 demo: install
 	TF_CPP_MIN_LOG_LEVEL=3 $(PY) -m launchers.demo

@@ -544,7 +544,7 @@ class ExperimentRunner:
           f"[{self.algorithm.name}] rounds {state.round + 1}-{cfg.rounds}, "
           f"{cfg.clients_per_round} of {k} clients each" +
           (f", outputs in {cfg.output_dir}" if cfg.output_dir else "") +
-          "; building computations (the first round traces them, ~20 s) ...",
+          "; building computations (the first round traces them and takes longer) ...",
           flush=True)
     for r in range(state.round + 1, cfg.rounds + 1):
       self._round_in_progress = r

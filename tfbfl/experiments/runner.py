@@ -411,7 +411,8 @@ def listing(cells: Sequence[Cell], records: Mapping[str, Mapping[str, Any]]) -> 
   out = []
   for c in cells:
     s = status(c, records)
-    secs = records_lib.wall_seconds(records[c.name]) if s == "done" else measured_seconds(c, records)
+    secs = (records_lib.wall_seconds(records[c.name]) if s == "done" else
+            measured_seconds(c, records))
     extra = f"  ({c.depends})" if s == "waiting" else ""
     out.append(f"{s:8s} {float(secs) / 60:7.1f} min  {c.name}{extra}")
   return out

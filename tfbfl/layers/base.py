@@ -102,17 +102,17 @@ def initial_loc(shape, fan_in, fan_out, seed=None, dtype=tf.float32):
 
   A normal truncated at two standard deviations with variance
   `2 / (fan_in + fan_out)` after truncation. With an integer `seed` the draw is a
-  stateless op on seed `[seed, 0]` (deterministic, allowed inside TFF); with `None`
-  it is an ordinary unseeded draw.
+  stateless op on seed `[seed, 0]` (deterministic, allowed inside TFF); a `[2]`
+  int64 tensor `seed` is that stateless seed itself; with `None` it is an ordinary
+  unseeded draw.
   """
   stddev = np.sqrt(2.0 / max(1.0, float(fan_in + fan_out)))
   stddev /= _TRUNCATED_NORMAL_STDDEV_CORRECTION
   if seed is None:
     return tf.random.truncated_normal(shape, stddev=stddev, dtype=dtype)
-  return tf.random.stateless_truncated_normal(shape,
-                                              seed=tf.constant([seed, 0], tf.int64),
-                                              stddev=stddev,
-                                              dtype=dtype)
+  if not tf.is_tensor(seed):
+    seed = tf.constant([seed, 0], tf.int64)
+  return tf.random.stateless_truncated_normal(shape, seed=seed, stddev=stddev, dtype=dtype)
 
 
 def initial_untransformed_scale(init_scale, min_scale):

@@ -10,7 +10,11 @@ from tfbfl.layers.base import (
 )
 from tfbfl.layers.dense import BayesianDense
 
-__all__ = ["LateralConnection"]
+__all__ = ["ADAPTER_IN_SALT", "ADAPTER_OUT_SALT", "LateralConnection"]
+
+# The adapters' seeds are `derive_seed(seed, ADAPTER_IN_SALT)` (V) and
+# `derive_seed(seed, ADAPTER_OUT_SALT)` (U) of the connection's `seed`.
+ADAPTER_IN_SALT, ADAPTER_OUT_SALT = 0, 1
 
 
 @tf.keras.utils.register_keras_serializable(package="tfbfl")
@@ -118,13 +122,13 @@ class LateralConnection(tf.keras.layers.Layer):
     self.adapter_in = BayesianDense(
         adapter_units,
         activation=activation,
-        seed=derive_seed(seed, 0),
+        seed=derive_seed(seed, ADAPTER_IN_SALT),
         name="V",
         **common,
     )
     self.adapter_out = BayesianDense(units,
                                      activation=None,
-                                     seed=derive_seed(seed, 1),
+                                     seed=derive_seed(seed, ADAPTER_OUT_SALT),
                                      name="U",
                                      **common)
 

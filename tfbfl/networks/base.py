@@ -10,19 +10,25 @@ What does not depend on the family lives here:
   layers of one depth or of a dense stack;
   `initial_shared_posterior_from_plan` and `initial_private_weights_from_plan` read
   a plan's initial values with stateless ops only (no variables), bit-identical to
-  what building it creates.
+  what building it creates; `initial_private_weights_of` gives the latter at any
+  seed from one cached plan (a client's initial state, many times a run).
 * `LateralNetworks`: the base class building a plan into a model, with the
   one-pass forward and the natural-parameter accessors.
 * `deterministic_dense_layers`: the Keras `Dense` stack of the point-estimate
   models; `positive_ints`: argument validation.
 """
 
+import functools
+
+import numpy as np
 import tensorflow as tf
 
 from tfbfl import gaussian
 from tfbfl.layers import BayesianDense, LateralConnection
+from tfbfl.layers.lateral import ADAPTER_IN_SALT, ADAPTER_OUT_SALT
 from tfbfl.layers.base import (
     check_natural_gaussian,
+    check_seed,
     derive_seed,
     initial_loc,
     initial_untransformed_scale,
@@ -39,6 +45,7 @@ __all__ = [
     "dense_plan",
     "deterministic_dense_layers",
     "initial_private_weights_from_plan",
+    "initial_private_weights_of",
     "initial_shared_posterior_from_plan",
     "lateral_connection",
     "plan_depth",
@@ -106,6 +113,7 @@ def plan_depth(depth, seed, layer_cls, input_shape, lateral, server_kwargs=None,
           input_shape,
       ),
       lateral=lateral,
+      depth=depth,
   )
 
 
@@ -154,6 +162,104 @@ def initial_private_weights_from_plan(plan):
   if tf.executing_eagerly():
     return [v.numpy() for v in values]
   return values
+
+
+class _PrivateValuesTemplate:
+  """A plan's initial private values at any network seed, without building layers.
+
+  Only the random means depend on the network seed `s`, through the seed chains
+  `derive_seed(derive_seed(s, CLIENT, depth), index)` (client layers) and
+  `derive_seed(derive_seed(derive_seed(s, LATERAL, depth), ADAPTER_*_SALT), index)`
+  (adapters); shapes, fans, scales and gates do not. The chains are checked against
+  the plan's own layer seeds at construction. A call derives the seeds and draws
+  every random mean in one traced function: the stateless kernel of `initial_loc`
+  on the same seeds, so the values equal `initial_private_weights_from_plan`'s.
+  """
+
+  def __init__(self, plan, plan_seed):
+    client, lateral = [], []  # a float32 array, or a drawn mean's (chain, shape, fans)
+    for depth in plan:
+      d = depth["depth"]
+      layer, shape = depth["client"]
+      client += self._layer_values(layer, shape, ((CLIENT, d),), plan_seed)
+      lat, shape = depth["lateral"]
+      shape = tf.TensorShape(shape)
+      chain = ((LATERAL, d),)
+      self._check(chain, lat.seed, plan_seed)
+      lateral += self._layer_values(lat.adapter_in, shape, chain + ((ADAPTER_IN_SALT,),),
+                                    plan_seed)
+      lateral += self._layer_values(lat.adapter_out,
+                                    shape[:-1].concatenate([lat.adapter_units]),
+                                    chain + ((ADAPTER_OUT_SALT,),), plan_seed)
+      lateral.append(np.full([lat.units], lat.gate_init, np.float32))
+    values = client + lateral  # the order of `initial_private_weights_from_plan`
+    self._drawn_at = [i for i, v in enumerate(values) if isinstance(v, tuple)]
+    self._chains = [values[i][0] for i in self._drawn_at]
+    specs = [values[i][1:] for i in self._drawn_at]
+    self._values = [None if isinstance(v, tuple) else v for v in values]
+
+    @tf.function(input_signature=[tf.TensorSpec([len(specs), 2], tf.int64)], autograph=False)
+    def draw(seeds):
+      return [
+          initial_loc(shape, fan_in, fan_out, seed=seeds[i])
+          for i, (shape, fan_in, fan_out) in enumerate(specs)
+      ]
+
+    self._draw = draw
+
+  @staticmethod
+  def _seed(chain, seed):
+    for salts in chain:
+      seed = derive_seed(seed, *salts)
+    return seed
+
+  def _check(self, chain, layer_seed, plan_seed):
+    if self._seed(chain, plan_seed) != layer_seed:
+      raise ValueError(f"A plan layer's seed {layer_seed} is not derived as {chain} from the "
+                       f"network seed {plan_seed}: the plan and this template disagree.")
+
+  def _layer_values(self, layer, input_shape, chain, plan_seed):
+    self._check(chain, layer.seed, plan_seed)
+    u0 = np.float32(initial_untransformed_scale(layer.init_scale, layer.min_scale))
+    specs = layer._parameter_shapes(tf.TensorShape(input_shape))  # pylint: disable=protected-access
+    values = []
+    for index, (_, shape, fan_in, fan_out, random_loc) in enumerate(specs):
+      loc = (chain + ((index,),), shape, fan_in, fan_out) if random_loc else np.zeros(
+          shape, np.float32)
+      values += [loc, np.full(shape, u0, np.float32)]
+    return values
+
+  def __call__(self, seed):
+    seeds = np.array([[self._seed(chain, seed), 0] for chain in self._chains], np.int64)
+    values = [None if v is None else v.copy() for v in self._values]
+    for i, drawn in zip(self._drawn_at, self._draw(tf.constant(seeds))):
+      values[i] = drawn.numpy()
+    return values
+
+
+def _frozen(value):
+  """`value` with lists (and nested ones) as tuples, so it can key a cache."""
+  if isinstance(value, (list, tuple, np.ndarray)):
+    return tuple(_frozen(v) for v in value)
+  return value
+
+
+@functools.lru_cache(maxsize=16)
+def _private_values_template(make_plan, args):
+  return _PrivateValuesTemplate(make_plan(*args, 0), 0)
+
+
+def initial_private_weights_of(make_plan, args, seed):
+  """`initial_private_weights_from_plan(make_plan(*args, seed))`.
+
+  Executing eagerly with an integer `seed`, the values come from a template cached
+  per `(make_plan, args)`, which builds the plan's layers once (building them and
+  drawing each mean eagerly was most of the cost of a client's initial state).
+  """
+  if seed is None or not tf.executing_eagerly():
+    return initial_private_weights_from_plan(make_plan(*args, seed))
+  check_seed(seed)
+  return _private_values_template(make_plan, _frozen(args))(seed)
 
 
 class LateralNetworks(tf.Module):

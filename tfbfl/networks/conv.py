@@ -25,7 +25,7 @@ from tfbfl.networks.base import (
     LateralNetworks,
     dense_plan,
     deterministic_dense_layers,
-    initial_private_weights_from_plan,
+    initial_private_weights_of,
     initial_shared_posterior_from_plan,
     lateral_connection,
     plan_depth,
@@ -370,22 +370,10 @@ def initial_private_weights_conv(
   Stateless ops only, deterministic in `seed`; numpy arrays when executing
   eagerly, tensors inside a graph.
   """
-  plan = _conv_plan(
-      input_shape,
-      num_classes,
-      filters,
-      kernel_size,
-      pool_size,
-      padding,
-      hidden_units,
-      "relu",
-      1.0,
-      init_scale,
-      adapter_units,
-      gate_init,
-      seed,
-  )
-  return initial_private_weights_from_plan(plan)
+  args = (
+      input_shape, num_classes, filters, kernel_size, pool_size, padding, hidden_units, "relu", 1.0,
+      init_scale, adapter_units, gate_init)
+  return initial_private_weights_of(_conv_plan, args, seed)
 
 
 def build_deterministic_conv(

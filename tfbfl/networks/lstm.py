@@ -20,7 +20,7 @@ from tfbfl.layers.base import check_positive_int, check_seed, derive_seed
 from tfbfl.networks.base import (
     SERVER,
     LateralNetworks,
-    initial_private_weights_from_plan,
+    initial_private_weights_of,
     initial_shared_posterior_from_plan,
     lateral_connection,
     plan_depth,
@@ -287,20 +287,10 @@ def initial_private_weights_lstm(
   Stateless ops only, deterministic in `seed`; numpy arrays when executing
   eagerly, tensors inside a graph.
   """
-  plan = _lstm_plan(
-      vocab_size,
-      embedding_dim,
-      lstm_units,
-      False,
-      1.0,
-      "relu",
-      1.0,
-      init_scale,
-      adapter_units,
-      gate_init,
-      seed,
-  )
-  return initial_private_weights_from_plan(plan)
+  args = (
+      vocab_size, embedding_dim, lstm_units, False, 1.0, "relu", 1.0, init_scale, adapter_units,
+      gate_init)
+  return initial_private_weights_of(_lstm_plan, args, seed)
 
 
 def build_deterministic_lstm(

@@ -23,7 +23,7 @@ from tfbfl.networks.base import (
     LateralNetworks,
     dense_plan,
     deterministic_dense_layers,
-    initial_private_weights_from_plan,
+    initial_private_weights_of,
     initial_shared_posterior_from_plan,
 )
 
@@ -205,18 +205,9 @@ def initial_private_weights(
   Stateless ops only, deterministic in `seed`; numpy arrays when executing
   eagerly, tensors inside a graph.
   """
-  plan = _mlp_plan(
-      input_dim,
-      num_classes,
-      hidden_units,
-      "relu",
-      1.0,
-      init_scale,
-      adapter_units,
-      gate_init,
-      seed,
-  )
-  return initial_private_weights_from_plan(plan)
+  args = (
+      input_dim, num_classes, hidden_units, "relu", 1.0, init_scale, adapter_units, gate_init)
+  return initial_private_weights_of(_mlp_plan, args, seed)
 
 
 def build_deterministic_mlp(input_dim,

@@ -32,6 +32,7 @@ from tfbfl.algorithms.virtual.evaluation import evaluate_server_client
 from tfbfl.algorithms.virtual.model import build_networks
 from tfbfl.algorithms.virtual.model import flatten_for_mlp
 from tfbfl.algorithms.virtual.model import initial_client_state
+from tfbfl.algorithms.virtual.model import initial_factor
 from tfbfl.algorithms.virtual.model import initial_posterior
 
 # TensorFlow and the modules built on it load when an algorithm is built (`tfbfl._lazy`).
@@ -122,6 +123,7 @@ class VirtualAlgorithm:
     if self._aggregator.weighted:
       raise ValueError("VIRTUAL needs an unweighted GaussianProductFactory (a product of deltas).")
     self._init_posterior = initial_posterior(config)
+    self._init_factor = initial_factor(config, self._init_posterior)
     self._build_computations()
 
   # ----------------------------------------------------------------- states
@@ -131,7 +133,8 @@ class VirtualAlgorithm:
                        np.int32(0))
 
   def initial_client_state(self, client_index: int) -> ClientState:
-    return initial_client_state(self.config, client_index, self._init_posterior)
+    return initial_client_state(self.config, client_index, self._init_posterior,
+                                self._init_factor)
 
   def factor_diagnostics(self, server_state: ServerState, clients) -> dict:
     """`factor_gap`: how far the server posterior is from the product of all K

@@ -12,6 +12,7 @@ cross-entropy (`likelihood="categorical"`) or `(y - f(x))^2 / (2 noise_scale^2)`
 from __future__ import annotations
 
 import collections
+from typing import Optional
 
 import numpy as np
 
@@ -73,19 +74,37 @@ def initial_posterior(cfg: VirtualConfig) -> gaussian.NaturalGaussian:
   return init_shared(seed=cfg.seed, **kw)
 
 
-def initial_client_state(cfg: VirtualConfig, client_index: int,
-                         init_posterior: gaussian.NaturalGaussian) -> ClientState:
-  """`s_i^(0) = s^(0)^(1/K)`, posterior copy `s^(0)`, seeded private network."""
+def initial_factor(cfg: VirtualConfig,
+                   init_posterior: gaussian.NaturalGaussian) -> gaussian.NaturalGaussian:
+  """Every client's initial factor `s^(0)^(1/K)`, as float32 numpy arrays."""
   factor = gaussian.power(init_posterior, 1.0 / cfg.num_clients)
+  return gaussian.NaturalGaussian(*_as_numpy(factor))
+
+
+def initial_client_state(cfg: VirtualConfig,
+                         client_index: int,
+                         init_posterior: gaussian.NaturalGaussian,
+                         init_factor: Optional[gaussian.NaturalGaussian] = None) -> ClientState:
+  """`s_i^(0) = s^(0)^(1/K)`, posterior copy `s^(0)`, seeded private network.
+
+  `init_factor`: `initial_factor(cfg, init_posterior)`, for callers making many
+  states (computed here if None). The state owns copies of every array.
+  """
+  if init_factor is None:
+    init_factor = initial_factor(cfg, init_posterior)
   _, _, init_private, kw = _architecture(cfg)
   private = init_private(gate_init=cfg.gate_init,
                          seed=cfg.seed * 100003 + 7919 * (client_index + 1),
                          **kw)
-  as_np = lambda s: tf.nest.map_structure(lambda t: np.asarray(t, np.float32), s)
-  return ClientState(gaussian.NaturalGaussian(*as_np(factor)),
-                     gaussian.NaturalGaussian(*as_np(init_posterior)),
+  return ClientState(gaussian.NaturalGaussian(*_as_numpy(init_factor)),
+                     gaussian.NaturalGaussian(*_as_numpy(init_posterior)),
                      [np.asarray(w, np.float32) for w in private], np.bool_(False),
                      np.int32(client_index))
+
+
+def _as_numpy(structure):
+  """`structure` with every tensor or array as a new float32 numpy array."""
+  return tf.nest.map_structure(lambda t: np.array(t, np.float32), structure)
 
 
 def build_networks(cfg: VirtualConfig):

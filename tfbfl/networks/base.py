@@ -18,6 +18,7 @@ What does not depend on the family lives here:
   models; `positive_ints`: argument validation.
 """
 
+import collections
 import functools
 
 import numpy as np
@@ -117,22 +118,53 @@ def plan_depth(depth, seed, layer_cls, input_shape, lateral, server_kwargs=None,
   )
 
 
-def _mean_field_initial_values(layer, input_shape):
+# What one initial value of a plan is: a Glorot-normal mean drawn on the stateless seed
+# `derive_seed(layer_seed, index)`, where the layer's seed is `chain` of salts applied
+# to the network seed; or a constant `value` of `shape`.
+_Draw = collections.namedtuple("_Draw", ["chain", "layer_seed", "index", "shape", "fan_in",
+                                         "fan_out"])
+_Fill = collections.namedtuple("_Fill", ["shape", "value"])
+
+
+def _mean_field_specs(layer, input_shape, chain=()):
   """`[loc, u]` per parameter of an *unbuilt* mean-field layer, as its `build` makes.
 
   Uses the layer's own `_parameter_shapes`, seeds and scales, so it agrees with
-  `build` bit for bit, and only stateless ops (graph-safe, deterministic).
+  `build` bit for bit. `chain`: the salts deriving the layer's seed from the network's.
   """
   specs = layer._parameter_shapes(tf.TensorShape(input_shape))  # pylint: disable=protected-access
-  u0 = tf.constant(initial_untransformed_scale(layer.init_scale, layer.min_scale), tf.float32)
+  u0 = initial_untransformed_scale(layer.init_scale, layer.min_scale)
   values = []
   for index, (_, shape, fan_in, fan_out, random_loc) in enumerate(specs):
-    if random_loc:
-      loc = initial_loc(shape, fan_in, fan_out, seed=derive_seed(layer.seed, index))
-    else:
-      loc = tf.zeros(shape, tf.float32)
-    values += [loc, tf.fill(shape, u0)]
+    loc = _Draw(chain, layer.seed, index, shape, fan_in, fan_out) if random_loc else _Fill(
+        shape, 0.0)
+    values += [loc, _Fill(shape, u0)]
   return values
+
+
+def _private_specs(plan):
+  """The specs of `get_private_weights()`'s values: the client layers', then the laterals'."""
+  client, lateral = [], []
+  for depth in plan:
+    d = depth["depth"]
+    layer, shape = depth["client"]
+    client += _mean_field_specs(layer, shape, ((CLIENT, d),))
+    lat, shape = depth["lateral"]
+    shape = tf.TensorShape(shape)
+    chain = ((LATERAL, d),)
+    lateral += _mean_field_specs(lat.adapter_in, shape, chain + ((ADAPTER_IN_SALT,),))
+    lateral += _mean_field_specs(lat.adapter_out, shape[:-1].concatenate([lat.adapter_units]),
+                                 chain + ((ADAPTER_OUT_SALT,),))
+    lateral.append(_Fill([lat.units], lat.gate_init))
+  return client + lateral
+
+
+def _tensor(spec):
+  """The value of `spec`, with stateless ops only (graph-safe, deterministic)."""
+  if isinstance(spec, _Draw):
+    return initial_loc(spec.shape, spec.fan_in, spec.fan_out,
+                       seed=derive_seed(spec.layer_seed, spec.index))
+  return tf.fill(spec.shape, tf.constant(spec.value, tf.float32))
 
 
 def initial_shared_posterior_from_plan(plan):
@@ -140,7 +172,7 @@ def initial_shared_posterior_from_plan(plan):
   locs, scales = [], []
   for depth in plan:
     layer, shape = depth["server"]
-    values = _mean_field_initial_values(layer, shape)
+    values = [_tensor(spec) for spec in _mean_field_specs(layer, shape)]
     locs += values[0::2]
     scales += [scale_from_untransformed(u, layer.min_scale) for u in values[1::2]]
   return gaussian.from_loc_scale(locs, scales)
@@ -148,17 +180,7 @@ def initial_shared_posterior_from_plan(plan):
 
 def initial_private_weights_from_plan(plan):
   """The initial `get_private_weights()` of the model: numpy eagerly, else tensors."""
-  client, lateral = [], []
-  for depth in plan:
-    layer, shape = depth["client"]
-    client += _mean_field_initial_values(layer, shape)
-    lat, shape = depth["lateral"]
-    shape = tf.TensorShape(shape)
-    lateral += _mean_field_initial_values(lat.adapter_in, shape)
-    lateral += _mean_field_initial_values(lat.adapter_out,
-                                          shape[:-1].concatenate([lat.adapter_units]))
-    lateral.append(tf.fill([lat.units], tf.constant(lat.gate_init, tf.float32)))
-  values = client + lateral
+  values = [_tensor(spec) for spec in _private_specs(plan)]
   if tf.executing_eagerly():
     return [v.numpy() for v in values]
   return values
@@ -167,71 +189,47 @@ def initial_private_weights_from_plan(plan):
 class _PrivateValuesTemplate:
   """A plan's initial private values at any network seed, without building layers.
 
-  Only the random means depend on the network seed `s`, through the seed chains
-  `derive_seed(derive_seed(s, CLIENT, depth), index)` (client layers) and
-  `derive_seed(derive_seed(derive_seed(s, LATERAL, depth), ADAPTER_*_SALT), index)`
-  (adapters); shapes, fans, scales and gates do not. The chains are checked against
-  the plan's own layer seeds at construction. A call derives the seeds and draws
-  every random mean in one traced function: the stateless kernel of `initial_loc`
-  on the same seeds, so the values equal `initial_private_weights_from_plan`'s.
+  Only the random means depend on the network seed: each is drawn on
+  `derive_seed(layer_seed, index)`, and each layer's seed is a fixed chain of salts
+  applied to the network seed (`_private_specs`; checked against the plan's own
+  layers here). A call derives the seeds and draws every mean in one traced function
+  on them with `_tensor`'s stateless kernel, so the values equal
+  `initial_private_weights_from_plan`'s at that seed.
   """
 
   def __init__(self, plan, plan_seed):
-    client, lateral = [], []  # a float32 array, or a drawn mean's (chain, shape, fans)
-    for depth in plan:
-      d = depth["depth"]
-      layer, shape = depth["client"]
-      client += self._layer_values(layer, shape, ((CLIENT, d),), plan_seed)
-      lat, shape = depth["lateral"]
-      shape = tf.TensorShape(shape)
-      chain = ((LATERAL, d),)
-      self._check(chain, lat.seed, plan_seed)
-      lateral += self._layer_values(lat.adapter_in, shape, chain + ((ADAPTER_IN_SALT,),),
-                                    plan_seed)
-      lateral += self._layer_values(lat.adapter_out,
-                                    shape[:-1].concatenate([lat.adapter_units]),
-                                    chain + ((ADAPTER_OUT_SALT,),), plan_seed)
-      lateral.append(np.full([lat.units], lat.gate_init, np.float32))
-    values = client + lateral  # the order of `initial_private_weights_from_plan`
-    self._drawn_at = [i for i, v in enumerate(values) if isinstance(v, tuple)]
-    self._chains = [values[i][0] for i in self._drawn_at]
-    specs = [values[i][1:] for i in self._drawn_at]
-    self._values = [None if isinstance(v, tuple) else v for v in values]
+    specs = _private_specs(plan)
+    self._drawn_at = [i for i, spec in enumerate(specs) if isinstance(spec, _Draw)]
+    draws = [specs[i] for i in self._drawn_at]
+    for spec in draws:
+      if self._layer_seed(spec.chain, plan_seed) != spec.layer_seed:
+        raise ValueError(f"A plan layer's seed {spec.layer_seed} is not derived as "
+                         f"{spec.chain} from the network seed {plan_seed}.")
+    self._draws = [(spec.chain, spec.index) for spec in draws]
+    self._fills = [
+        np.full(spec.shape, spec.value, np.float32) if isinstance(spec, _Fill) else None
+        for spec in specs
+    ]
 
-    @tf.function(input_signature=[tf.TensorSpec([len(specs), 2], tf.int64)], autograph=False)
+    @tf.function(input_signature=[tf.TensorSpec([len(draws), 2], tf.int64)], autograph=False)
     def draw(seeds):
       return [
-          initial_loc(shape, fan_in, fan_out, seed=seeds[i])
-          for i, (shape, fan_in, fan_out) in enumerate(specs)
+          initial_loc(spec.shape, spec.fan_in, spec.fan_out, seed=seeds[i])
+          for i, spec in enumerate(draws)
       ]
 
     self._draw = draw
 
   @staticmethod
-  def _seed(chain, seed):
+  def _layer_seed(chain, seed):
     for salts in chain:
       seed = derive_seed(seed, *salts)
     return seed
 
-  def _check(self, chain, layer_seed, plan_seed):
-    if self._seed(chain, plan_seed) != layer_seed:
-      raise ValueError(f"A plan layer's seed {layer_seed} is not derived as {chain} from the "
-                       f"network seed {plan_seed}: the plan and this template disagree.")
-
-  def _layer_values(self, layer, input_shape, chain, plan_seed):
-    self._check(chain, layer.seed, plan_seed)
-    u0 = np.float32(initial_untransformed_scale(layer.init_scale, layer.min_scale))
-    specs = layer._parameter_shapes(tf.TensorShape(input_shape))  # pylint: disable=protected-access
-    values = []
-    for index, (_, shape, fan_in, fan_out, random_loc) in enumerate(specs):
-      loc = (chain + ((index,),), shape, fan_in, fan_out) if random_loc else np.zeros(
-          shape, np.float32)
-      values += [loc, np.full(shape, u0, np.float32)]
-    return values
-
   def __call__(self, seed):
-    seeds = np.array([[self._seed(chain, seed), 0] for chain in self._chains], np.int64)
-    values = [None if v is None else v.copy() for v in self._values]
+    seeds = np.array([[derive_seed(self._layer_seed(chain, seed), index), 0]
+                      for chain, index in self._draws], np.int64)
+    values = [None if v is None else v.copy() for v in self._fills]
     for i, drawn in zip(self._drawn_at, self._draw(tf.constant(seeds))):
       values[i] = drawn.numpy()
     return values

@@ -26,7 +26,6 @@ import tensorflow as tf
 
 from tfbfl import gaussian
 from tfbfl.layers import BayesianDense, LateralConnection
-from tfbfl.layers.lateral import ADAPTER_IN_SALT, ADAPTER_OUT_SALT
 from tfbfl.layers.base import (
     check_natural_gaussian,
     check_seed,
@@ -36,6 +35,7 @@ from tfbfl.layers.base import (
     is_int,
     scale_from_untransformed,
 )
+from tfbfl.layers.lateral import ADAPTER_IN_SALT, ADAPTER_OUT_SALT
 
 __all__ = [
     "CLIENT",

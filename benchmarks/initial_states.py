@@ -60,11 +60,9 @@ def main():
   for name, cfg, make_plan, plan_args in _cases():
     posterior = model.initial_posterior(cfg)
     factor = model.initial_factor(cfg, posterior)
-    seed = lambda i: cfg.seed * 100003 + 7919 * (i + 1)  # the client seeds of model.py
-
     def per_client_plan(i):
       model.initial_factor(cfg, posterior)
-      return base.initial_private_weights_from_plan(make_plan(*plan_args, seed(i)))
+      return base.initial_private_weights_from_plan(make_plan(*plan_args, model.client_network_seed(cfg, i)))
 
     def cached(i):
       return model.initial_client_state(cfg, i, posterior, factor).private

@@ -81,6 +81,11 @@ def initial_factor(cfg: VirtualConfig,
   return gaussian.NaturalGaussian(*_as_numpy(factor))
 
 
+def client_network_seed(cfg: VirtualConfig, client_index: int) -> int:
+  """The seed of client `client_index`'s initial private network."""
+  return cfg.seed * 100003 + 7919 * (client_index + 1)
+
+
 def initial_client_state(cfg: VirtualConfig,
                          client_index: int,
                          init_posterior: gaussian.NaturalGaussian,
@@ -94,7 +99,7 @@ def initial_client_state(cfg: VirtualConfig,
     init_factor = initial_factor(cfg, init_posterior)
   _, _, init_private, kw = _architecture(cfg)
   private = init_private(gate_init=cfg.gate_init,
-                         seed=cfg.seed * 100003 + 7919 * (client_index + 1),
+                         seed=client_network_seed(cfg, client_index),
                          **kw)
   return ClientState(gaussian.NaturalGaussian(*_as_numpy(init_factor)),
                      gaussian.NaturalGaussian(*_as_numpy(init_posterior)),

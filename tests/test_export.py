@@ -443,6 +443,35 @@ def test_interrupted_save_leaves_no_half_written_model(tmp_path, monkeypatch):
   assert sorted(os.listdir(tmp_path)) == ["server"]
 
 
+@pytest.mark.parametrize("raw", [False, True])
+def test_a_monte_carlo_predictor_is_traced_once_and_saving_reuses_it(raw, tmp_path):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  from tfbfl.data import preprocessing  # pylint: disable=g-import-not-at-top
+
+  traces = []
+  w = tf.Variable([[1.0, -1.0]])
+
+  def seeded(x, seed):
+    traces.append(1)  # runs once per trace of the forward pass
+    logits = x * w + tf.random.stateless_normal(tf.shape(x * w), seed)
+    return tf.nn.softmax(logits), tf.argmax(logits, -1, output_type=tf.int32)
+
+  kw = dict(input_shape=(1,), input_dtype="float32", num_classes=2, variables=[w])
+  model = predictor_lib.make_predictor(None, seeded_forward=seeded, default_seed=(3, 4), **kw)
+  if raw:  # the raw-input wrapper calls the features' functions, traced above
+    raw_input = preprocessing.RawInput(dtype="uint8", shape=(1,), divisor=255.0)
+    model = predictor_lib.with_raw_input(model, raw_input)
+  assert len(traces) == 1  # serving_default calls predict_seeded at its fixed seed
+  path = predictor_lib.save_predictor(model, str(tmp_path / "m"))
+  assert len(traces) == 1  # saving found the trace: no second one
+  loaded = tf.saved_model.load(path)
+  x = tf.constant([[200], [7]], tf.uint8) if raw else tf.constant([[2.0], [-1.0]])
+  fixed = loaded.signatures["serving_default"](x=x)["probabilities"]
+  seeded_out = loaded.signatures["predict_seeded"](x=x, seed=tf.constant([3, 4], tf.int64))
+  np.testing.assert_array_equal(fixed.numpy(), seeded_out["probabilities"].numpy())
+
+
 def test_algorithm_without_hooks_is_refused(tmp_path):
   with pytest.raises(NotImplementedError, match="cannot be exported"):
     export.export_run(object(), None, [], str(tmp_path))

@@ -108,10 +108,8 @@ returning `tfbfl.predictor.make_predictor(...)` modules (`samples=None`: what th
 computes); an algorithm whose server model needs every client's state sets
 `export_server_needs_clients = True` and takes `client_states=` (Local).
 
-Cost (measured, bundled digits, MLP 64-100-100-10, 2 CPU cores): VIRTUAL 0.35 s
-and 0.37 MB per model (the server plus one per client; most of the time is
-`tf.saved_model.save`), 3.9 s for K = 10 clients (8 s with the cores busy);
-FedAvg 0.1 s and 0.1 MB per model. Linear in K.
+Linear in K: one predictor built and saved per model (measured seconds:
+docs/performance.md, "Export").
 
 The models themselves are `tfbfl.predictor` modules; this module writes a run's set
 of them and its manifest. It imports TensorFlow on first use only (the driver

@@ -470,6 +470,8 @@ def test_a_monte_carlo_predictor_is_traced_once_and_saving_reuses_it(raw, tmp_pa
   fixed = loaded.signatures["serving_default"](x=x)["probabilities"]
   seeded_out = loaded.signatures["predict_seeded"](x=x, seed=tf.constant([3, 4], tf.int64))
   np.testing.assert_array_equal(fixed.numpy(), seeded_out["probabilities"].numpy())
+  with predictor_lib.saving_scope():  # a predictor made while a save is under way
+    predictor_lib.make_predictor(None, seeded_forward=seeded, default_seed=(3, 4), **kw)
 
 
 def test_algorithm_without_hooks_is_refused(tmp_path):

@@ -84,11 +84,14 @@ def saving_scope():
 
   A `tf.function`'s traces are keyed by, among others, the variable policy of the
   save context around the call (TF 2.14, `function_context.make_function_context`),
-  so a function traced outside such a context is traced again when saved: for
-  VIRTUAL's Monte Carlo predictive that second trace took about a third of an
-  export. `make_predictor` traces in this scope; `save_predictor` then reuses it."""
+  so a function traced outside such a context is traced again when saved.
+  `make_predictor` traces in this scope and `save_predictor` reuses those traces
+  (docs/performance.md, "Export"). Inside a save already under way it adds nothing."""
   from tensorflow.python.saved_model import save_context  # pylint: disable=g-import-not-at-top
 
+  if save_context.in_save_context():
+    yield
+    return
   with save_context.save_context(tf.saved_model.SaveOptions()):
     yield
 

@@ -269,6 +269,13 @@ CURVE_PANELS = (("server_loss", "S cross-entropy", False), ("mt_loss", "MT cross
                 ("server_accuracy", "S error", True), ("mt_accuracy", "MT error", True))
 
 
+def _algorithm_colour(algorithm: str) -> Optional[str]:
+  """One colour per algorithm in every column, whichever algorithms a column has."""
+  if algorithm not in rp.TABLE2_ALGORITHMS:
+    return None
+  return f"C{rp.TABLE2_ALGORITHMS.index(algorithm)}"
+
+
 def plot_table2_curves(path: str, records: Mapping[str, Mapping[str, Any]]) -> bool:
   """S and MT test cross-entropy and error per round (mean over seeds, log scale), one
   column per row of Table II (and the conv and E = 100 rows), VIRTUAL and its baselines
@@ -283,7 +290,8 @@ def plot_table2_curves(path: str, records: Mapping[str, Mapping[str, Any]]) -> b
     for alg, recs in by_algorithm.items():
       for i, (key, _, error) in enumerate(CURVE_PANELS):
         x, y = common.mean_curve([r["result"]["curves"] for r in recs], key)
-        axes[i][j].plot(x, 1.0 - y if error else y, label=f"{alg} ({len(recs)} seeds)")
+        axes[i][j].plot(x, 1.0 - y if error else y, label=f"{alg} ({len(recs)} seeds)",
+                        color=_algorithm_colour(alg))
     for i, (_, name, _) in enumerate(CURVE_PANELS):
       axes[i][j].set_yscale("log")
       _label(axes[i][j], "round", name, f"{title}: {name}")

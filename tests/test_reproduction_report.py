@@ -160,6 +160,31 @@ def test_sections_judge_their_claims_from_records(tmp_path):
   assert "| virtual_v1 | Table 2, MNIST column | reproduced | 12 | 2 held |" in text
 
 
+def test_the_conv_row_shows_a_run_that_diverged_after_its_best_round():
+  # Table II's measure, the max over rounds, keeps a diverged run's early best; the
+  # last round's S and MT beside it show the divergence.
+  cells = {c.name: c for c in reproduce.catalogue({}) if c.experiment == "table2_conv"}
+  records = {}
+  for seed, (s_last, mt_last) in enumerate(((0.98, 0.97), (0.12, 0.04), (0.98, 0.97))):
+    name = f"virtual/table2_conv/femnist_conv/fedavg/mlp_tuned/seed{seed}"
+    records[name] = _record(cells[name], dict(server_accuracy=[0.5, 0.99, s_last],
+                                              mt_accuracy=[0.5, 0.98, mt_last],
+                                              mt_loss=[1.0, 0.1, 0.2]))
+  name = "virtual/table2_conv/femnist_conv/virtual/mlp_tuned/seed0"
+  records[name] = _record(cells[name], dict(server_accuracy=[0.5, 0.95], mt_accuracy=[0.5, 0.9],
+                                            mt_loss=[1.0, 0.3]))
+  lines = virtual_report.conv_markdown(records)
+  header = next(l for l in lines if l.startswith("| algorithm"))
+  cols = [c.strip() for c in header.strip("|").split("|")]
+  row = lambda name: dict(zip(cols, (c.strip() for c in next(
+      l for l in lines if l.startswith(f"| {name} |")).strip("|").split("|"))))
+  fedavg, virtual = row("FedAvg"), row("VIRTUAL")
+  assert fedavg["S ours"] == "99.0 ± 0.0" and fedavg["MT ours"] == "98.0 ± 0.0"
+  assert fedavg["S final"].startswith("69.3 ± ") and fedavg["MT final"].startswith("66.0 ± ")
+  assert (virtual["S final"], virtual["MT final"], virtual["seeds"]) == ("95.0", "90.0", "1")
+  assert row("FedProx")["S final"] == "—"
+
+
 def test_the_first_line_names_every_commit_a_records_rounds_ran():
   cell = reproduce.smoke_cells()[0]
   clean = {k: v for k, v in _record(cell, dict(mt_accuracy=[0.5])).items()

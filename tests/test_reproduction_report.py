@@ -183,6 +183,20 @@ def test_the_conv_row_shows_a_run_that_diverged_after_its_best_round():
   assert fedavg["S final"].startswith("69.3 ± ") and fedavg["MT final"].startswith("66.0 ± ")
   assert (virtual["S final"], virtual["MT final"], virtual["seeds"]) == ("95.0", "90.0", "1")
   assert row("FedProx")["S final"] == "—"
+  # Table II's S claim, as on the MLP rows: pending until both sides have 3 seeds.
+  s_lines = [l for l in virtual_report.conv_claims(records) if "S comparable" in l]
+  assert s_lines == ["- Table II FEMNIST-conv: S comparable to FedAvg's: pending (1 and 3 of 3 "
+                     "seeds recorded).",
+                     "- Table II FEMNIST-conv: S comparable to FedProx's: pending (1 and 0 of 3 "
+                     "seeds recorded)."]
+  for seed in (1, 2):
+    name = f"virtual/table2_conv/femnist_conv/virtual/mlp_tuned/seed{seed}"
+    records[name] = _record(cells[name], dict(server_accuracy=[0.5, 0.975], mt_accuracy=[0.5, 0.9],
+                                              mt_loss=[1.0, 0.3]))
+  s_fedavg = [l for l in virtual_report.conv_claims(records) if "S comparable to FedAvg" in l]
+  # VIRTUAL's best S (95.0 + 97.5 + 97.5) / 3 = 96.7, FedAvg's 99.0: more than 1 pp below.
+  assert s_fedavg == ["- Table II FEMNIST-conv: S comparable to FedAvg's (within 1 pp or above): "
+                      "not held (S 96.7 vs 99.0)."]
 
 
 def test_the_first_line_names_every_commit_a_records_rounds_ran():

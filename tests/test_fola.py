@@ -402,6 +402,7 @@ def test_registry_run_writes_bytes_and_best_global_accuracy(tmp_path):
                 hidden_units=(8,),
                 output_dir=str(tmp_path),
                 verbose=False,
+                export=False,
                 compress_p=0.1,
                 fola_lambda=2.0)
   summary = driver.run_training(params)

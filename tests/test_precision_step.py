@@ -23,7 +23,7 @@ _INIT_LOG_PRECISION = 5.9915  # log(1 / init_scale^2), init_scale = 0.05
 def run(tmp_path_factory):
   out = tmp_path_factory.mktemp("precision_step")
   proc = run_launcher("train", "--algorithm=virtual", f"--rounds={_ROUNDS}", "--seed=0",
-                      "--precision_step=0.05", f"--output_dir={out}")
+                      "--precision_step=0.05", "--export=false", f"--output_dir={out}")
   assert proc.returncode == 0, proc.stderr[-3000:]
   with open(os.path.join(out, "metrics.csv")) as f:
     rows = [{k: float(v) for k, v in r.items() if v != ""} for r in csv.DictReader(f)]

@@ -215,6 +215,7 @@ def _tiny_params(tmp_path, **kw):
            seed=3,
            output_dir=str(tmp_path),
            verbose=False,
+           export=False,  # SavedModels: tests/test_export.py
            client_lr=0.1)
   p.update(kw)
   return p

@@ -260,6 +260,7 @@ def _rows(tmp_path, lean, monkeypatch):
            seed=3,
            output_dir=str(out),
            verbose=False,
+           export=False,  # SavedModels: tests/test_export.py
            client_lr=0.1)
   summary = driver.run_training(p)
   with open(out / "metrics.csv") as f:

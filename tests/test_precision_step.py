@@ -1,6 +1,7 @@
-"""`--precision_step` through the launcher (issue 21): at the shipped defaults on
-digits the natural-gradient precision step makes the shared precisions learn, no
-client update is dropped by the robust-round rule, and the server model learns.
+"""`--precision_step` through the launcher (issue 21): at the shipped training defaults
+on digits (the run writes no SavedModels: tests/test_export.py covers them) the
+natural-gradient precision step makes the shared precisions learn, no client update
+is dropped by the robust-round rule, and the server model learns.
 
 Until issue 21 the drop rule measured VIRTUAL's natural-parameter delta against
 the server's natural parameters; the precision jump of round 1 (mean log

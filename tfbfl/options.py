@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import os
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 MAX_RATE = 1e3  # learning rates / steps and prior / initial scales
@@ -114,7 +115,6 @@ class Option:
     raise ValueError(f"--{flag} must be a bool, got {v!r}.")
 
   def _check_str(self, v, flag):
-    import os  # pylint: disable=g-import-not-at-top
     if not isinstance(v, (str, os.PathLike)):
       raise ValueError(f"--{flag} must be a string, got {v!r}.")
     return os.fspath(v)

@@ -350,6 +350,8 @@ class LocalTrainer:
     """Builds (traces) the named federated computation on first use."""
     if name in self._computations:
       return self._computations[name]
+    # TFF (and the execution context its import installs) only once a federated
+    # computation is built: matching and evaluation run without it.
     import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
     cfg = self.config
     weights_type = tff.to_type([

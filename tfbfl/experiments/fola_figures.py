@@ -19,8 +19,10 @@ from typing import Any, Dict, Iterable, List, Sequence
 from absl import flags as absl_flags
 import numpy as np
 
-from tfbfl import round_loop
+from tfbfl import data as data_lib
 from tfbfl import driver
+from tfbfl import round_loop
+from tfbfl import runtime
 from tfbfl.algorithms import registry
 from tfbfl.algorithms.fola import FolaAlgorithm
 from tfbfl.experiments import _runs
@@ -67,8 +69,6 @@ CIFAR10_FILES = ("data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4",
 
 def check_dataset_available(dataset: str) -> None:
   """Raises ValueError naming what is missing when `dataset` has no loader yet."""
-  from tfbfl import data as data_lib  # pylint: disable=g-import-not-at-top
-
   if dataset in data_lib.DATASETS:
     return
   if dataset == "cifar10":
@@ -176,7 +176,6 @@ def first_round_accuracy(base_params: Dict[str, Any],
     raise ValueError(f"--repeats must be >= 1, got {repeats}.")
   methods = _methods_to_run(base_params, methods, log)
   rows, cache, unavailable = [], {}, set()
-  from tfbfl import runtime  # pylint: disable=g-import-not-at-top
   runtime.set_local_runtime()
   for axis, values in sweeps.items():
     for value in values:
@@ -364,8 +363,6 @@ def learning_curves(base_params: Dict[str, Any],
 
 def _run_extra(params):
   """`driver.run_training` for an `EXTRA_METHODS` name."""
-  from tfbfl import runtime  # pylint: disable=g-import-not-at-top
-
   p = _resolve(params)
   fd = driver.load_data(p)
   runtime.set_local_runtime()

@@ -84,8 +84,10 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 
 import numpy as np
 
-from tfbfl import round_loop
+from tfbfl import data as data_lib
 from tfbfl import driver
+from tfbfl import presets
+from tfbfl import round_loop
 from tfbfl.algorithms import virtual
 from tfbfl.experiments import _runs
 
@@ -243,8 +245,6 @@ def parse_dataset_spec(spec: str) -> Tuple[Dict[str, Any], Dict[str, Any]]:
   `overrides` holds the partition and the `key=value` parts. A cell's flags are
   `base`, then the shared `--fixed` flags, then `overrides` (module docstring).
   """
-  from tfbfl import data as data_lib  # pylint: disable=g-import-not-at-top
-  from tfbfl import presets  # pylint: disable=g-import-not-at-top
   parts = [s.strip() for s in spec.split(":")]
   name, rest = parts[0], parts[1:]
   if name in presets.PRESETS:

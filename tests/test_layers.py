@@ -192,6 +192,7 @@ def test_get_config_from_config_round_trip():
 @pytest.mark.parametrize("kwargs, name", [
     (dict(units=0), "units"),
     (dict(units=2.5), "units"),
+    (dict(units=True), "units"),
     (dict(units=3, prior_scale=0.0), "prior_scale"),
     (dict(units=3, init_scale=-1.0), "init_scale"),
     (dict(units=3, init_scale=1e-7, min_scale=1e-6), "init_scale"),
@@ -205,13 +206,24 @@ def test_dense_argument_validation(kwargs, name):
 
 @pytest.mark.parametrize("kwargs, name", [
     (dict(units=0), "units"),
+    (dict(units=True), "units"),
     (dict(units=3, adapter_units=-2), "adapter_units"),
+    (dict(units=3, adapter_units=2.0), "adapter_units"),
     (dict(units=3, gate_init="x"), "gate_init"),
     (dict(units=3, gate_init=float("nan")), "gate_init"),
 ])
 def test_lateral_argument_validation(kwargs, name):
   with pytest.raises(ValueError, match=f"`{name}`"):
     LateralConnection(**kwargs)
+
+
+def test_numpy_int_sizes_are_python_ints():
+  # A size read from an array (a config computed with numpy) is accepted, and what the
+  # layer keeps, and its config serializes, is a Python int.
+  dense = BayesianDense(np.int64(3))
+  lateral = LateralConnection(np.int32(5), adapter_units=np.int64(2))
+  assert (type(dense.units), type(lateral.units), type(lateral.adapter_units)) == (int,) * 3
+  assert dense.get_config()["units"] == 3 and lateral.get_config()["adapter_units"] == 2
 
 
 def test_set_posterior_rejects_wrong_structure():

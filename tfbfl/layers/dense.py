@@ -2,7 +2,7 @@
 
 import tensorflow as tf
 
-from tfbfl.layers.base import MeanFieldGaussianLayer
+from tfbfl.layers.base import MeanFieldGaussianLayer, check_positive_int
 
 __all__ = ["BayesianDense"]
 
@@ -155,9 +155,7 @@ class BayesianDense(MeanFieldGaussianLayer):
         divergence_fn=divergence_fn,
         **kwargs,
     )
-    if isinstance(units, bool) or not isinstance(units, int) or units <= 0:
-      raise ValueError(f"`units` must be a positive int, got {units!r}.")
-    self.units = units
+    self.units = check_positive_int("units", units)
     self.input_spec = tf.keras.layers.InputSpec(min_ndim=2)
 
   def _parameter_shapes(self, input_shape):

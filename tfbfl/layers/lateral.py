@@ -4,6 +4,7 @@ import tensorflow as tf
 
 from tfbfl.layers.base import (
     check_finite_float,
+    check_positive_int,
     derive_seed,
     deserialize_divergence_fn,
     serialize_divergence_fn,
@@ -96,13 +97,9 @@ class LateralConnection(tf.keras.layers.Layer):
       **kwargs,
   ):
     super().__init__(**kwargs)
-    if isinstance(units, bool) or not isinstance(units, int) or units <= 0:
-      raise ValueError(f"`units` must be a positive int, got {units!r}.")
-    if adapter_units is None:
-      adapter_units = units
-    if (isinstance(adapter_units, bool) or not isinstance(adapter_units, int) or
-        adapter_units <= 0):
-      raise ValueError(f"`adapter_units` must be a positive int or None, got {adapter_units!r}.")
+    units = check_positive_int("units", units)
+    adapter_units = units if adapter_units is None else check_positive_int(
+        "adapter_units", adapter_units)
     gate_init = check_finite_float("gate_init", gate_init)
     self.units = units
     self.adapter_units = adapter_units

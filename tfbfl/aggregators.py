@@ -41,8 +41,8 @@ simulating worker sees every client's quantised value. See `secure_sum_context`.
 from __future__ import annotations
 
 import collections
-import os
 import math
+import os
 from typing import Optional
 
 import numpy as np

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from tfbfl.experiments import fola_report
 from tfbfl.experiments import pfnm_report
 from tfbfl.experiments import records as records_lib
 from tfbfl.experiments import reproduce
@@ -219,3 +220,44 @@ def test_the_first_line_names_every_commit_a_records_rounds_ran():
   assert ", 1 carry the older rule's `git_modified`" in line
   assert ", 1 were resumed under other code" in line
   assert ", 1 were resumed before records kept that history" in line
+
+
+def test_fola_curve_claims_wait_for_three_repeats_and_hold_beyond_the_standard_error():
+  cells = {c.name: c for c in reproduce.catalogue({}) if c.experiment == "curves_n"}
+  curve = lambda *acc: dict(curves=dict(round=list(range(1, len(acc) + 1)),
+                                        server_accuracy=list(acc)))
+  records = {}
+
+  def add(seed, offline_fall, fola_fall=0.002):
+    # Each curve falls once after round 5, by the given fraction.
+    name = f"fola/curves_n/mnist_mlp/all/N=100,alpha=0.01/seed{seed}"
+    fola = curve(0.5, 0.6, 0.7, 0.75, 0.77 + 0.01 * seed, 0.77 + 0.01 * seed - fola_fall)
+    fedavg = curve(0.2, 0.3, 0.4, 0.5, 0.54 + 0.02 * seed, 0.7)
+    offline = curve(0.4, 0.5, 0.6, 0.65, 0.70, 0.70 - offline_fall)
+    records[name] = _record(cells[name], result=dict(
+        methods=dict(fola=fola, fedavg=fedavg, laplace_offline=offline)))
+
+  add(0, 0.02)
+  # One repeat decides nothing, however far apart the two means are.
+  assert fola_report.fola_curves_claims(records) == [
+      "- N = 100: FOLA's GA above FedAvg's at round 5: pending (1 and 1 of 3 seeds recorded).",
+      "- N = 100: the offline Laplace curves vary more than FOLA's: pending (1 and 1 of 3 "
+      "seeds recorded)."]
+  add(0, 0.003)
+  add(1, 0.002)
+  add(2, 0.001)
+  faster, varies = fola_report.fola_curves_claims(records)
+  assert faster == ("- N = 100: FOLA's GA above FedAvg's at round 5: held (GA at round 5 78.0 "
+                    "vs 56.0, mean of 3 seeds; difference +22.00 pp, s.e. 1.29).")
+  # Falls of 0.3, 0.2, 0.1 pp against FOLA's 0.2 each time: no difference.
+  assert varies == ("- N = 100: the offline Laplace curves vary more than FOLA's: not held "
+                    "(largest fall between rounds 0.2 vs 0.2, mean of 3 seeds; difference "
+                    "+0.00 pp, s.e. 0.06).")
+  # One large fall among small ones is not beyond the standard error (0.60 pp) either.
+  add(1, 0.02)
+  assert ": not held (largest fall between rounds 0.8 vs 0.2" in fola_report.fola_curves_claims(
+      records)[1]
+  for seed in (0, 1, 2):
+    add(seed, 0.02 + 0.005 * seed)
+  assert ": held (largest fall between rounds 2.5 vs 0.2" in fola_report.fola_curves_claims(
+      records)[1]

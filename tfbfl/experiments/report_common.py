@@ -3,14 +3,16 @@
 `mean ± std` cell and a claim line.
 
 A claim line reads `- text: held (numbers).` or `- text: not held (numbers).`; the
-coverage table (`reproduction_report`) counts them. This module imports neither
+coverage table (`reproduction_report`) counts them. A claim that one mean is above
+another (`above_claim`) holds when the difference exceeds its standard error over the
+seeds, and is pending until both sides have their seeds. This module imports neither
 TensorFlow nor absl.
 """
 
 from __future__ import annotations
 
 import warnings
-from typing import Any, Dict, List, Mapping, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -30,6 +32,32 @@ def pm(values: Sequence[float], scale: float = 100.0, digits: int = 1) -> str:
 def claim(held: bool, text: str, numbers: str) -> str:
   """A claim line as the coverage table counts it: `- text: held (numbers)`."""
   return f"- {text}: {'held' if held else 'not held'} ({numbers})."
+
+
+def compare(a: Sequence[float], b: Sequence[float], scale: float = 100.0
+            ) -> Optional[Tuple[float, float, float, float, int, int]]:
+  """(mean a, mean b, difference, its standard error, seeds a, seeds b) of the values
+  times `scale`; None if a side has no value."""
+  ma, sa, na = _runs.mean_std(a, scale)
+  mb, sb, nb = _runs.mean_std(b, scale)
+  if not na or not nb:
+    return None
+  diff, se = _runs.mean_difference((ma, sa, na), (mb, sb, nb))
+  return ma, mb, diff, se, na, nb
+
+
+def above_claim(text: str, a: Sequence[float], b: Sequence[float], what: str,
+                seeds: int = 3) -> str:
+  """`text` holds when mean(a) exceeds mean(b) by more than its standard error; pending
+  while either side has fewer than `seeds` values."""
+  c = compare(a, b)
+  if c is None or min(c[4], c[5]) < seeds:
+    have = (c[4], c[5]) if c else (len(a), len(b))
+    return f"- {text}: pending ({have[0]} and {have[1]} of {seeds} seeds recorded)."
+  ma, mb, diff, se, na, _ = c
+  return claim(_runs.beyond_error(diff, se) > 0, text,
+               f"{what} {ma:.1f} vs {mb:.1f}, mean of {na} seeds; difference {diff:+.2f} "
+               f"pp, s.e. {se:.2f}")
 
 
 def records_of(records: Mapping[str, Mapping[str, Any]], paper: str, experiment_name: str,

@@ -305,31 +305,6 @@ def plot_table2_curves(path: str, records: Mapping[str, Mapping[str, Any]]) -> b
 
 
 # ------------------------------------------------ the paper's other experiments
-def _compare(a: Sequence[float], b: Sequence[float], scale: float = 100.0
-             ) -> Optional[Tuple[float, float, float, float, int, int]]:
-  """(mean a, mean b, difference, its standard error, seeds a, seeds b), None if a side
-  has no value."""
-  ma, sa, na = _mean_std(a, scale)
-  mb, sb, nb = _mean_std(b, scale)
-  if not na or not nb:
-    return None
-  diff, se = _runs.mean_difference((ma, sa, na), (mb, sb, nb))
-  return ma, mb, diff, se, na, nb
-
-
-def _above_claim(text: str, a: Sequence[float], b: Sequence[float], what: str,
-                 seeds: int = 3) -> str:
-  """`text` holds when mean(a) exceeds mean(b) by more than its standard error."""
-  c = _compare(a, b)
-  if c is None or min(c[4], c[5]) < seeds:
-    have = (c[4], c[5]) if c else (len(a), len(b))
-    return f"- {text}: pending ({have[0]} and {have[1]} of {seeds} seeds recorded)."
-  ma, mb, diff, se, na, _ = c
-  return common.claim(_runs.beyond_error(diff, se) > 0, text,
-                      f"{what} {ma:.1f} vs {mb:.1f}, mean of {na} seeds; difference {diff:+.2f} "
-                      f"pp, s.e. {se:.2f}")
-
-
 def _bests(recs: Sequence[Mapping[str, Any]], key: str) -> List[float]:
   return [records_lib.best_value(r, key) for r in recs]
 
@@ -391,12 +366,13 @@ def table3_claims(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
                               algorithm="fedprox")
   for p in rp.TABLE3_PERCENTILES:
     v = _bests(table3_records(records, "virtual", p), "mt_accuracy")
-    lines.append(_above_claim(f"{p:g} % pruned: VIRTUAL's MT above VIRTUAL + FedAvg init's", v,
-                              _bests(table3_records(records, "virtual_fedavg_init", p),
-                                     "mt_accuracy"), "MT"))
+    lines.append(common.above_claim(
+        f"{p:g} % pruned: VIRTUAL's MT above VIRTUAL + FedAvg init's", v,
+        _bests(table3_records(records, "virtual_fedavg_init", p), "mt_accuracy"), "MT"))
     if p <= 75.0:
-      lines.append(_above_claim(f"{p:g} % pruned: VIRTUAL's MT above FedProx's (dense, Table II)",
-                                v, _bests(fedprox, "mt_accuracy"), "MT"))
+      lines.append(common.above_claim(
+          f"{p:g} % pruned: VIRTUAL's MT above FedProx's (dense, Table II)", v,
+          _bests(fedprox, "mt_accuracy"), "MT"))
   return lines
 
 
@@ -538,8 +514,9 @@ def _versus_table(title_anchor: Tuple[str, str], by_algorithm: Mapping[str, Sequ
 
 def _virtual_above_claims(label: str, by_algorithm: Mapping[str, Sequence[Mapping]]) -> List[str]:
   v = _bests(by_algorithm["virtual"], "mt_accuracy")
-  return [_above_claim(f"{label}: VIRTUAL's MT above {_runs.ALGORITHM_NAMES[b]}'s", v,
-                       _bests(by_algorithm[b], "mt_accuracy"), "MT") for b in ("fedavg", "fedprox")]
+  return [common.above_claim(f"{label}: VIRTUAL's MT above {_runs.ALGORITHM_NAMES[b]}'s", v,
+                             _bests(by_algorithm[b], "mt_accuracy"), "MT")
+          for b in ("fedavg", "fedprox")]
 
 
 def _by_algorithm(records: Mapping[str, Mapping[str, Any]],
@@ -679,15 +656,15 @@ def v1_claims(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
   final = lambda row, a: _finals(v1_records(records, row, a), "mt_accuracy")
   lines = []
   for base in ("global", "fedavg"):
-    c = _compare(final("mnist", "virtual"), final("mnist", base))
+    c = common.compare(final("mnist", "virtual"), final("mnist", base))
     if c is None:
       lines.append(f"- v1 MNIST, VIRTUAL on par with {V1_NAMES[base]}: pending.")
     else:
       lines.append(common.claim(c[2] >= -1.0, f"v1 MNIST: VIRTUAL on par with {V1_NAMES[base]} "
                                 "(within 1 pp or above)", f"MT {c[0]:.2f} vs {c[1]:.2f}"))
-    lines.append(_above_claim(f"v1 P-MNIST: VIRTUAL's MT above {V1_NAMES[base]}'s",
-                              final("pmnist", "virtual"), final("pmnist", base), "MT"))
-  c = _compare(final("pmnist", "virtual"), final("pmnist", "local"))
+    lines.append(common.above_claim(f"v1 P-MNIST: VIRTUAL's MT above {V1_NAMES[base]}'s",
+                                    final("pmnist", "virtual"), final("pmnist", base), "MT"))
+  c = common.compare(final("pmnist", "virtual"), final("pmnist", "local"))
   if c is not None:
     lines.append(common.claim(c[2] >= -1.0, "v1 P-MNIST: VIRTUAL on par with Local (within 1 "
                               "pp or above)", f"MT {c[0]:.2f} vs {c[1]:.2f}"))

@@ -8,9 +8,10 @@ r"""FOLA Fig. 3: learning curves (global accuracy per round) per alpha and metho
 Each (method, alpha) is one `tfbfl.driver.run_training` run in
 `<output_dir>/<method>/alpha_<alpha>/` (metrics.csv, summary.json with
 `best_global_accuracy`, curves.png), partition `label_dirichlet`, all clients in
-every round. Then `curves_by_alpha.png` (one panel per alpha) and
-`curves_summary.csv` go to `--output_dir`. Digits (64-500-300-10 MLP) by
-default; `--dataset=cifar10` uses the McMahan et al. CNN (needs the CIFAR-10
+every round; `--checkpoint_every` checkpoints each run and `--resume` continues
+each from its checkpoint where a stopped invocation left one. Then
+`curves_by_alpha.png` (one panel per alpha) and `curves_summary.csv` go to
+`--output_dir`. Digits (64-500-300-10 MLP) by default; `--dataset=cifar10` uses the McMahan et al. CNN (needs the CIFAR-10
 python batches in --data_dir; FedAvg then runs as product_identity, FedAvg on
 the same CNN).
 """
@@ -33,6 +34,12 @@ flags.DEFINE_string("output_dir", "runs/fola_curves", "Root of the run directori
 flags.DEFINE_integer("rounds", driver.DEFAULTS["rounds"],
                      _runs.flag_help("rounds", paper="100 on CIFAR-10"))
 flags.DEFINE_integer("eval_every", driver.DEFAULTS["eval_every"], _runs.flag_help("eval_every"))
+flags.DEFINE_integer("checkpoint_every", driver.DEFAULTS["checkpoint_every"],
+                     _runs.flag_help("checkpoint_every"))
+flags.DEFINE_bool("resume", False,
+                  "Continue each run from the checkpoint in its directory under --output_dir "
+                  "where an earlier invocation left one (the same flags and data); the other "
+                  "runs start afresh.")
 flags.DEFINE_enum("architecture", None, list(fola.MODELS), "mlp or cnn (default: cnn for cifar10).")
 
 
@@ -42,10 +49,12 @@ def main(argv):
   model = F.architecture or ("cnn" if F.dataset == "cifar10" else "mlp")
   base = dict(rounds=F.rounds,
               eval_every=F.eval_every,
+              checkpoint_every=F.checkpoint_every,
               architecture=model,
               **fola_figures.launcher_params(F))
   try:
-    rows = fola_figures.learning_curves(base, F.methods, [float(a) for a in F.alphas], F.output_dir)
+    rows = fola_figures.learning_curves(base, F.methods, [float(a) for a in F.alphas], F.output_dir,
+                                        resume=F.resume)
   except (ValueError, FileNotFoundError) as e:
     raise app.UsageError(str(e)) from e
   if not rows:

@@ -211,13 +211,14 @@ def test_select_and_status():
 
 def test_long_training_cells_checkpoint_and_their_older_records_stay_done():
   """A training cell estimated above CHECKPOINT_AFTER_S resumes after a stop; a short one
-  does not pay for checkpoints; a record made before its cell checkpointed is done."""
-  train = [c for c in reproduce.catalogue({}) if c.launcher == "train"]
+  does not pay for checkpoints; a record made before its cell checkpointed is done. FOLA's
+  learning curves (one training run per method) checkpoint like training cells."""
+  train = [c for c in reproduce.catalogue({}) if c.launcher in reproduce.RESUMABLE_LAUNCHERS]
   long = [c for c in train if c.estimate_s > reproduce.CHECKPOINT_AFTER_S]
   assert long and all(c.flag_dict.get("checkpoint_every") == reproduce.CHECKPOINT_EVERY
                       for c in long)
   assert {c.experiment for c in long} >= {"table2", "table2_conv", "table3", "table4", "beta",
-                                          "v1_table2", "table2_calibrated"}
+                                          "v1_table2", "table2_calibrated", "curves_n"}
   assert all("checkpoint_every" not in c.flag_dict for c in train if c not in long)
   cell = next(c for c in long if not c.depends)  # (the tuned cells wait for their tuning)
   older = _record(cell, dict(mt_accuracy=[0.5]))
@@ -671,6 +672,60 @@ def test_a_stopped_cell_resumes_from_its_checkpoint_and_records_the_same_result(
   assert earlier > 0 and earlier == pytest.approx(clock, abs=0.05)
   assert resumed["wall_time_s"] > earlier and "earlier_invocations_wall_time_s" not in whole
   assert records_lib.wall_seconds(resumed) == resumed["wall_time_s"]
+
+
+def test_a_stopped_learning_curves_cell_resumes_each_method_from_its_checkpoint(tmp_path):
+  """A FOLA learning-curves cell (one training run per method) stopped in its second
+  method's run continues on the next invocation: the finished method from its final
+  checkpoint (no round trained again), the stopped one from its last checkpoint. Its
+  record equals an uninterrupted one's but for the times, names each resumed run, and
+  its wall time counts the rounds the stopped invocation checkpointed."""
+  flags = dict(dataset="digits", architecture="mlp", hidden_units="8", num_clients=3,
+               epochs_per_round=1, alphas="0.1", rounds=3, methods="fola,fedavg", seed=0,
+               checkpoint_every=1)
+  cell = reproduce.Cell("fola", "curves", "digits", "all", "alpha=0.1", 0, "fola_curves",
+                        tuple(sorted(flags.items())), 60.0)
+  lines = []
+
+  def stop_in_fedavg_round_2(line):
+    lines.append(line)
+    if line.lstrip().startswith("[fedavg") and "round 2/" in line:
+      raise KeyboardInterrupt  # what Ctrl-C does to the runner's loop
+
+  stopped_results, work = tmp_path / "stopped", tmp_path / "work"
+  with pytest.raises(KeyboardInterrupt):
+    runner.run_cell(cell, results_dir=str(stopped_results), work_dir=str(work),
+                    data_root=str(tmp_path), log=stop_in_fedavg_round_2)
+  assert not list(stopped_results.rglob("*.json"))
+  run = work / cell.name / "run"
+  assert (run / "fola" / "alpha_0.1" / "checkpoint.npz").exists()
+  assert (run / "fedavg" / "alpha_0.1" / "checkpoint.npz").exists()
+  resumed = runner.run_cell(cell, results_dir=str(stopped_results), work_dir=str(work),
+                            data_root=str(tmp_path), log=lines.append)
+  whole = runner.run_cell(cell, results_dir=str(tmp_path / "whole"),
+                          work_dir=str(tmp_path / "work_whole"), data_root=str(tmp_path),
+                          log=lines.append)
+  by_run = {r["run"]: r["round"] for r in resumed["resumed_runs"]}
+  assert by_run.keys() == {"fola/alpha_0.1", "fedavg/alpha_0.1"}
+  assert by_run["fola/alpha_0.1"] == 3 and 1 <= by_run["fedavg/alpha_0.1"] <= 2
+  assert sorted(resumed["resumed_from_rounds"]) == sorted(by_run.values())
+  assert "resumed_from_rounds" not in whole and "code_history" not in whole
+  # One code for both invocations; each run's stretches are named.
+  assert {e["run"] for e in resumed["code_history"]} == set(by_run)
+  assert {e["git_commit"] for e in resumed["code_history"]} == {resumed["git_commit"]}
+  methods = lambda rec: rec["result"]["methods"]
+  assert methods(resumed).keys() == methods(whole).keys() == {"fola", "fedavg"}
+  for m in ("fola", "fedavg"):
+    timeless = lambda rec: {k: v for k, v in methods(rec)[m]["curves"].items()
+                            if k != "wall_time_s"}
+    assert timeless(resumed) == timeless(whole), m
+    assert methods(resumed)[m]["curves"]["round"] == [1, 2, 3]
+  # The wall time counts FOLA's whole run and FedAvg's checkpointed rounds.
+  clock = sum(records_lib.clock_at_round(methods(resumed)[run.split("/")[0]], r)
+              for run, r in by_run.items())
+  earlier = resumed["earlier_invocations_wall_time_s"]
+  assert earlier > 0 and earlier == pytest.approx(clock, abs=0.05)
+  assert resumed["wall_time_s"] > earlier and "earlier_invocations_wall_time_s" not in whole
 
 
 def test_wall_seconds_adds_the_resumed_rounds_clock_to_records_written_before_it_was_kept():

@@ -216,9 +216,13 @@ def test_the_first_line_names_every_commit_a_records_rounds_ran():
       dict(from_round=3, git_commit="a" * 40, git_modified=False)])
   resumed["resumed_from_rounds"] = [3]
   legacy = dict(clean, resumed_from_rounds=[5])  # resumed before records kept the history
+  # One run per method, every stretch under one code: resumed, not under other code.
+  per_method = dict(clean, resumed_from_rounds=[3, 1], code_history=[
+      dict(from_round=0, git_commit="a" * 40, git_modified=False, run=f"{m}/alpha_0.1")
+      for m in ("fedavg", "fola")])
   line = report.provenance_line(dict(clean=clean, modified=modified, old_rule=old_rule,
-                                     resumed=resumed, legacy=legacy))
-  assert line.startswith("5 cell records under `results/`")
+                                     resumed=resumed, legacy=legacy, per_method=per_method))
+  assert line.startswith("6 cell records under `results/`")
   assert "from commits aaaaaaa, bbbbbbb, ccccccc, eeeeeee;" in line
   assert "; 1 ran source that differs from its commit" in line
   assert ", 1 carry the older rule's `git_modified`" in line

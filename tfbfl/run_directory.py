@@ -393,10 +393,22 @@ def extend_code_history(history: Optional[Sequence[Mapping[str, Any]]], from_rou
   if not out and from_round > 0:
     out.append(dict(from_round=0, git_commit=None, git_modified=None))
   entry = dict(from_round=int(from_round), **code_identity(now))
-  identity = lambda e: tuple(e.get(k) for k in _CODE_IDENTITY)
-  if not out or identity(out[-1]) != identity(entry):
+  if not out or _identity(out[-1]) != _identity(entry):
     out.append(entry)
   return out
+
+
+def _identity(entry: Mapping[str, Any]) -> tuple:
+  return tuple(entry.get(k) for k in _CODE_IDENTITY)
+
+
+def distinct_codes(history: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
+  """The different codes (`code_identity`) of code-history entries, in first-seen order
+  (one for runs that all ran one code, however many entries or runs they list)."""
+  seen: Dict[tuple, Dict[str, Any]] = {}
+  for e in history:
+    seen.setdefault(_identity(e), code_identity(e))
+  return list(seen.values())
 
 
 @functools.lru_cache(maxsize=1)

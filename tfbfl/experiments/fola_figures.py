@@ -314,7 +314,8 @@ def learning_curves(base_params: Dict[str, Any],
                     methods: Sequence[str],
                     alphas: Sequence[float],
                     output_dir: str,
-                    log=print) -> List[Dict[str, Any]]:
+                    log=print,
+                    resume: bool = False) -> List[Dict[str, Any]]:
   """Learning curves per alpha and method (Fig. 3) through `driver.run_training`.
 
   Each run writes `metrics.csv`, `summary.json` (with `best_global_accuracy`) and
@@ -322,19 +323,26 @@ def learning_curves(base_params: Dict[str, Any],
   `label_dirichlet`, full participation. Returns one row per run (method, alpha,
   best/final global accuracy, bytes, run directory); unavailable methods are
   skipped with a message.
+
+  A run starts afresh in its directory, or, with `resume`, continues from the
+  checkpoint there where an earlier invocation left one (`checkpoint_every` in
+  `base_params` decides how often they are written; a finished run's final
+  checkpoint gives its result again without training). The checkpoint must have
+  been written with the same settings and data, as for `launchers.train --resume`.
   """
   methods = _methods_to_run(base_params, methods, log)
   rows = []
   for alpha in alphas:
     for method in methods:
       run_dir = os.path.join(output_dir, method, f"alpha_{alpha:g}")
-      # Each figure run owns its directory and re-runs afresh.
+      resume_run = resume and os.path.exists(os.path.join(run_dir, round_loop.CHECKPOINT))
       p = dict(base_params,
                algorithm=method,
                alpha=float(alpha),
                partition="label_dirichlet",
                output_dir=run_dir,
-               overwrite=True,
+               resume=resume_run,
+               overwrite=not resume_run,
                export=False)  # a sweep: `launchers.export` writes a run's models later
       p["clients_per_round"] = p.get("num_clients", driver.DEFAULTS["num_clients"])
       try:
@@ -373,7 +381,9 @@ def _run_extra(params):
                                     seed=p["seed"],
                                     output_dir=p["output_dir"],
                                     verbose=p["verbose"],
-                                    overwrite=p.get("overwrite", False))
+                                    checkpoint_every=p["checkpoint_every"],
+                                    resume=p["resume"],
+                                    overwrite=p["overwrite"])
   flags = {k: (list(v) if isinstance(v, tuple) else v) for k, v in p.items()}
   return round_loop.ExperimentRunner(algorithm, fd, run_config, flags=flags).run()
 

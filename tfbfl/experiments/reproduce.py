@@ -538,6 +538,9 @@ BETA_SEEDS = (0, 1)
 # it, not the cell (`_checkpointed`; how often a run checkpoints decides no result).
 CHECKPOINT_EVERY = 5
 CHECKPOINT_AFTER_S = 300.0
+# Launchers whose training runs checkpoint (`--checkpoint_every`) and continue from a
+# checkpoint (`--resume`): one run per cell (`train`) or one per method (`fola_curves`).
+RESUMABLE_LAUNCHERS = ("train", "fola_curves")
 # Table II's FEMNIST-conv row: at the MLP row's tuned settings (no grid of its own:
 # ~85 s a round, measured).
 CONV_ROW = "femnist_conv"
@@ -874,9 +877,9 @@ CATALOGUES = {"papers": lambda records: (table2_cells(records) + default_step_ce
 
 
 def _checkpointed(cell: Cell) -> Cell:
-  """`cell`, checkpointing every CHECKPOINT_EVERY rounds if it is a training cell
-  estimated above CHECKPOINT_AFTER_S."""
-  if (cell.launcher != "train" or cell.estimate_s <= CHECKPOINT_AFTER_S or
+  """`cell`, checkpointing every CHECKPOINT_EVERY rounds if its launcher is one of
+  RESUMABLE_LAUNCHERS and it is estimated above CHECKPOINT_AFTER_S."""
+  if (cell.launcher not in RESUMABLE_LAUNCHERS or cell.estimate_s <= CHECKPOINT_AFTER_S or
       "checkpoint_every" in cell.flag_dict):
     return cell
   flags = dict(cell.flag_dict, checkpoint_every=CHECKPOINT_EVERY)

@@ -19,6 +19,7 @@ import re
 from typing import Any, Callable, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from tfbfl import round_loop
+from tfbfl import run_directory
 from tfbfl.experiments import _runs
 from tfbfl.experiments import calibration_report
 from tfbfl.experiments import fola_report
@@ -235,7 +236,8 @@ def provenance_line(records: Mapping[str, Mapping[str, Any]]) -> str:
   modified = sum(any(e.get("git_diff_sha256") for e in code(r)) for r in records.values())
   old_rule = sum(bool(r.get("git_modified")) and "git_diff_sha256" not in r
                  for r in records.values())
-  mixed = sum(len(r.get("code_history") or ()) > 1 for r in records.values())
+  mixed = sum(len(run_directory.distinct_codes(r.get("code_history") or ())) > 1
+              for r in records.values())
   unknown = sum(bool(r.get("resumed_from_rounds")) and "code_history" not in r
                 for r in records.values())
   return (f"{len(records)} cell records under `results/` ({hours:.1f} CPU-wall hours on "

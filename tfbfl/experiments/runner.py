@@ -23,7 +23,7 @@ import shlex
 import signal
 import subprocess
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -32,6 +32,7 @@ from tfbfl import run_directory
 from tfbfl.experiments import _runs
 from tfbfl.experiments import records as records_lib
 from tfbfl.experiments.reproduce import Cell
+from tfbfl.experiments.reproduce import RESUMABLE_LAUNCHERS
 
 
 # -------------------------------------------------------- cells' records
@@ -160,32 +161,36 @@ def run_cell(cell: Cell, *, results_dir: str, work_dir: str, data_root: str,
   and, under `result["stopped"]`, the launcher's one-line cause. A launcher whose TFF
   worker crashed (exit `round_loop.WORKER_EXITED_STATUS`) runs once more from the
   start (its log kept as `log.crashed.txt`; the record then says `"attempts": 2`, and
-  its wall time counts both runs). A cell that sets `checkpoint_every` continues from
-  the checkpoint an interrupted invocation (or a crashed attempt) left in its run
-  directory, so a stop loses at most that many rounds; the record lists the rounds it
-  resumed from (`resumed_from_rounds`), the code of each stretch of its rounds
-  (`code_history`: more than one entry where an earlier invocation ran other code;
-  `git_commit` and `git_modified` are this invocation's); its wall time counts this
-  invocation and the training clock of the rounds it resumed from
-  (`earlier_invocations_wall_time_s`; an earlier invocation's start-up and its rounds
-  after its last checkpoint are not counted).
+  its wall time counts both runs). A cell of `RESUMABLE_LAUNCHERS` that sets
+  `checkpoint_every` continues each of its training runs from the checkpoint an
+  interrupted invocation (or a crashed attempt) left in its directory, so a stop loses
+  at most that many rounds of one run; the record lists the rounds it resumed from
+  (`resumed_from_rounds`; `resumed_runs` names each run where they lie in
+  subdirectories, one per method), the code of each stretch of rounds (`code_history`:
+  more than one code where an earlier invocation ran other code; `git_commit` and
+  `git_modified` are this invocation's); its wall time counts this invocation and the
+  training clock of the rounds it resumed from (`earlier_invocations_wall_time_s`; an
+  earlier invocation's start-up and its rounds after its last checkpoint are not
+  counted).
   """
   out_dir = os.path.join(work_dir, cell.name)
   os.makedirs(out_dir, exist_ok=True)
   run_out = os.path.join(out_dir, "run")
   log_path = os.path.join(out_dir, "log.txt")
   started = time.time()
-  resumed = []
-  earlier_round = None  # the round this invocation resumed from an earlier one's checkpoint
+  resumed: List[Tuple[str, int]] = []
+  earlier_s = 0.0  # the training clock of the rounds resumed from an earlier invocation
   for attempt in range(1, WORKER_CRASH_ATTEMPTS + 1):
     command = cell.command(run_out, data_root)
     if cell.launcher == "train":
       command.append("--resume" if _resumable(cell, run_out) else "--overwrite")
+    elif cell.launcher in RESUMABLE_LAUNCHERS and cell.flag_dict.get("checkpoint_every"):
+      command.append("--resume")  # each run with a checkpoint continues; the others start
     code = _run_launcher(command, log_path, log)
-    rounds = _resumed_rounds(log_path)
-    if attempt == 1 and rounds:
-      earlier_round = rounds[0]
-    resumed += rounds
+    runs = _resumed_runs(log_path)
+    if attempt == 1:
+      earlier_s = sum(_clock_at_round(run_dir, r) for run_dir, r in runs)
+    resumed += runs
     if code != round_loop.WORKER_EXITED_STATUS or attempt == WORKER_CRASH_ATTEMPTS:
       break
     crashed_log = os.path.join(out_dir, "log.crashed.txt")
@@ -199,26 +204,47 @@ def run_cell(cell: Cell, *, results_dir: str, work_dir: str, data_root: str,
   result = records_lib.COLLECTORS[cell.launcher](run_out)
   if run_stopped:  # a setting that diverges is a result (a tuning grid's included), not a failure
     result["stopped"] = _tail(log_path, 1).strip()
-  earlier_s = records_lib.clock_at_round(result, earlier_round) if earlier_round else 0.0
   record = make_record(cell, command, result, time.time() - started + earlier_s, started)
-  if earlier_round:
+  if earlier_s:
     record["earlier_invocations_wall_time_s"] = round(earlier_s, 1)
   if attempt > 1:
     record["attempts"] = attempt
   if resumed:
-    record["resumed_from_rounds"] = resumed
-  history = _code_history(run_out) if cell.launcher == "train" else []
-  if resumed or len(history) > 1:  # the code of each stretch of rounds
+    record["resumed_from_rounds"] = [r for _, r in resumed]
+    named = [dict(run=_relative_run(run_dir, run_out), round=r) for run_dir, r in resumed]
+    if any(n["run"] for n in named):
+      record["resumed_runs"] = named
+  history = _code_history(run_out) if cell.launcher in RESUMABLE_LAUNCHERS else []
+  if resumed or len(run_directory.distinct_codes(history)) > 1:  # each stretch's code
     record["code_history"] = history
   round_loop.atomic_write_text(cell.record_path(results_dir),
                                json.dumps(record, indent=1, sort_keys=True) + "\n")
   return record
 
 
+def _training_runs(run_out: str) -> List[str]:
+  """The training run in `run_out` (a `summary.json` there), or else each one in its
+  subdirectories (`fola_curves`: `<method>/alpha_<alpha>`), in name order."""
+  if os.path.exists(os.path.join(run_out, _runs.SUMMARY)):
+    return [run_out]
+  return sorted(d for d, _, files in os.walk(run_out) if _runs.SUMMARY in files)
+
+
+def _relative_run(run_dir: str, run_out: str) -> str:
+  """A training run's directory relative to the cell's run directory ('' for itself)."""
+  rel = os.path.relpath(run_dir, run_out)
+  return "" if rel == "." else rel
+
+
 def _code_history(run_out: str) -> List[Dict[str, Any]]:
-  """The training run's `code_history` (its summary's; empty where it has none)."""
-  summary = _runs.read_json(os.path.join(run_out, _runs.SUMMARY)) or {}
-  return list(summary.get("code_history") or [])
+  """The `code_history` of the cell's training runs (their summaries'; empty where they
+  have none); an entry of a run in a subdirectory names it (`run`)."""
+  history = []
+  for run_dir in _training_runs(run_out):
+    summary = _runs.read_json(os.path.join(run_dir, _runs.SUMMARY)) or {}
+    rel = _relative_run(run_dir, run_out)
+    history += [dict(e, run=rel) if rel else dict(e) for e in summary.get("code_history") or ()]
+  return history
 
 
 def _resumable(cell: Cell, run_out: str) -> bool:
@@ -229,13 +255,20 @@ def _resumable(cell: Cell, run_out: str) -> bool:
       os.path.join(run_out, round_loop.CHECKPOINT))
 
 
-_RESUMED = re.compile(r"^resumed from .* at round (\d+)")
+_RESUMED = re.compile(r"^resumed from (.*) at round (\d+)$")
 
 
-def _resumed_rounds(log_path: str) -> List[int]:
-  """The rounds a launcher's log says its run resumed from (`round_loop`'s start line)."""
+def _resumed_runs(log_path: str) -> List[Tuple[str, int]]:
+  """(run directory, round) of each run a launcher's log says resumed from its
+  checkpoint (`round_loop`'s start line), in the log's order."""
   with open(log_path) as f:
-    return [int(m.group(1)) for m in map(_RESUMED.match, f) if m]
+    return [(os.path.dirname(m.group(1)), int(m.group(2)))
+            for m in map(_RESUMED.match, (line.rstrip("\n") for line in f)) if m]
+
+
+def _clock_at_round(run_dir: str, round_num: int) -> float:
+  """The training clock of the run in `run_dir` at the end of round `round_num`."""
+  return records_lib.clock_at_round(records_lib.collect_train(run_dir), round_num)
 
 
 def _run_launcher(command: List[str], log_path: str, log: Callable[[str], None]) -> int:

@@ -728,6 +728,20 @@ def test_a_stopped_learning_curves_cell_resumes_each_method_from_its_checkpoint(
   assert resumed["wall_time_s"] > earlier and "earlier_invocations_wall_time_s" not in whole
 
 
+def test_a_cells_estimate_is_what_its_other_seeds_took_else_its_kinds_rescaled():
+  """Downpour SGD's cells differ in their rounds (`comm_rounds`, not `rounds`): a seed of
+  the 200-round setting is estimated from that setting's recorded seeds, not from the
+  mean of every round count's."""
+  cells = {c.name: c for c in reproduce.catalogue({})}
+  name = "pfnm/dsgd_rounds/class_dirichlet/all/rounds={}/seed{}"
+  records = {n: _record(cells[n], dict(mt_accuracy=[0.5]), wall)
+             for n, wall in ((name.format(10, 0), 75.0), (name.format(200, 0), 2100.0),
+                             (name.format(200, 1), 1900.0))}
+  assert runner.measured_seconds(cells[name.format(200, 2)], records) == 2000.0
+  # No seed of its setting recorded: the kind's mean wall time (no rounds flag to scale by).
+  assert runner.measured_seconds(cells[name.format(50, 0)], records) == pytest.approx(4075 / 3)
+
+
 def test_wall_seconds_adds_the_resumed_rounds_clock_to_records_written_before_it_was_kept():
   curves = dict(round=[1, 2, 3], wall_time_s=[1.5, 3.0, 4.5])
   old = dict(wall_time_s=10.0, resumed_from_rounds=[2], result=dict(curves=curves))

@@ -204,6 +204,38 @@ def test_the_conv_row_shows_a_run_that_diverged_after_its_best_round():
                       "not held (S 96.7 vs 99.0)."]
 
 
+def test_downpour_claim_waits_for_three_trials_at_the_most_rounds_and_holds_beyond_the_error():
+  """Supplement Fig. 3a: PFNM above downpour SGD after 200 rounds is judged like the other
+  two-mean claims: pending until 3 trials on each side, held beyond the standard error."""
+  cells = {c.name: c for c in reproduce.catalogue({})}
+  assert {n for n in cells if n.startswith("pfnm/dsgd_rounds/")} >= {
+      f"pfnm/dsgd_rounds/class_dirichlet/all/rounds=200/seed{t}" for t in (0, 1, 2)}
+  records = {}
+  for t, acc in enumerate((0.91, 0.90, 0.92)):
+    name = f"pfnm/j_sweep/class_dirichlet/all/J=25/seed{t}"
+    records[name] = _record(cells[name], result=dict(rows=[
+        dict(J=25, method="pfnm", accuracy=acc, trial=t, neurons=700, layers=700, params=1)]))
+
+  def downpour(trial, rounds, acc):
+    name = f"pfnm/dsgd_rounds/class_dirichlet/all/rounds={rounds}/seed{trial}"
+    records[name] = _record(cells[name], result=dict(rows=[
+        dict(J=25, method="downpour_sgd", accuracy=acc, trial=trial)]))
+
+  downpour(0, 10, 0.905)
+  downpour(0, 200, 0.85)
+  (line,) = pfnm_report.pfnm_dsgd_claims(records)
+  assert line.endswith(": pending (3 and 1 of 3 seeds recorded).")
+  downpour(1, 200, 0.86)
+  downpour(2, 200, 0.87)  # 5 pp below PFNM's 91.0, s.e. 0.82
+  (line,) = pfnm_report.pfnm_dsgd_claims(records)
+  assert ": held (" in line and "91.0 vs 86.0" in line
+  downpour(2, 200, 1.00)  # mean 90.3: 0.67 pp below, within its s.e. (4.88)
+  (line,) = pfnm_report.pfnm_dsgd_claims(records)
+  assert ": not held (" in line and "difference +0.67 pp, s.e. 4.88" in line
+  text = "\n".join(pfnm_report.pfnm_dsgd_markdown(records))
+  assert "| 10 | 90.5 | 1 |" in text and "| 200 | 90.3 ± " in text and " | 3 |" in text
+
+
 def test_the_first_line_names_every_commit_a_records_rounds_ran():
   cell = reproduce.smoke_cells()[0]
   clean = {k: v for k, v in _record(cell, dict(mt_accuracy=[0.5])).items()

@@ -306,7 +306,8 @@ def _repo_root() -> str:
 
 
 def measured_seconds(cell: Cell, records: Mapping[str, Mapping[str, Any]]) -> float:
-  """The cell's estimate, rescaled by what recorded cells of the same kind took."""
+  """What recorded cells of the same setting (other seeds) took on average; else the
+  cell's estimate, rescaled by what recorded cells of the same kind took."""
   same = [
       r for n, r in records.items()
       if r["cell"]["launcher"] == cell.launcher and r["cell"]["row"] == cell.row and
@@ -314,6 +315,9 @@ def measured_seconds(cell: Cell, records: Mapping[str, Mapping[str, Any]]) -> fl
   ]
   if not same:
     return cell.estimate_s
+  setting = [records_lib.wall_seconds(r) for r in same if r["cell"]["setting"] == cell.setting]
+  if setting:
+    return float(np.mean(setting))
   per_round = []
   for r in same:
     rounds = r["flags"].get("rounds")

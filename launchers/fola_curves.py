@@ -11,9 +11,9 @@ Each (method, alpha) is one `tfbfl.driver.run_training` run in
 every round; `--checkpoint_every` checkpoints each run and `--resume` continues
 each from its checkpoint where a stopped invocation left one. Then
 `curves_by_alpha.png` (one panel per alpha) and `curves_summary.csv` go to
-`--output_dir`. Digits (64-500-300-10 MLP) by default; `--dataset=cifar10` uses the McMahan et al. CNN (needs the CIFAR-10
-python batches in --data_dir; FedAvg then runs as product_identity, FedAvg on
-the same CNN).
+`--output_dir`. Digits (64-500-300-10 MLP) by default; `--dataset=cifar10` uses
+the McMahan et al. CNN (needs the CIFAR-10 python batches in --data_dir; FedAvg
+then runs as product_identity, FedAvg on the same CNN).
 """
 
 import os

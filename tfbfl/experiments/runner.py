@@ -276,7 +276,9 @@ def _run_launcher(command: List[str], log_path: str, log: Callable[[str], None])
   its exit status. The launcher dies with the runner, and with an exception here."""
   env = dict(os.environ, PYTHONUNBUFFERED="1")
   env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-  with open(log_path, "w") as log_file:
+  # Line-buffered: a runner ended by a signal (SIGTERM's default action flushes nothing)
+  # leaves the log of the lines its launcher printed.
+  with open(log_path, "w", buffering=1) as log_file:
     proc = subprocess.Popen(command, cwd=_repo_root(), env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
                             preexec_fn=_die_with_parent())

@@ -29,6 +29,7 @@ _SCRIPT = textwrap.dedent("""
     def mean(v):
       return tff.federated_mean(v)
     print("WORKER_PID", rt.worker.process.pid, flush=True)
+    print("WORKER_ADDRESS", rt.worker.address, flush=True)
     print("RESULT", float(mean([1.0, 2.0, 6.0])), flush=True)
     if len(sys.argv) > 2:
       import time
@@ -45,18 +46,21 @@ def _wait_gone(pid, timeout_s=10.0):
   return False
 
 
-def _worker_pid_once_computed(proc, timeout_s=120.0):
-  """The worker pid that `_SCRIPT` prints, read once its computation printed RESULT."""
-  worker_pid = None
+def _worker_once_computed(proc, timeout_s=120.0):
+  """The worker pid and address that `_SCRIPT` prints, read once its computation
+  printed RESULT."""
+  worker_pid = address = None
   deadline = time.time() + timeout_s
   while time.time() < deadline:
     line = proc.stdout.readline()
     if line.startswith("WORKER_PID"):
       worker_pid = int(line.split()[1])
+    if line.startswith("WORKER_ADDRESS"):
+      address = line.split()[1]
     if line.startswith("RESULT") or not line:
       break
   assert worker_pid is not None
-  return worker_pid
+  return worker_pid, address
 
 
 def test_pipeline_ends_promptly_with_no_orphan(tmp_path):
@@ -86,10 +90,13 @@ def test_worker_dies_when_parent_is_killed(tmp_path):
   proc = subprocess.Popen(
       [sys.executable, str(script), str(tmp_path), "sleep"], stdout=subprocess.PIPE, text=True)
   try:
-    worker_pid = _worker_pid_once_computed(proc)
+    worker_pid, address = _worker_once_computed(proc)
     os.kill(proc.pid, signal.SIGKILL)  # no atexit runs: only PDEATHSIG can help
     proc.wait(timeout=10)
     assert _wait_gone(worker_pid, 10), "worker survived SIGKILL of its parent"
+    if address.startswith("unix:"):  # "netns": the bridge removes its socket's directory.
+      sock_dir = os.path.dirname(address[len("unix:"):])
+      assert not os.path.exists(sock_dir), f"{sock_dir} outlived the killed parent"
   finally:
     if proc.poll() is None:
       proc.kill()
@@ -111,7 +118,7 @@ def test_terminal_ctrl_c_reaches_the_parent_which_ends_the_worker(tmp_path):
       start_new_session=True,  # the script's group, as a terminal's
       preexec_fn=as_terminal_job)
   try:
-    worker_pid = _worker_pid_once_computed(proc)
+    worker_pid, _ = _worker_once_computed(proc)
     # The script's descendants only: tests run in parallel start workers too.
     workers = {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}
     assert worker_pid in workers

@@ -10,7 +10,10 @@ the namespace, i.e. only on its own loopback), waits for the port, then relays t
 Unix socket SOCK_PATH (in a 0700 directory of the parent's) to it, so that only
 the parent's user can reach the worker. It ends, taking the binary with it, on
 SIGTERM/SIGINT, when the binary exits (with the binary's exit code), or when its
-own parent dies (PR_SET_PDEATHSIG, as the binary does when the bridge dies).
+own parent dies (PR_SET_PDEATHSIG, as the binary does when the bridge dies). The
+parent's death reaches it as SIGTERM, not SIGKILL, so that it removes the socket
+and its directory (if then empty) itself: a parent killed by a signal cleans up
+nothing.
 
 Standard library only, and `-I -S` (no site, no user paths, not even this
 directory): it must start fast and must not depend on the parent's environment.
@@ -28,8 +31,20 @@ import time
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent():
-  ctypes.CDLL("libc.so.6").prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+def _die_with_parent(signum=signal.SIGKILL):
+  ctypes.CDLL("libc.so.6").prctl(_PR_SET_PDEATHSIG, signum)
+
+
+def _remove_socket(sock_path):
+  for path in (sock_path + ".tmp", sock_path):
+    try:
+      os.unlink(path)
+    except OSError:
+      pass
+  try:
+    os.rmdir(os.path.dirname(sock_path))
+  except OSError:  # Not empty, or already removed by the parent.
+    pass
 
 
 def _pump(src, dst):
@@ -78,6 +93,7 @@ def main(argv):
   def stop(signum, frame):
     del frame
     stopping.append(signum)
+    _remove_socket(sock_path)  # First: `watch` exits the process once the child is gone.
     child.terminate()
     try:
       child.wait(5)
@@ -87,6 +103,9 @@ def main(argv):
 
   signal.signal(signal.SIGTERM, stop)
   signal.signal(signal.SIGINT, stop)
+  # Re-armed only now that `stop` handles it; until here the SIGKILL that
+  # `enter_private_network` asked for applies, so there is no window without one.
+  _die_with_parent(signal.SIGTERM)
 
   def watch():
     code = child.wait()

@@ -65,7 +65,7 @@ def main(argv):
   if readme is not None and not os.path.isfile(readme):
     raise FileNotFoundError(f"--readme={readme}: no such file (empty --readme writes none).")
   if F.list:
-    print("\n".join(runner.listing(cells, records)))
+    print("\n".join(runner.listing(cells, records, work_dir=F.work_dir)))
     return
   if not F.report:
     try:

@@ -651,12 +651,16 @@ def test_a_stopped_cell_resumes_from_its_checkpoint_and_records_the_same_result(
                        data_root=str(tmp_path), log=stop_after_round_2)
   assert not list(stopped_results.rglob("*.json"))  # no record of a stopped cell
   assert (work / cell.name / "run" / "checkpoint.npz").exists()
+  held = runner.checkpointed_fraction(cell, str(work))
   resumed = runner.run_cell(cell, results_dir=str(stopped_results), work_dir=str(work),
                                data_root=str(tmp_path), log=lines.append)
   whole = runner.run_cell(cell, results_dir=str(tmp_path / "whole"),
                              work_dir=str(tmp_path / "work_whole"), data_root=str(tmp_path),
                              log=lines.append)
   assert resumed["resumed_from_rounds"] and 1 <= resumed["resumed_from_rounds"][0] <= 2
+  # Before it resumed, its estimate left out the rounds the launcher then resumed from.
+  assert held == resumed["resumed_from_rounds"][0] / 4
+  assert runner.remaining_seconds(cell, {}, str(work / "none")) == cell.estimate_s
   assert "resumed_from_rounds" not in whole
   assert len(resumed["code_history"]) == 1  # both invocations ran this checkout's code
   assert resumed["code_history"][0]["git_commit"] == resumed["git_commit"]
@@ -700,6 +704,8 @@ def test_a_stopped_learning_curves_cell_resumes_each_method_from_its_checkpoint(
   run = work / cell.name / "run"
   assert (run / "fola" / "alpha_0.1" / "checkpoint.npz").exists()
   assert (run / "fedavg" / "alpha_0.1" / "checkpoint.npz").exists()
+  held = runner.checkpointed_fraction(cell, str(work))
+  (listed,) = runner.listing([cell], {}, work_dir=str(work))
   resumed = runner.run_cell(cell, results_dir=str(stopped_results), work_dir=str(work),
                             data_root=str(tmp_path), log=lines.append)
   whole = runner.run_cell(cell, results_dir=str(tmp_path / "whole"),
@@ -709,6 +715,10 @@ def test_a_stopped_learning_curves_cell_resumes_each_method_from_its_checkpoint(
   assert by_run.keys() == {"fola/alpha_0.1", "fedavg/alpha_0.1"}
   assert by_run["fola/alpha_0.1"] == 3 and 1 <= by_run["fedavg/alpha_0.1"] <= 2
   assert sorted(resumed["resumed_from_rounds"]) == sorted(by_run.values())
+  # Before it resumed, `--list` left out the share of the rounds it then resumed from.
+  assert held == pytest.approx(sum(by_run.values()) / 6)
+  assert listed.split()[:3] == ["todo", f"{cell.estimate_s * (1 - held) / 60:.1f}", "min"]
+  assert f"hold {held:.0%} of its rounds" in listed
   assert "resumed_from_rounds" not in whole and "code_history" not in whole
   # One code for both invocations; each run's stretches are named.
   assert {e["run"] for e in resumed["code_history"]} == set(by_run)

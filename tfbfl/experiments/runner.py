@@ -27,6 +27,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from tfbfl import checkpoint
 from tfbfl import round_loop
 from tfbfl import run_directory
 from tfbfl.experiments import _runs
@@ -331,6 +332,34 @@ def measured_seconds(cell: Cell, records: Mapping[str, Mapping[str, Any]]) -> fl
   return float(np.mean([records_lib.wall_seconds(r) for r in same]))
 
 
+def checkpointed_fraction(cell: Cell, work_dir: str) -> float:
+  """The share of a checkpointing cell's training rounds that the checkpoints in its
+  run directory under `work_dir` hold: what its next invocation resumes instead of
+  training (0 without one). Each training run of the cell (`fola_curves`: one per
+  method of `methods`) counts `rounds` rounds."""
+  rounds = int(cell.flag_dict.get("rounds") or 0)
+  if (cell.launcher not in RESUMABLE_LAUNCHERS or not cell.flag_dict.get("checkpoint_every") or
+      rounds <= 0):
+    return 0.0
+  methods = cell.flag_dict.get("methods")
+  num_runs = len(str(methods).split(",")) if methods else 1
+  held = 0
+  for run_dir, _, files in os.walk(os.path.join(work_dir, cell.name, "run")):
+    if checkpoint.CHECKPOINT in files:
+      try:
+        held += min(int(checkpoint.read_meta(run_dir)["round"]), rounds)
+      except (OSError, ValueError):  # unreadable: the launcher will say so when it resumes
+        pass
+  return min(held / (rounds * num_runs), 1.0)
+
+
+def remaining_seconds(cell: Cell, records: Mapping[str, Mapping[str, Any]],
+                      work_dir: Optional[str]) -> float:
+  """`measured_seconds`, less the share its checkpoints already hold."""
+  held = checkpointed_fraction(cell, work_dir) if work_dir is not None else 0.0
+  return measured_seconds(cell, records) * (1.0 - held)
+
+
 def run(cells: Sequence[Cell], *, results_dir: str, work_dir: str, data_root: str,
         max_cells: Optional[int] = None, max_hours: Optional[float] = None,
         log: Callable[[str], None] = _runs.log_line,
@@ -359,7 +388,7 @@ def run(cells: Sequence[Cell], *, results_dir: str, work_dir: str, data_root: st
     elif s in ("todo", "stale"):
       absent = [n for n in c.needs if not os.path.isdir(os.path.join(data_root, n))]
       (missing if absent else todo).append((c, absent))
-  est = {c.name: measured_seconds(c, records) for c, _ in todo}
+  est = {c.name: remaining_seconds(c, records, work_dir) for c, _ in todo}
   todo.sort(key=lambda item: est[item[0].name])  # stable: catalogue order among equals
   done = len(cells) - len(todo) - len(waiting) - len(missing)
   log(f"reproduce: {len(cells)} cells selected: {done} done, {len(todo)} to run "
@@ -397,7 +426,7 @@ def run(cells: Sequence[Cell], *, results_dir: str, work_dir: str, data_root: st
              if w.name in fresh and status(fresh[w.name], records) in ("todo", "stale")]
     if ready:
       waiting = [w for w in waiting if w.name not in {r.name for r in ready}]
-      est.update({w.name: measured_seconds(w, records) for w in ready})
+      est.update({w.name: remaining_seconds(w, records, work_dir) for w in ready})
       queue = sorted(queue + ready, key=lambda x: est[x.name])
       log(f"reproduce: tuning done for {len(ready)} waiting cell(s): "
           f"{', '.join(w.name for w in ready[:3])}{' ...' if len(ready) > 3 else ''}")
@@ -445,13 +474,18 @@ def _pct(v: Any) -> str:
 
 
 # ----------------------------------------------------------------------- list
-def listing(cells: Sequence[Cell], records: Mapping[str, Mapping[str, Any]]) -> List[str]:
-  """One line per cell: status, estimate (or recorded wall time) and name."""
+def listing(cells: Sequence[Cell], records: Mapping[str, Mapping[str, Any]],
+            work_dir: Optional[str] = None) -> List[str]:
+  """One line per cell: status, estimate (or recorded wall time) and name. Given
+  `work_dir`, a cell's estimate leaves out what its checkpoints there hold."""
   out = []
   for c in cells:
     s = status(c, records)
+    held = checkpointed_fraction(c, work_dir) if s != "done" and work_dir is not None else 0.0
     secs = (records_lib.wall_seconds(records[c.name]) if s == "done" else
-            measured_seconds(c, records))
+            measured_seconds(c, records) * (1.0 - held))
     extra = f"  ({c.depends})" if s == "waiting" else ""
+    if held:
+      extra += f"  (resumes: its checkpoints hold {held:.0%} of its rounds)"
     out.append(f"{s:8s} {float(secs) / 60:7.1f} min  {c.name}{extra}")
   return out

@@ -30,7 +30,7 @@ import json
 import math
 import os
 import time
-from typing import (Callable, Dict, List, Sequence)
+from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -105,7 +105,8 @@ def run_oneshot_trial(fd,
                       settings: ExperimentSettings,
                       methods: Sequence[str],
                       seed: int,
-                      hidden_units=None) -> List[dict]:
+                      hidden_units=None,
+                      log: Optional[Callable[[str], None]] = None) -> List[dict]:
   """Trains the local networks of one trial and evaluates every method.
 
   Args:
@@ -114,6 +115,7 @@ def run_oneshot_trial(fd,
     methods: names from ``ONESHOT_METHODS``.
     seed: trial seed (initialisations, shuffles, matching sweeps).
     hidden_units: hidden widths (default ``settings.hidden_units``).
+    log: given, downpour SGD logs its test accuracy ten times over its rounds.
 
   Returns:
     One row per method: ``method, accuracy, neurons, layers, params``.
@@ -182,11 +184,29 @@ def run_oneshot_trial(fd,
                                     client_data,
                                     settings.comm_rounds,
                                     seed=seed,
-                                    server_lr=settings.dsgd_server_lr)
+                                    server_lr=settings.dsgd_server_lr,
+                                    callback=_progress(log, "D-SGD", settings.comm_rounds,
+                                                       x_test, y_test))
       rows.append(_row(method, glob, pfnm.accuracy(glob, x_test, y_test)))
     else:
       raise ValueError(f"--methods: unknown method {method!r}")
   return rows
+
+
+def _progress(log, name, total, x_test, y_test):
+  """A ``callback(round, weights)`` that logs the test accuracy ten times over
+  ``total`` rounds (None without ``log``): a 200-round run is silent for half an hour
+  otherwise."""
+  if log is None:
+    return None
+  every, start = max(1, total // 10), time.time()
+
+  def callback(r, weights):
+    if r % every == 0 or r == total:
+      log(f"{name} round {r}/{total}: test accuracy "
+          f"{pfnm.accuracy(weights, x_test, y_test):.3f} [{time.time() - start:.0f} s]")
+
+  return callback
 
 
 # -------------------------------------------------------------------- outputs
@@ -282,15 +302,17 @@ def _oneshot_trials(settings, methods, num_batches, trials, label, log, hidden_u
   for t in range(trials):
     start = time.time()
     fd = settings.load(J, baselines.derive_seed(settings.seed, J, t))
+    prefix = f"[{label} trial {t + 1}/{trials}]"
     trial_rows = run_oneshot_trial(fd,
                                    settings,
                                    methods,
                                    baselines.derive_seed(settings.seed, J, t, 1),
-                                   hidden_units=hidden_units)
+                                   hidden_units=hidden_units,
+                                   log=lambda line, prefix=prefix: log(f"{prefix} {line}"))
     for r in trial_rows:
       r.update(keys, trial=t)
     rows += trial_rows
-    _log_trial(log, f"[{label} trial {t + 1}/{trials}]", trial_rows, start)
+    _log_trial(log, prefix, trial_rows, start)
   return rows
 
 

@@ -52,8 +52,13 @@ def test_launcher_writes_its_outputs(runs, name):
   assert not [f for f in os.listdir(out) if f.startswith(".tmp-")]  # atomic writes
   rows = _read_csv(os.path.join(out, "results.csv"))
   assert "trial 1/1" in log
-  if name in ("pfnm_batches", "pfnm_depth"):  # downpour SGD's rounds report progress
-    assert "trial 1/1] D-SGD round 1/1: test accuracy" in log, log[-3000:]
+  # Progress within a trial: its local networks, each method, downpour SGD's rounds.
+  if name in ("pfnm_batches", "pfnm_depth"):
+    for line in ("trial 1/1] 2 local networks trained", "trial 1/1] pfnm: accuracy",
+                 "trial 1/1] D-SGD round 1/1: test accuracy"):
+      assert line in log, (line, log[-3000:])
+  if name == "pfnm_sensitivity":
+    assert "trial 1/1] grid point 2/2" in log, log[-3000:]
   if name == "pfnm_sensitivity":
     assert len(rows) == 2
     assert all(0.0 <= float(r["train_accuracy_mean"]) <= 1.0 for r in rows)

@@ -11,8 +11,9 @@
 
 Each writes, atomically, ``results.csv`` and ``results.md`` (one row per method
 and setting: mean and std over trials), ``trials.csv`` (one row per trial),
-``settings.json`` and PNG figures into an output directory, and prints one
-progress line per trial.
+``settings.json`` and PNG figures into an output directory, and prints a summary
+line per trial, with progress lines within it (the local networks trained, each
+method's accuracy, a tenth of downpour SGD's rounds or of a sensitivity grid).
 
 Local networks are trained by ``tfbfl.algorithms.pfnm.LocalTrainer`` (TFF), the
 global networks come from ``tfbfl.matching``, and the baselines from
@@ -115,7 +116,8 @@ def run_oneshot_trial(fd,
     methods: names from ``ONESHOT_METHODS``.
     seed: trial seed (initialisations, shuffles, matching sweeps).
     hidden_units: hidden widths (default ``settings.hidden_units``).
-    log: given, downpour SGD logs its test accuracy ten times over its rounds.
+    log: given, a line when the local networks are trained and after each method
+      (downpour SGD: ten over its rounds).
 
   Returns:
     One row per method: ``method, accuracy, neurons, layers, params``.
@@ -133,7 +135,10 @@ def run_oneshot_trial(fd,
       nets_cache[key] = get_trainer(c).train(client_data, seed)
     return nets_cache[key]
 
+  started = time.time()
   main = trained(hidden, cfg.shared_init)
+  if log is not None:
+    log(f"{len(main)} local networks trained [{time.time() - started:.0f} s]")
   nets = [c.weights for c in main]
   counts = [c.class_counts for c in main]
   hp = dataclasses.replace(settings.hp, seed=seed)
@@ -142,6 +147,7 @@ def run_oneshot_trial(fd,
     fedavg_hidden = (fedavg_hidden[0],) * len(hidden)
   rows = []
   for method in methods:
+    started = time.time()
     if method == "pfnm":
       glob = pfnm.match_networks(nets, counts, hp)
       rows.append(_row(method, glob, pfnm.accuracy(glob, x_test, y_test)))
@@ -190,7 +196,14 @@ def run_oneshot_trial(fd,
       rows.append(_row(method, glob, pfnm.accuracy(glob, x_test, y_test)))
     else:
       raise ValueError(f"--methods: unknown method {method!r}")
+    if log is not None and rows and rows[-1]["method"] == method:
+      log(f"{method}: accuracy {rows[-1]['accuracy']:.3f} [{time.time() - started:.0f} s]")
   return rows
+
+
+def _a_tenth(step, total):
+  """Whether 1-based ``step`` of ``total`` ends a tenth of them (ten log lines a run)."""
+  return step % max(1, total // 10) == 0 or step == total
 
 
 def _progress(log, name, total, x_test, y_test):
@@ -199,10 +212,10 @@ def _progress(log, name, total, x_test, y_test):
   otherwise."""
   if log is None:
     return None
-  every, start = max(1, total // 10), time.time()
+  start = time.time()
 
   def callback(r, weights):
-    if r % every == 0 or r == total:
+    if _a_tenth(r, total):
       log(f"{name} round {r}/{total}: test accuracy "
           f"{pfnm.accuracy(weights, x_test, y_test):.3f} [{time.time() - start:.0f} s]")
 
@@ -626,7 +639,11 @@ def run_sensitivity(settings: ExperimentSettings,
       nets, counts = [r.weights for r in res], [r.class_counts for r in res]
       x_tr, y_tr = fd.pooled("train")
       x_te, y_te = fd.pooled("test")
-      for s0, g0, s2 in grid:
+      prefix = f"[J={J} trial {t + 1}/{trials}]"
+      log(f"{prefix} {J} local networks trained [{time.time() - start:.0f} s]")
+      for i, (s0, g0, s2) in enumerate(grid, 1):
+        if _a_tenth(i, len(grid)):
+          log(f"{prefix} grid point {i}/{len(grid)} [{time.time() - start:.0f} s]")
         hp = dataclasses.replace(settings.hp, sigma0_sq=s0, gamma0=g0, sigma_sq=s2, seed=seed)
         glob = pfnm.match_networks(nets, counts, hp)
         size = pfnm.model_size(glob)
@@ -642,7 +659,7 @@ def run_sensitivity(settings: ExperimentSettings,
                  params=size["params"]))
       best = max((r for r in rows if r["J"] == J and r["trial"] == t),
                  key=lambda r: r["train_accuracy"])
-      log(f"[J={J} trial {t + 1}/{trials}] {len(grid)} grid points; best train accuracy "
+      log(f"{prefix} {len(grid)} grid points; best train accuracy "
           f"{best['train_accuracy']:.3f} (test {best['test_accuracy']:.3f}, {best['neurons']} n) "
           f"at sigma0_sq={best['sigma0_sq']:g} gamma0={best['gamma0']:g} "
           f"sigma_sq={best['sigma_sq']:g} [{time.time() - start:.1f} s]")

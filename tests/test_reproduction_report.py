@@ -258,8 +258,8 @@ def test_the_first_line_names_every_commit_a_records_rounds_ran():
   assert "from commits aaaaaaa, bbbbbbb, ccccccc, eeeeeee;" in line
   assert "; 1 ran source that differs from its commit" in line
   assert ", 1 carry the older rule's `git_modified`" in line
-  assert ", 1 were resumed under other code" in line
-  assert ", 1 were resumed before records kept that history" in line
+  assert ", 1 was resumed under other code" in line
+  assert ", 1 was resumed before records kept that history" in line
 
 
 def test_fola_curve_claims_wait_for_three_repeats_and_hold_beyond_the_standard_error():

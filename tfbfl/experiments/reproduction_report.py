@@ -244,12 +244,16 @@ def provenance_line(records: Mapping[str, Mapping[str, Any]]) -> str:
           f"{'/'.join(str(c) for c in cores) or '?'}-core machines), from commits "
           f"{', '.join(c[:7] for c in commits) or '—'}; {modified} ran source that differs "
           f"from its commit (`git_diff_sha256` names the difference), {old_rule} carry the "
-          f"older rule's `git_modified` (any tracked file, see above), {mixed} were resumed "
+          f"older rule's `git_modified` (any tracked file, see above), {mixed} {_were(mixed)} resumed "
           "under other code than their first rounds ran (`code_history` names each stretch's), "
-          f"{unknown} were resumed before records kept that history (they name the code of "
+          f"{unknown} {_were(unknown)} resumed before records kept that history (they name the code of "
           "their last invocation only). "
           "Every number below is rebuilt from the records alone by `python -m "
           "launchers.reproduce --report`; each record holds its cell's command.")
+
+
+def _were(count: int) -> str:
+  return "was" if count == 1 else "were"
 
 
 def report_markdown(records: Mapping[str, Mapping[str, Any]], figures: Iterable[str],

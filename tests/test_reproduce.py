@@ -652,6 +652,7 @@ def test_a_stopped_cell_resumes_from_its_checkpoint_and_records_the_same_result(
   assert not list(stopped_results.rglob("*.json"))  # no record of a stopped cell
   assert (work / cell.name / "run" / "checkpoint.npz").exists()
   held = runner.checkpointed_fraction(cell, str(work))
+  left = runner.remaining_seconds(cell, {}, str(work))
   resumed = runner.run_cell(cell, results_dir=str(stopped_results), work_dir=str(work),
                                data_root=str(tmp_path), log=lines.append)
   whole = runner.run_cell(cell, results_dir=str(tmp_path / "whole"),
@@ -659,7 +660,11 @@ def test_a_stopped_cell_resumes_from_its_checkpoint_and_records_the_same_result(
                              log=lines.append)
   assert resumed["resumed_from_rounds"] and 1 <= resumed["resumed_from_rounds"][0] <= 2
   # Before it resumed, its estimate left out the rounds the launcher then resumed from.
-  assert held == resumed["resumed_from_rounds"][0] / 4
+  at = resumed["resumed_from_rounds"][0]
+  assert held == at / 4
+  # ... and ran them at the pace of the rounds it held, not at the catalogue's guess.
+  clock = records_lib.clock_at_round(resumed["result"], at)
+  assert left == pytest.approx(clock / at * (4 - at), rel=1e-4)
   assert runner.remaining_seconds(cell, {}, str(work / "none")) == cell.estimate_s
   assert "resumed_from_rounds" not in whole
   assert len(resumed["code_history"]) == 1  # both invocations ran this checkout's code
@@ -712,18 +717,22 @@ def test_a_stopped_learning_curves_cell_resumes_each_method_from_its_checkpoint(
                           work_dir=str(tmp_path / "work_whole"), data_root=str(tmp_path),
                           log=lines.append)
   by_run = {r["run"]: r["round"] for r in resumed["resumed_runs"]}
+  methods = lambda rec: rec["result"]["methods"]
   assert by_run.keys() == {"fola/alpha_0.1", "fedavg/alpha_0.1"}
   assert by_run["fola/alpha_0.1"] == 3 and 1 <= by_run["fedavg/alpha_0.1"] <= 2
   assert sorted(resumed["resumed_from_rounds"]) == sorted(by_run.values())
   # Before it resumed, `--list` left out the share of the rounds it then resumed from.
   assert held == pytest.approx(sum(by_run.values()) / 6)
-  assert listed.split()[:3] == ["todo", f"{cell.estimate_s * (1 - held) / 60:.1f}", "min"]
-  assert f"hold {held:.0%} of its rounds" in listed
+  # ... and estimated the rest at the pace both runs kept up to their checkpoints.
+  clocks = sum(records_lib.clock_at_round(methods(resumed)[run.split("/")[0]], r)
+               for run, r in by_run.items())
+  pace = clocks / sum(by_run.values())
+  assert listed.split()[:3] == ["todo", f"{pace * (6 - sum(by_run.values())) / 60:.1f}", "min"]
+  assert f"hold {held:.0%} of its rounds, {pace:.0f} s a round so far" in listed
   assert "resumed_from_rounds" not in whole and "code_history" not in whole
   # One code for both invocations; each run's stretches are named.
   assert {e["run"] for e in resumed["code_history"]} == set(by_run)
   assert {e["git_commit"] for e in resumed["code_history"]} == {resumed["git_commit"]}
-  methods = lambda rec: rec["result"]["methods"]
   assert methods(resumed).keys() == methods(whole).keys() == {"fola", "fedavg"}
   for m in ("fola", "fedavg"):
     timeless = lambda rec: {k: v for k, v in methods(rec)[m]["curves"].items()

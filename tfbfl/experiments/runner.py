@@ -14,7 +14,9 @@ This module imports neither TensorFlow nor absl.
 
 from __future__ import annotations
 
+import csv
 import ctypes
+import dataclasses
 import json
 import os
 import platform
@@ -332,32 +334,89 @@ def measured_seconds(cell: Cell, records: Mapping[str, Mapping[str, Any]]) -> fl
   return float(np.mean([records_lib.wall_seconds(r) for r in same]))
 
 
-def checkpointed_fraction(cell: Cell, work_dir: str) -> float:
-  """The share of a checkpointing cell's training rounds that the checkpoints in its
-  run directory under `work_dir` hold: what its next invocation resumes instead of
-  training (0 without one). Each training run of the cell (`fola_curves`: one per
-  method of `methods`) counts `rounds` rounds."""
+@dataclasses.dataclass(frozen=True)
+class CheckpointProgress:
+  """What the checkpoints of a cell's run directory hold.
+
+  `rounds_held` of `rounds_total` training rounds (each training run of the cell
+  counts the cell's `rounds`: `fola_curves` has one run per method of `methods`);
+  `runs_started` of `num_runs` runs have a checkpoint; `seconds_held` is the wall
+  clock those runs' `metrics.csv` show at their checkpointed rounds, every earlier
+  invocation counted (None where a run's clock cannot be read).
+  """
+  rounds_held: int = 0
+  rounds_total: int = 0
+  runs_started: int = 0
+  num_runs: int = 1
+  seconds_held: Optional[float] = None
+
+  @property
+  def fraction(self) -> float:
+    return min(self.rounds_held / self.rounds_total, 1.0) if self.rounds_total else 0.0
+
+  @property
+  def seconds_per_round(self) -> Optional[float]:
+    """This machine's pace on this cell so far (None before a readable checkpoint)."""
+    if not self.rounds_held or not self.seconds_held:
+      return None
+    return self.seconds_held / self.rounds_held
+
+
+def _clock_at(run_dir: str, round_num: int) -> Optional[float]:
+  """`wall_time_s` of `run_dir`'s `metrics.csv` row of `round_num` (None: no such row)."""
+  try:
+    rows = _runs.read_metrics(run_dir, numeric=True)
+  except (OSError, ValueError, csv.Error):
+    return None
+  return next((r.get("wall_time_s") for r in rows if r.get("round") == round_num), None)
+
+
+def checkpoint_progress(cell: Cell, work_dir: str) -> CheckpointProgress:
+  """What the checkpoints in `cell`'s run directory under `work_dir` hold: what its
+  next invocation resumes instead of training (nothing for a cell that does not
+  checkpoint)."""
   rounds = int(cell.flag_dict.get("rounds") or 0)
   if (cell.launcher not in RESUMABLE_LAUNCHERS or not cell.flag_dict.get("checkpoint_every") or
       rounds <= 0):
-    return 0.0
+    return CheckpointProgress()
   methods = cell.flag_dict.get("methods")
   num_runs = len(str(methods).split(",")) if methods else 1
-  held = 0
+  held, started, seconds = 0, 0, 0.0
   for run_dir, _, files in os.walk(os.path.join(work_dir, cell.name, "run")):
     if checkpoint.CHECKPOINT in files:
       try:
-        held += min(int(checkpoint.read_meta(run_dir)["round"]), rounds)
+        at = min(int(checkpoint.read_meta(run_dir)["round"]), rounds)
       except (OSError, ValueError):  # unreadable: the launcher will say so when it resumes
-        pass
-  return min(held / (rounds * num_runs), 1.0)
+        continue
+      held, started = held + at, started + 1
+      clock = _clock_at(run_dir, at)
+      seconds = None if seconds is None or clock is None else seconds + clock
+  return CheckpointProgress(held, rounds * num_runs, started, num_runs, seconds)
+
+
+def checkpointed_fraction(cell: Cell, work_dir: str) -> float:
+  """The share of a checkpointing cell's training rounds its checkpoints under
+  `work_dir` hold (0 without one)."""
+  return checkpoint_progress(cell, work_dir).fraction
 
 
 def remaining_seconds(cell: Cell, records: Mapping[str, Mapping[str, Any]],
                       work_dir: Optional[str]) -> float:
-  """`measured_seconds`, less the share its checkpoints already hold."""
-  held = checkpointed_fraction(cell, work_dir) if work_dir is not None else 0.0
-  return measured_seconds(cell, records) * (1.0 - held)
+  """What `cell` will take from where its checkpoints under `work_dir` stand.
+
+  Without a checkpoint: `measured_seconds`. With one, the rounds left of the runs it
+  started go at the pace those runs kept on this machine (their clocks at the
+  checkpoints over the rounds held: records made on a quieter or busier day do not
+  set it), the runs not started at `measured_seconds`' share of one run.
+  """
+  p = checkpoint_progress(cell, work_dir) if work_dir is not None else CheckpointProgress()
+  pace = p.seconds_per_round
+  if pace is None:
+    return measured_seconds(cell, records) * (1.0 - p.fraction)
+  rounds_per_run = p.rounds_total // p.num_runs
+  started_left = max(p.runs_started * rounds_per_run - p.rounds_held, 0)
+  unstarted = measured_seconds(cell, records) * (p.num_runs - p.runs_started) / p.num_runs
+  return pace * started_left + unstarted
 
 
 def run(cells: Sequence[Cell], *, results_dir: str, work_dir: str, data_root: str,
@@ -477,15 +536,19 @@ def _pct(v: Any) -> str:
 def listing(cells: Sequence[Cell], records: Mapping[str, Mapping[str, Any]],
             work_dir: Optional[str] = None) -> List[str]:
   """One line per cell: status, estimate (or recorded wall time) and name. Given
-  `work_dir`, a cell's estimate leaves out what its checkpoints there hold."""
+  `work_dir`, a cell's estimate starts from its checkpoints there (`remaining_seconds`)."""
   out = []
   for c in cells:
     s = status(c, records)
-    held = checkpointed_fraction(c, work_dir) if s != "done" and work_dir is not None else 0.0
+    p = (checkpoint_progress(c, work_dir) if s != "done" and work_dir is not None else
+         CheckpointProgress())
     secs = (records_lib.wall_seconds(records[c.name]) if s == "done" else
-            measured_seconds(c, records) * (1.0 - held))
+            remaining_seconds(c, records, work_dir))
     extra = f"  ({c.depends})" if s == "waiting" else ""
-    if held:
-      extra += f"  (resumes: its checkpoints hold {held:.0%} of its rounds)"
+    if p.rounds_held:
+      extra += f"  (resumes: its checkpoints hold {p.fraction:.0%} of its rounds"
+      if p.seconds_per_round is not None:
+        extra += f", {p.seconds_per_round:.0f} s a round so far"
+      extra += ")"
     out.append(f"{s:8s} {float(secs) / 60:7.1f} min  {c.name}{extra}")
   return out

@@ -154,6 +154,23 @@ def test_every_round_has_a_row_and_a_progress_line(tmp_path, capsys):
   assert "S acc" in progress[1] and "MT acc" in progress[1]
 
 
+def test_progress_paces_a_session_after_its_first_round(capsys):
+  """The first round of a session (it traces the computations) is timed alone; the
+  pace and the time left after it count only the rounds that followed."""
+  clock = iter([0.0, 1000.0, 1300.0, 1400.0, 1500.0])  # made; started; 46 (300 s), 47, 48
+  progress = run_outputs.Progress("conv", rounds=100, clients_per_round=10,
+                                  clock=lambda: next(clock))
+  state = run_outputs.RunState(round=45, server_state=None, clients={})
+  progress.on_start(state, resumed=True)
+  for r in (46, 47, 48):
+    state.round = r
+    progress.on_round(state, {"round": r, "train_loss": 0.1}, {})
+  lines = capsys.readouterr().out.splitlines()
+  assert "300.00 s/round  ETA 270:00" in lines[0]  # 54 rounds left at the first round's 300 s
+  assert "100.00 s/round  ETA 88:20" in lines[1]  # 53 x 100 s
+  assert "100.00 s/round  ETA 86:40" in lines[2]
+
+
 # --------------------------------------------------------------- TensorBoard
 def test_tensorboard_one_event_per_round_and_tag_across_a_resume(tmp_path):
   want = tmp_path / "want"

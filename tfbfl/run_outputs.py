@@ -458,18 +458,31 @@ class Export(RunOutput):
 
 class Progress(RunOutput):
   """One line per round on stdout: S and MT, train loss, dropped clients, the
-  time per round of this session and the time left."""
+  time per round of this session and the time left.
 
-  def __init__(self, name: str, rounds: int, clients_per_round: int):
+  A session's first round also traces the computations, so from its second round
+  on the pace (and the time left) counts only the rounds after it.
+  """
+
+  def __init__(self, name: str, rounds: int, clients_per_round: int,
+               clock: Callable[[], float] = time.time):
     self.name, self.rounds, self.clients_per_round = name, rounds, clients_per_round
-    self._start, self._first_round = time.time(), 0
+    self._clock = clock
+    self._start, self._first_round, self._first_done = clock(), 0, None
 
   def on_start(self, state, resumed):
-    self._start, self._first_round = time.time(), state.round
+    self._start, self._first_round, self._first_done = self._clock(), state.round, None
+
+  def _seconds_per_round(self, round_num: int) -> float:
+    now = self._clock()
+    if self._first_done is None:
+      self._first_done = now
+      return (now - self._start) / max(round_num - self._first_round, 1)
+    return (now - self._first_done) / max(round_num - self._first_round - 1, 1)
 
   def on_round(self, state, row, new):
     r = int(row["round"])
-    per_round = (time.time() - self._start) / max(state.round - self._first_round, 1)
+    per_round = self._seconds_per_round(state.round)
     eta = per_round * max(self.rounds - r, 0)
     if evaluated(row):
       scores = (f"S acc {row['server_accuracy']:.4f} loss {row['server_loss']:.4f}  "

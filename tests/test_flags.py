@@ -16,6 +16,7 @@ import dataclasses
 import glob
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -57,6 +58,16 @@ def test_bad_flag_is_one_line_before_tensorflow(argv, flag):
   elapsed = time.monotonic() - start
   assert_one_fatal_line_before_tensorflow(out, flag)
   assert elapsed < 15, elapsed  # generous for a loaded CI machine; ~0.3 s quiet
+
+
+def test_algorithm_help_points_to_the_pfnm_launchers_that_exist():
+  """PFNM is not an `--algorithm` (one-shot): the flag's help names its launchers."""
+  values = absl_flags.FlagValues()
+  tfbfl_flags.define(["algorithm"], flag_values=values, check_combinations=False)
+  named = re.findall(r"\b(pfnm_\w+)", values["algorithm"].help)
+  assert len(named) >= 4, values["algorithm"].help
+  for name in named:
+    assert os.path.exists(os.path.join(_ROOT, "launchers", name + ".py")), name
 
 
 def test_algorithms_import_no_tensorflow():

@@ -82,7 +82,10 @@ def define(names: Optional[Iterable[str]] = None,
                              defaults.pop(name, driver.DEFAULT_ALGORITHM),
                              list(driver.algorithm_names()),
                              "Federated algorithm: " +
-                             "; ".join(f"{s.name}: {s.summary}" for s in driver.registry.specs()),
+                             "; ".join(f"{s.name}: {s.summary}" for s in driver.registry.specs()) +
+                             " (PFNM, one-shot, not a round algorithm, has launchers of its "
+                             "own: launchers.pfnm_batches, pfnm_depth, pfnm_streaming, "
+                             "pfnm_sensitivity.)",
                              flag_values=flag_values)
       continue
     default, option = table[name]

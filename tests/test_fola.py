@@ -440,3 +440,13 @@ def test_cifar10_path_names_the_missing_files(tmp_path):
                 verbose=False)
   with pytest.raises((ValueError, FileNotFoundError), match="data_batch_1"):
     fola_figures.learning_curves(params, ["fola"], [0.1], str(tmp_path / "out"))
+
+
+@pytest.mark.parametrize("methods", [["fola", "bogus"], []])
+def test_an_unknown_method_is_refused_before_any_run(methods, tmp_path):
+  """A bad `--methods` entry fails at once, naming the flag, not after the runs of
+  the methods listed before it."""
+  params = dict(dataset="digits", rounds=1, verbose=False)
+  with pytest.raises(ValueError, match="--methods must be a non-empty list"):
+    fola_figures.learning_curves(params, methods, [0.1], str(tmp_path / "out"))
+  assert not (tmp_path / "out").exists()  # nothing ran

@@ -94,7 +94,13 @@ def _resolve(params: Dict[str, Any]) -> Dict[str, Any]:
 
 def _methods_to_run(base_params: Dict[str, Any], methods: Sequence[str], log) -> List[str]:
   """`methods` as run on `base_params`' model (`method_for_model`), once the
-  dataset is known to load (`check_dataset_available`)."""
+  dataset is known to load (`check_dataset_available`). Checked before any run: a
+  name no run could take is an error naming `--methods`."""
+  known = sorted(set(driver.algorithm_names()) | set(EXTRA_METHODS))
+  unknown = [m for m in methods if m not in known]
+  if not methods or unknown:
+    raise ValueError(f"--methods must be a non-empty list of {known}; got {list(methods)}" +
+                     (f" ({unknown} unknown)." if unknown else "."))
   check_dataset_available(base_params.get("dataset", driver.DEFAULTS["dataset"]))
   model = base_params.get("architecture", "mlp")
   return [method_for_model(m, model, log) for m in methods]

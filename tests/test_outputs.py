@@ -606,7 +606,11 @@ class _Launcher:
       raise AssertionError("the launcher left processes of its group behind")
 
 
-def test_launcher_ctrl_c_is_one_line_and_the_flags_file_continues_it(tmp_path):
+@pytest.mark.parametrize("stop", ["ctrl_c", "sigterm"])
+def test_launcher_ctrl_c_is_one_line_and_the_flags_file_continues_it(stop, tmp_path):
+  """Ctrl-C (SIGINT to the terminal's process group) and SIGTERM to the launcher alone
+  (`kill`, a scheduler's preemption, the runner): one line naming the round and the
+  checkpoint, status 130, no process of the launcher's left."""
   out = tmp_path / "run"
   env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
   run = _Launcher("--algorithm=fedavg",
@@ -622,7 +626,10 @@ def test_launcher_ctrl_c_is_one_line_and_the_flags_file_continues_it(tmp_path):
   try:
     first = run.wait_for_line(r"^\[fedavg\] round 1/400 ", timeout=240)
     assert first, ("".join(run.out) + "".join(run.err))[-3000:]
-    os.killpg(run.proc.pid, signal.SIGINT)  # Ctrl-C in a terminal: the whole process group
+    if stop == "ctrl_c":
+      os.killpg(run.proc.pid, signal.SIGINT)  # Ctrl-C in a terminal: the whole process group
+    else:
+      run.proc.terminate()  # the launcher alone: it must end its TFF worker itself
   finally:
     status, stdout, err = run.finish(timeout=60)
   assert status == 130, (stdout[-2000:], err[-3000:])
@@ -638,6 +645,8 @@ def test_launcher_ctrl_c_is_one_line_and_the_flags_file_continues_it(tmp_path):
       rf"train: interrupted in round \d+ of 400; the checkpoint has round {saved}; continue "
       rf"with: python -m launchers.train --flagfile={re.escape(str(out))}/flags.txt --resume",
       lines[0]), lines[0]
+  if stop == "sigterm":
+    return  # continuing is the same as after Ctrl-C
   # The printed command continues the run (one round more).
   again = _Launcher(f"--flagfile={out}/flags.txt", "--resume", f"--rounds={saved + 1}", env=env)
   status, stdout, err = again.finish(timeout=300)

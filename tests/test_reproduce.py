@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import pytest
 
 from tfbfl import data as data_lib
 from tfbfl import round_loop
+from tfbfl import state_files
 from tfbfl.experiments import records as records_lib
 from tfbfl.experiments import reproduce
 from tfbfl.experiments import reproduction_report
@@ -651,6 +653,13 @@ def test_a_stopped_cell_resumes_from_its_checkpoint_and_records_the_same_result(
                        data_root=str(tmp_path), log=stop_after_round_2)
   assert not list(stopped_results.rglob("*.json"))  # no record of a stopped cell
   assert (work / cell.name / "run" / "checkpoint.npz").exists()
+  # The launcher, stopped as the runner stops it (SIGTERM), said where; so did the runner.
+  saved = state_files.read_meta(str(work / cell.name / "run" / "checkpoint.npz"))["round"]
+  last = (work / cell.name / "log.txt").read_text().splitlines()[-1]
+  assert re.fullmatch(rf"train: interrupted in round \d of 4; the checkpoint has round {saved};"
+                      r" continue with: .*--resume", last), last
+  assert lines[-1] == (f"reproduce: stopped in cell {cell.name}; the next invocation resumes it "
+                       f"from its checkpoints ({saved} of its 4 rounds).")
   held = runner.checkpointed_fraction(cell, str(work))
   left = runner.remaining_seconds(cell, {}, str(work))
   resumed = runner.run_cell(cell, results_dir=str(stopped_results), work_dir=str(work),

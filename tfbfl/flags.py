@@ -20,6 +20,7 @@ and the command that continues the run) and exit status 130.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
@@ -157,6 +158,9 @@ def interrupted(program: str, error: BaseException) -> None:
   import threading  # pylint: disable=g-import-not-at-top
   import warnings  # pylint: disable=g-import-not-at-top
 
+  # Already ending: a SIGTERM now (a runner's, after the terminal's Ctrl-C reached both)
+  # would cut the line below off. SIGKILL still ends a cleanup that hangs.
+  signal.signal(signal.SIGTERM, signal.SIG_IGN)
   # The program ends here. What still runs until the process is gone (TFF's
   # executor thread retrying the worker that the same Ctrl-C stopped, TFF's
   # finalizers disposing values on it at exit, an abandoned coroutine) logs,
@@ -190,14 +194,24 @@ def parser(program: str, flag_values=FLAGS) -> Callable[[List[str]], List[str]]:
   return parse
 
 
+def _terminate_as_interrupt(signum, frame):
+  """SIGTERM as Ctrl-C: a `KeyboardInterrupt` in the main thread, once."""
+  del signum, frame
+  signal.signal(signal.SIGTERM, signal.SIG_IGN)
+  raise KeyboardInterrupt
+
+
 def run(main: Callable[[List[str]], Any], program: str) -> None:
   """`app.run(main)` for a launcher: a bad flag (at parse time) or a `ValueError`,
   `FileNotFoundError` or `app.UsageError` raised by `main` ends the program with one
   line `FATAL <program>: ...` and status 1, without the module's help; a crashed TFF
   worker (`runtime.WorkerExited`) with one line and `round_loop.WORKER_EXITED_STATUS`;
-  Ctrl-C with one line and status 130 (`interrupted`). TensorFlow's C++ logs are
-  quieted first (`quiet_tensorflow`)."""
+  Ctrl-C with one line and status 130 (`interrupted`), and SIGTERM the same way (what
+  `kill`, a batch scheduler's preemption and the runner stopping a cell send).
+  TensorFlow's C++ logs are quieted first (`quiet_tensorflow`)."""
   quiet_tensorflow()
+  if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+    signal.signal(signal.SIGTERM, _terminate_as_interrupt)
   from absl import app  # pylint: disable=g-import-not-at-top
 
   def guarded(argv):

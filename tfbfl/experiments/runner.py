@@ -24,6 +24,7 @@ import re
 import shlex
 import signal
 import subprocess
+import threading
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -189,7 +190,11 @@ def run_cell(cell: Cell, *, results_dir: str, work_dir: str, data_root: str,
       command.append("--resume" if _resumable(cell, run_out) else "--overwrite")
     elif cell.launcher in RESUMABLE_LAUNCHERS and cell.flag_dict.get("checkpoint_every"):
       command.append("--resume")  # each run with a checkpoint continues; the others start
-    code = _run_launcher(command, log_path, log)
+    try:
+      code = _run_launcher(command, log_path, log)
+    except KeyboardInterrupt:
+      log(f"reproduce: stopped in cell {cell.name}; {_where_it_resumes(cell, work_dir)}")
+      raise
     runs = _resumed_runs(log_path)
     if attempt == 1:
       earlier_s = sum(_clock_at_round(run_dir, r) for run_dir, r in runs)
@@ -223,6 +228,15 @@ def run_cell(cell: Cell, *, results_dir: str, work_dir: str, data_root: str,
   round_loop.atomic_write_text(cell.record_path(results_dir),
                                json.dumps(record, indent=1, sort_keys=True) + "\n")
   return record
+
+
+def _where_it_resumes(cell: Cell, work_dir: str) -> str:
+  """What the next invocation of a stopped cell starts from."""
+  p = checkpoint_progress(cell, work_dir)
+  if not p.rounds_held:
+    return "no checkpoint: the next invocation runs it from the start."
+  return (f"the next invocation resumes it from its checkpoints ({p.rounds_held} of its "
+          f"{p.rounds_total} rounds).")
 
 
 def _training_runs(run_out: str) -> List[str]:
@@ -292,13 +306,30 @@ def _run_launcher(command: List[str], log_path: str, log: Callable[[str], None])
           log(f"  {line.rstrip()}")
       return proc.wait()
     except BaseException:
-      proc.terminate()
-      try:
-        proc.wait(timeout=30)
-      except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+      _stop_launcher(proc, log_file)
       raise
+
+
+def _stop_launcher(proc: subprocess.Popen, log_file, timeout_s: float = 30.0) -> None:
+  """Ends a launcher the runner leaves: SIGTERM, which a launcher takes as Ctrl-C (it
+  prints the round it stopped in and its last checkpoint), its last lines kept in the
+  log; SIGKILL after `timeout_s`."""
+  proc.terminate()
+
+  def copy_the_rest():
+    try:
+      log_file.writelines(proc.stdout)
+    except (OSError, ValueError):  # the log closed: a worker of its kept the pipe open
+      pass
+
+  drain = threading.Thread(target=copy_the_rest, daemon=True)
+  drain.start()
+  try:
+    proc.wait(timeout=timeout_s)
+  except subprocess.TimeoutExpired:
+    proc.kill()
+    proc.wait()
+  drain.join(timeout=5)
 
 
 def _tail(path: str, n: int) -> str:
@@ -362,15 +393,6 @@ class CheckpointProgress:
     return self.seconds_held / self.rounds_held
 
 
-def _clock_at(run_dir: str, round_num: int) -> Optional[float]:
-  """`wall_time_s` of `run_dir`'s `metrics.csv` row of `round_num` (None: no such row)."""
-  try:
-    rows = _runs.read_metrics(run_dir, numeric=True)
-  except (OSError, ValueError, csv.Error):
-    return None
-  return next((r.get("wall_time_s") for r in rows if r.get("round") == round_num), None)
-
-
 def checkpoint_progress(cell: Cell, work_dir: str) -> CheckpointProgress:
   """What the checkpoints in `cell`'s run directory under `work_dir` hold: what its
   next invocation resumes instead of training (nothing for a cell that does not
@@ -389,8 +411,11 @@ def checkpoint_progress(cell: Cell, work_dir: str) -> CheckpointProgress:
       except (OSError, ValueError):  # unreadable: the launcher will say so when it resumes
         continue
       held, started = held + at, started + 1
-      clock = _clock_at(run_dir, at)
-      seconds = None if seconds is None or clock is None else seconds + clock
+      try:
+        clock = _clock_at_round(run_dir, at)
+      except (OSError, ValueError, csv.Error):  # no readable metrics.csv: pace unknown
+        clock = 0.0
+      seconds = None if seconds is None or clock <= 0.0 else seconds + clock
   return CheckpointProgress(held, rounds * num_runs, started, num_runs, seconds)
 
 

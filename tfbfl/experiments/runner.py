@@ -435,6 +435,12 @@ def remaining_seconds(cell: Cell, records: Mapping[str, Mapping[str, Any]],
   set it), the runs not started at `measured_seconds`' share of one run.
   """
   p = checkpoint_progress(cell, work_dir) if work_dir is not None else CheckpointProgress()
+  return _remaining_from(cell, records, p)
+
+
+def _remaining_from(cell: Cell, records: Mapping[str, Mapping[str, Any]],
+                    p: CheckpointProgress) -> float:
+  """`remaining_seconds` given the cell's `checkpoint_progress`."""
   pace = p.seconds_per_round
   if pace is None:
     return measured_seconds(cell, records) * (1.0 - p.fraction)
@@ -568,7 +574,7 @@ def listing(cells: Sequence[Cell], records: Mapping[str, Mapping[str, Any]],
     p = (checkpoint_progress(c, work_dir) if s != "done" and work_dir is not None else
          CheckpointProgress())
     secs = (records_lib.wall_seconds(records[c.name]) if s == "done" else
-            remaining_seconds(c, records, work_dir))
+            _remaining_from(c, records, p))
     extra = f"  ({c.depends})" if s == "waiting" else ""
     if p.rounds_held:
       extra += f"  (resumes: its checkpoints hold {p.fraction:.0%} of its rounds"

@@ -28,6 +28,7 @@ import pytest
 from tfbfl import flags as tfbfl_flags
 from tfbfl import options
 from tfbfl import driver
+from tfbfl.algorithms import base
 from tfbfl.algorithms import registry
 from launcher_helpers import assert_one_fatal_line_before_tensorflow
 
@@ -185,6 +186,53 @@ def test_every_algorithm_builds_its_config_from_the_defaults():
   assert p["server_lr"] == 1.0 and registry.get("fedavg").make_config(p, data).server_step == 1.0
   assert registry.get("fedavg").make_config(dict(p, mu=0.5), data).mu == 0.0  # pinned
   assert registry.get("fedprox").make_config(p, data).mu == 0.01
+
+
+def _image_configs(input_shape, **flags):
+  """The config of every registered algorithm with a convolutional architecture."""
+  data = types.SimpleNamespace(input_shape=input_shape, num_classes=10,
+                               client_ids=list(range(10)), train={})
+  out = {}
+  for spec in registry.specs():
+    for architecture in base.IMAGE_ARCHITECTURES:
+      p = driver.resolve_params(dict(algorithm=spec.name, architecture=architecture, **flags))
+      try:
+        out[spec.name] = spec.make_config(p, data)
+      except ValueError as e:
+        if "--architecture must be one of" not in str(e):
+          raise
+  return out
+
+
+def test_conv_architectures_read_examples_as_the_same_image():
+  flat = _image_configs((64,))
+  assert {"virtual", "fedavg", "fedprox", "fola", "fedcurv"} <= set(flat)
+  assert {c.image_shape for c in flat.values()} == {(8, 8, 1)}  # flat square: sqrt n
+  assert {c.image_shape for c in _image_configs((28, 28)).values()} == {(28, 28, 1)}
+  given = _image_configs((784,), image_shape=(28, 28))
+  assert {c.image_shape for c in given.values()} == {(28, 28, 1)}
+  assert {c.image_shape for c in _image_configs((12,), image_shape=(2, 2, 3)).values()} == {
+      (2, 2, 3)}
+
+
+@pytest.mark.parametrize("name", ["virtual", "fedavg", "fola"])
+@pytest.mark.parametrize("input_shape, image_shape, match", [
+    ((64,), (7, 7), r"--image_shape=7,7,1 holds 49 entries; the data's examples \(shape \(64,\)\) hold 64"),
+    ((64,), (8, 8, 2), r"--image_shape=8,8,2 holds 128 entries"),
+    ((60,), None, r"--architecture=c[a-z]+ reads each example as an image; .* not a square number of entries: pass --image_shape=H,W\[,C\] with H\*W\*C = 60"),
+    ((64,), (64,), r"--image_shape must be H,W or H,W,C"),
+])
+def test_an_image_shape_that_does_not_fit_the_examples_is_an_error(name, input_shape,
+                                                                 image_shape, match):
+  # Before, VIRTUAL reshaped a batch of 20 into 10 images (a shape error deep in tracing)
+  # and FOLA's CNN failed inside TFF's worker with a gRPC status.
+  data = types.SimpleNamespace(input_shape=input_shape, num_classes=10,
+                               client_ids=list(range(10)), train={})
+  spec = registry.get(name)
+  architecture = "cnn" if name == "fola" else "conv"
+  p = driver.resolve_params(dict(algorithm=name, architecture=architecture, image_shape=image_shape))
+  with pytest.raises(ValueError, match=match):
+    spec.make_config(p, data)
 
 
 def test_data_spec_reaches_the_loader():

@@ -12,6 +12,7 @@ per-epoch permutations, one `tf.while_loop`).
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Dict, Mapping, Optional, Protocol, Sequence, Tuple, runtime_checkable
 
 import numpy as np
@@ -44,6 +45,48 @@ def evaluation_seed(seed: int, client_index: int) -> np.ndarray:
   predictive of a client that has not trained since gives the same sums, which the
   driver caches (`SupportsStreamedEvaluation.mt_cacheable`)."""
   return client_seed(seed, -1, client_index)
+
+
+# The architectures that read each example as an image.
+IMAGE_ARCHITECTURES = ("conv", "cnn")
+
+
+def conv_image_shape(image_shape: Optional[Sequence[int]], example_shape: Sequence[int],
+                     architecture: str = "conv") -> Tuple[int, int, int]:
+  """The image `(H, W, C)` a convolutional network reads each example as.
+
+  `image_shape` (`--image_shape`, `(H, W)` or `(H, W, C)`) when given; else the
+  example's own shape when it is an image (`(H, W)` or `(H, W, C)`); else a flat
+  example of `n = s * s` entries, viewed as `(s, s, 1)`. The image holds exactly the
+  example's entries, `H * W * C = prod(example_shape)`: the networks reshape a batch
+  to `(-1, H, W, C)`, so an image of another size would silently change the batch
+  size inside the computation. `architecture` is the flag's value, for the errors.
+
+  Raises:
+    ValueError: naming `--image_shape` when it is malformed or its size differs
+      from the example's, or when a flat example is not a square.
+  """
+  example = tuple(int(d) for d in example_shape)
+  entries = int(np.prod(example)) if example else 0
+  if image_shape:
+    image = tuple(int(d) for d in image_shape)
+    if len(image) not in (2, 3) or min(image) < 1:
+      raise ValueError(f"--image_shape must be H,W or H,W,C of positive ints, got {image}.")
+  elif len(example) in (2, 3):
+    image = example
+  else:
+    side = math.isqrt(entries) if len(example) == 1 else 0
+    if side < 1 or side * side != entries:
+      raise ValueError(f"--architecture={architecture} reads each example as an image; the "
+                       f"data's examples have shape {example}, not a square number of entries: "
+                       f"pass --image_shape=H,W[,C] with H*W*C = {entries}.")
+    image = (side, side)
+  if len(image) == 2:
+    image = image + (1,)
+  if int(np.prod(image)) != entries:
+    raise ValueError(f"--image_shape={','.join(map(str, image))} holds {int(np.prod(image))} "
+                     f"entries; the data's examples (shape {example}) hold {entries}.")
+  return image
 
 
 @runtime_checkable
@@ -109,7 +152,9 @@ class ClientTraining:
       "the FedAvg family), lstm (Shakespeare, VIRTUAL), cnn (McMahan et al. CIFAR-10 CNN, "
       "FOLA/FedCurv).")
   image_shape: Optional[Sequence[int]] = options.int_list(
-      None, "conv: image shape H,W[,C] of flat inputs (digits: 8,8).")
+      None, "conv, cnn: the image H,W[,C] each example is read as; it must hold the "
+      "example's entries (default: the data's own image shape, else a flat square n as "
+      "sqrt(n) x sqrt(n): digits 8,8).")
   filters: Sequence[int] = options.int_list((32, 64), "conv: filters per conv layer.")
   max_update_ratio: float = options.real(
       DEFAULT_MAX_UPDATE_RATIO, "Robust rounds: drop a client update that is non-finite or "
@@ -150,6 +195,14 @@ class ClientTraining:
     if self.architecture not in supported:
       raise ValueError(f"--architecture must be one of {tuple(supported)} for {who}, "
                        f"got {self.architecture!r}.")
+
+  def resolve_image_shape(self, example_shape: Sequence[int]) -> None:
+    """For a convolutional architecture, sets `image_shape` to the `(H, W, C)` each
+    example of shape `example_shape` is read as (`conv_image_shape`, which checks
+    it); other architectures keep it as given."""
+    if self.architecture in IMAGE_ARCHITECTURES:
+      object.__setattr__(self, "image_shape", conv_image_shape(self.image_shape, example_shape,
+                                                                   self.architecture))
 
 
 # ------------------------------------------------------------------ optional hooks

@@ -210,6 +210,7 @@ class ModelConfig(base.ClientTraining):
       if getattr(self, name) < 1:
         raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}.")
     self.check_architecture(ARCHITECTURES, "the deterministic baselines")
+    self.resolve_image_shape(self.example_shape)
     options.Option("float", "mu", low=0.0, high=options.MAX_WEIGHT).check(self.mu, "mu")
     check_optimizers({name: getattr(self, name) for name in OPTIMIZER_SETTINGS})
 

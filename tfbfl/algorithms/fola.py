@@ -237,27 +237,12 @@ class LaplaceConfig(base.ClientTraining):
                        f"the Fisher here is {self.fisher!r}.")
     if self.fisher not in FISHER_MODES:
       raise ValueError(f"--fisher must be one of {FISHER_MODES}, got {self.fisher!r}.")
-    if self.architecture == "cnn":  # the CNN's (H, W, C), checked here
-      object.__setattr__(self, "image_shape", self._cnn_input_shape())
+    self.resolve_image_shape(self.input_shape)
 
   @property
   def model(self) -> str:
     """The network family ("mlp" or "cnn"; `--architecture`)."""
     return self.architecture
-
-  def _cnn_input_shape(self):
-    """CNN input `(H, W, C)`: `--image_shape`, else the data's own image shape, or a
-    flat square `n` viewed as `(sqrt n, sqrt n, 1)`."""
-    shape = tuple(int(d) for d in (self.image_shape or self.input_shape))
-    if len(shape) == 3:
-      return shape
-    if len(shape) == 2:
-      return shape + (1,)
-    side = int(round(math.sqrt(shape[0]))) if len(shape) == 1 else 0
-    if len(shape) != 1 or side * side != shape[0]:
-      raise ValueError(f"--architecture=cnn needs image inputs (H, W[, C]) or a flat square, "
-                       f"got input shape {shape}.")
-    return (side, side, 1)
 
   @property
   def model_input_shape(self):

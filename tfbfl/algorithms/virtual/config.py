@@ -189,6 +189,7 @@ class VirtualConfig(base.ClientTraining):
     if not 0.0 <= self.prune_percentile < 100.0:
       raise ValueError(f"prune_percentile must be in [0, 100), got {self.prune_percentile}.")
     self.check_architecture(("mlp", "conv", "lstm"), "VIRTUAL")
+    self.resolve_image_shape(self.example_shape)
     if self.aggregator != "sum" and self.clients_per_group > 1:
       raise ValueError(f"--clients_per_group={self.clients_per_group} needs --aggregator=sum "
                        "(a group uploads the plain sum of its clients' deltas).")

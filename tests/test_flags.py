@@ -61,6 +61,20 @@ def test_bad_flag_is_one_line_before_tensorflow(argv, flag):
   assert elapsed < 15, elapsed  # generous for a loaded CI machine; ~0.3 s quiet
 
 
+_LAUNCHERS = sorted(
+    os.path.basename(p)[:-3]
+    for p in glob.glob(os.path.join(_ROOT, "launchers", "*.py"))
+    if not os.path.basename(p).startswith("_"))
+
+
+@pytest.mark.parametrize("program", _LAUNCHERS)
+def test_every_launcher_refuses_an_unknown_flag_before_tensorflow(program):
+  # The PFNM launchers imported TensorFlow with their experiment modules: a typo cost
+  # ~8 s and TensorFlow's start-up lines before the one line naming it.
+  out = _run(["-X", "importtime", "-m", f"launchers.{program}", "--no_such_flag=1"])
+  assert_one_fatal_line_before_tensorflow(out, "no_such_flag", program)
+
+
 def test_algorithm_help_points_to_the_pfnm_launchers_that_exist():
   """PFNM is not an `--algorithm` (one-shot): the flag's help names its launchers."""
   values = absl_flags.FlagValues()

@@ -38,14 +38,17 @@ says which):
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 from typing import Callable, List, Optional, Sequence
 
 import numpy as np
-import tensorflow as tf
 
+from tfbfl import _lazy
 from tfbfl.algorithms import pfnm
 from tfbfl.matching import dpmeans_single_layer
+
+tf = _lazy.load("tensorflow")  # loads when a baseline trains (`tfbfl._lazy`)
 
 __all__ = [
     "CONSTRAINT",
@@ -72,6 +75,9 @@ CONSTRAINT = {
 }
 
 _DISTILL_FNS = {}  # student config -> tf.function (one trace per config)
+# Emptied before the interpreter tears modules down: TensorFlow, loaded after this
+# module, goes first, and a traced function freed after it raises in its __del__.
+atexit.register(_DISTILL_FNS.clear)
 
 
 def derive_seed(*ints: int) -> int:

@@ -77,10 +77,14 @@ import dataclasses
 from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
-import tensorflow as tf
 
-from tfbfl.algorithms import client_batch
+from tfbfl import _lazy
 from tfbfl.matching import MatchingHyperparams, pfnm_multilayer, pfnm_single_layer
+
+# TensorFlow loads when a client trains (`tfbfl._lazy`), so the PFNM launchers check
+# their flags before it starts.
+tf = _lazy.load("tensorflow")
+client_batch = _lazy.load("tfbfl.algorithms.client_batch")
 
 __all__ = [
     "LocalTrainingConfig",

@@ -34,12 +34,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 class _Counter:
   """A numpy-only algorithm (no TFF): the server adds the selected clients'
-  feature means, each client counts its rounds; `stop_at`: Ctrl-C in that round."""
+  feature means, each client counts its rounds; `stop_at`: Ctrl-C in that round;
+  `ask_stop_in`: a stop asked in that round (`round_loop.request_stop`)."""
 
   name = "counter"
 
-  def __init__(self, stop_at=None):
-    self.stop_at = stop_at
+  def __init__(self, stop_at=None, ask_stop_in=None):
+    self.stop_at, self.ask_stop_in = stop_at, ask_stop_in
 
   def initial_server_state(self):
     return dict(w=np.zeros(2, np.float32), r=np.int64(0))
@@ -51,6 +52,8 @@ class _Counter:
     r = int(server["r"]) + 1
     if r == self.stop_at:
       raise KeyboardInterrupt
+    if r == self.ask_stop_in:
+      assert round_loop.request_stop() == r  # what a launcher's first Ctrl-C does
     new = [dict(n=s["n"] + 1, client_index=s["client_index"]) for s in states]
     step = np.float32(sum(float(x.mean()) for x, _ in data) + float(seeds[0][1] % 7))
     return dict(w=server["w"] + step, r=np.int64(r)), new, dict(train_loss=float(step),
@@ -206,6 +209,31 @@ def test_tensorboard_one_event_per_round_and_tag_across_a_resume(tmp_path):
   events = _events(cut)
   _assert_once(events)
   assert steps("train/loss") == [1, 2, 3, 4, 5, 6, 7] and steps("accuracy/server") == [2, 4, 6, 7]
+
+
+@pytest.mark.parametrize("asked_in", [3, 6])  # mid-run, and in the last round
+def test_a_stop_asked_in_a_round_ends_the_run_after_it_with_a_checkpoint(tmp_path, asked_in):
+  """The round in flight finishes and is written and checkpointed (no periodic
+  checkpoint here); the run resumed from it equals the uninterrupted one."""
+  want, cut = tmp_path / "want", tmp_path / "cut"
+  _run(want, rounds=6, eval_every=2)
+  assert round_loop.request_stop() is None  # no run in its rounds: the caller interrupts
+  with pytest.raises(round_loop.RunInterrupted) as e:
+    _run(cut, algorithm=_Counter(ask_stop_in=asked_in), rounds=6, eval_every=2)
+  assert e.value.round_num is None and e.value.checkpoint_round == asked_in
+  assert re.fullmatch(
+      rf"stopped after round {asked_in} of 6, as asked; the checkpoint has round {asked_in}; "
+      r"continue with: python -m launchers.train --flagfile=\S+/flags.txt --resume",
+      str(e.value)), str(e.value)
+  assert [int(r["round"]) for r in _csv(cut)] == list(range(1, asked_in + 1))
+  assert not os.path.exists(cut / "summary.json")  # the end's outputs wait for the resume
+  assert round_loop.request_stop() is None
+  _run(cut, rounds=6, eval_every=2, resume=True)
+  timeless = lambda rows: [{k: v for k, v in r.items() if k != "wall_time_s"} for r in rows]
+  assert timeless(_csv(cut)) == timeless(_csv(want))
+  summary = lambda out: {k: v for k, v in json.loads((out / "summary.json").read_text()).items()
+                         if "time" not in k and k not in ("code_history", "output_dir", "started")}
+  assert summary(cut) == summary(want)
 
 
 def test_interrupt_without_a_checkpoint_says_nothing_was_saved(tmp_path):
@@ -606,17 +634,19 @@ class _Launcher:
       raise AssertionError("the launcher left processes of its group behind")
 
 
-@pytest.mark.parametrize("stop", ["ctrl_c", "sigterm"])
+@pytest.mark.parametrize("stop", ["ctrl_c", "sigterm", "ctrl_c_twice"])
 def test_launcher_ctrl_c_is_one_line_and_the_flags_file_continues_it(stop, tmp_path):
   """Ctrl-C (SIGINT to the terminal's process group) and SIGTERM to the launcher alone
-  (`kill`, a scheduler's preemption, the runner): one line naming the round and the
-  checkpoint, status 130, no process of the launcher's left."""
+  (`kill`, a scheduler's preemption, the runner): the round in flight finishes and is
+  checkpointed, one line says so, one line names the round and the checkpoint, status
+  130, no process of the launcher's left; a second Ctrl-C stops at once."""
   out = tmp_path / "run"
   env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
   run = _Launcher("--algorithm=fedavg",
                   "--rounds=400",  # more than run before the signal, even on a loaded machine
-                  "--checkpoint_every=1",
-                  "--epochs_per_round=1",
+                  # Off-schedule: a stop's own checkpoint (no periodic one before round 5).
+                  f"--checkpoint_every={1 if stop == 'ctrl_c_twice' else 5}",
+                  "--epochs_per_round=200",  # rounds of seconds: two signals land in one
                   "--num_clients=4",
                   "--clients_per_round=2",
                   "--hidden_units=16",
@@ -626,25 +656,41 @@ def test_launcher_ctrl_c_is_one_line_and_the_flags_file_continues_it(stop, tmp_p
   try:
     first = run.wait_for_line(r"^\[fedavg\] round 1/400 ", timeout=240)
     assert first, ("".join(run.out) + "".join(run.err))[-3000:]
-    if stop == "ctrl_c":
-      os.killpg(run.proc.pid, signal.SIGINT)  # Ctrl-C in a terminal: the whole process group
-    else:
+    if stop == "sigterm":
       run.proc.terminate()  # the launcher alone: it must end its TFF worker itself
+    else:
+      os.killpg(run.proc.pid, signal.SIGINT)  # Ctrl-C in a terminal: the whole process group
+      if stop == "ctrl_c_twice":
+        time.sleep(0.2)
+        os.killpg(run.proc.pid, signal.SIGINT)
   finally:
-    status, stdout, err = run.finish(timeout=60)
+    status, stdout, err = run.finish(timeout=120)
   assert status == 130, (stdout[-2000:], err[-3000:])
   assert "loading data" in stdout and "building computations" in stdout
   assert "Traceback" not in err and "Traceback" not in stdout, err[-3000:]
   assert not [l for l in (stdout + err).splitlines() if _CPP_LOG.search(l)], (stdout + err)[-3000:]
-  # One line; nothing after it (TFF's threads retrying the stopped worker stay quiet).
+  # Two lines: the stop asked, then where it ended; nothing after them (TFF's threads
+  # retrying the stopped worker stay quiet).
   lines = [l for l in err.splitlines() if l.strip() and "absl" not in l]
-  assert len(lines) == 1 and lines[0].startswith("train: "), err[-3000:]
+  assert len(lines) == 2 and all(l.startswith("train: ") for l in lines), err[-3000:]
+  asked = re.fullmatch(r"train: stopping after round (\d+), the round in flight, with a checkpoint "
+                       r"of it; Ctrl-C again to stop at once \(the last checkpoint stays\)",
+                       lines[0])
+  assert asked, lines[0]
   saved = state_files.read_meta(str(out / round_loop.CHECKPOINT))["round"]
-  assert saved >= 1
-  assert re.fullmatch(
-      rf"train: interrupted in round \d+ of 400; the checkpoint has round {saved}; continue "
-      rf"with: python -m launchers.train --flagfile={re.escape(str(out))}/flags.txt --resume",
-      lines[0]), lines[0]
+  rows = [int(r["round"]) for r in _csv(out)]
+  continue_with = (rf"continue with: python -m launchers.train "
+                   rf"--flagfile={re.escape(str(out))}/flags.txt --resume")
+  assert saved == rows[-1], (saved, rows)
+  if stop == "ctrl_c_twice":  # at once, in the round in flight; the last checkpoint stays
+    assert re.fullmatch(rf"train: interrupted in round {saved + 1} of 400; the checkpoint "
+                        rf"has round {saved}; {continue_with}", lines[1]), lines[1]
+    return
+  # The round in flight was finished, written and checkpointed: nothing trained is lost.
+  assert saved < 5 and saved >= int(asked.group(1)) >= 1, (saved, lines)
+  assert rows == list(range(1, saved + 1))
+  assert re.fullmatch(rf"train: stopped after round {saved} of 400, as asked; the checkpoint has "
+                      rf"round {saved}; {continue_with}", lines[1]), lines[1]
   if stop == "sigterm":
     return  # continuing is the same as after Ctrl-C
   # The printed command continues the run (one round more).

@@ -158,9 +158,11 @@ def interrupted(program: str, error: BaseException) -> None:
   import threading  # pylint: disable=g-import-not-at-top
   import warnings  # pylint: disable=g-import-not-at-top
 
-  # Already ending: a SIGTERM now (a runner's, after the terminal's Ctrl-C reached both)
-  # would cut the line below off. SIGKILL still ends a cleanup that hangs.
+  # Already ending: a SIGTERM or Ctrl-C now (a runner's, after the terminal's Ctrl-C
+  # reached both; a second Ctrl-C as a stop finishes) would cut the line below off.
+  # SIGKILL still ends a cleanup that hangs.
   signal.signal(signal.SIGTERM, signal.SIG_IGN)
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
   # The program ends here. What still runs until the process is gone (TFF's
   # executor thread retrying the worker that the same Ctrl-C stopped, TFF's
   # finalizers disposing values on it at exit, an abandoned coroutine) logs,
@@ -201,17 +203,43 @@ def _terminate_as_interrupt(signum, frame):
   raise KeyboardInterrupt
 
 
+def _stop_after_the_round(program: str) -> Callable[[int, Any], None]:
+  """The handler of a launcher's first Ctrl-C or SIGTERM: a run in its rounds
+  finishes the round in flight and stops with a checkpoint of it
+  (`round_loop.request_stop`); otherwise, and at the second signal, a
+  `KeyboardInterrupt` at once."""
+
+  def handler(signum, frame):
+    del signum, frame
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+    in_flight = round_loop.request_stop()
+    if in_flight is None:
+      raise KeyboardInterrupt
+    # os.write, not print: the main thread may be inside a print to stderr.
+    os.write(sys.stderr.fileno(), (
+        f"{program}: stopping after round {in_flight}, the round in flight, with a "
+        "checkpoint of it; Ctrl-C again to stop at once (the last checkpoint stays)\n").encode())
+
+  return handler
+
+
 def run(main: Callable[[List[str]], Any], program: str) -> None:
   """`app.run(main)` for a launcher: a bad flag (at parse time) or a `ValueError`,
   `FileNotFoundError` or `app.UsageError` raised by `main` ends the program with one
   line `FATAL <program>: ...` and status 1, without the module's help; a crashed TFF
   worker (`runtime.WorkerExited`) with one line and `round_loop.WORKER_EXITED_STATUS`;
   Ctrl-C with one line and status 130 (`interrupted`), and SIGTERM the same way (what
-  `kill`, a batch scheduler's preemption and the runner stopping a cell send).
+  `kill`, a batch scheduler's preemption and the runner stopping a cell send); the
+  first of them while a run's rounds run lets the round in flight finish and saves a
+  checkpoint of it (`_stop_after_the_round`), the second interrupts at once.
   TensorFlow's C++ logs are quieted first (`quiet_tensorflow`)."""
   quiet_tensorflow()
+  stop = _stop_after_the_round(program)
   if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-    signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+    signal.signal(signal.SIGTERM, stop)
+  if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    signal.signal(signal.SIGINT, stop)
   from absl import app  # pylint: disable=g-import-not-at-top
 
   def guarded(argv):

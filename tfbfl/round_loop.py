@@ -59,8 +59,8 @@ round loop calls (`ExperimentRunner.standard_outputs`; pass `outputs=` for other
 * `curves.png`: S/MT accuracy, S/MT loss, train loss and (with `bytes_up`) the
   cumulative bytes per round.
 * `checkpoint.npz` (a `tfbfl.state_files` file: arrays + a JSON manifest, never a
-  pickle): every `checkpoint_every` rounds and always after the last round, so
-  nothing trained is lost.
+  pickle): every `checkpoint_every` rounds, always after the last round and after
+  the round a requested stop ends at (`request_stop`), so nothing trained is lost.
 * `export/`: the final server and client models (`tfbfl.export.export_run`,
   unless `RunConfig.export` is off), written last.
 
@@ -68,6 +68,9 @@ Every file is written to a temporary name and renamed, so an interrupted run
 never leaves a half-written file, and a resumed run reproduces the uninterrupted
 one. Ctrl-C raises `RunInterrupted` (a `KeyboardInterrupt`) whose message says
 where the run stopped and how to continue it; the launchers print it as one line.
+A stop requested while the rounds run (`request_stop`: a launcher's first Ctrl-C or
+SIGTERM) ends the run after the round in flight, with a checkpoint of that round,
+by the same `RunInterrupted`.
 """
 
 from __future__ import annotations
@@ -135,7 +138,7 @@ class RunConfig:
   output_dir: Optional[str] = options.text(None, "Where metrics.csv, summary.json, curves.png go.")
   checkpoint_every: int = options.integer(
       0, "Also checkpoint every N rounds (0: only at the end; with --output_dir the final "
-      "state is always saved).")
+      "state, and the state a Ctrl-C or SIGTERM stops at, are always saved).")
   resume: bool = options.boolean(
       False, "Continue from the checkpoint in --output_dir (same "
       "flags and data, checked).")
@@ -252,6 +255,23 @@ class AllClientsDroppedError(RunStoppedError):
   stops after writing the last of them (instead of finishing untrained)."""
 
 
+# The run in its rounds, if any (`request_stop`); one a process, as a launcher runs them.
+_IN_ROUNDS: List["ExperimentRunner"] = []
+
+
+def request_stop() -> Optional[int]:
+  """Asks the run in its rounds to stop after the round in flight: that round's
+  outputs are written, then a checkpoint of it, then the run raises
+  `RunInterrupted`. Safe in a signal handler. Returns the round in flight, or None
+  when no run is in its rounds (building, evaluating its final state, exporting):
+  the caller then interrupts at once."""
+  if not _IN_ROUNDS:
+    return None
+  run = _IN_ROUNDS[-1]
+  run._stop_requested = True  # pylint: disable=protected-access
+  return run._round_in_progress  # pylint: disable=protected-access
+
+
 class RunInterrupted(KeyboardInterrupt):
   """Ctrl-C (a `KeyboardInterrupt`) during `ExperimentRunner.run`. `str()` is one
   line: the round it stopped in, the last checkpoint and the command that
@@ -333,6 +353,7 @@ class ExperimentRunner:
     self._diagnostic_keys: set = set()  # factor_diagnostics columns (TensorBoard group)
     self._round_in_progress: Optional[int] = None
     self._rounds_done = 0
+    self._stop_requested = False
     self._session_outputs: List[run_outputs.RunOutput] = []
     self.evaluator = evaluation.Evaluator(algorithm, self._test, seed=config.seed,
                                           chunk=config.eval_chunk, cache=config.eval_cache)
@@ -495,15 +516,19 @@ class ExperimentRunner:
     finally:
       self.close()
 
-  def _interrupted(self) -> RunInterrupted:
-    """The `RunInterrupted` of a Ctrl-C now (see `run`)."""
+  def _interrupted(self, stopped_after: Optional[int] = None) -> RunInterrupted:
+    """The `RunInterrupted` of a Ctrl-C now, or of a stop requested (`request_stop`)
+    that took effect after round `stopped_after` (see `run`)."""
     cfg, r = self.config, self._round_in_progress
-    if r:
-      where = f"in round {r} of {cfg.rounds}"
+    if stopped_after:
+      where, r = f"stopped after round {stopped_after} of {cfg.rounds}, as asked", None
+    elif r:
+      where = f"interrupted in round {r} of {cfg.rounds}"
     elif self._rounds_done:
-      where = f"after round {self._rounds_done} of {cfg.rounds} (writing the final outputs)"
+      where = (f"interrupted after round {self._rounds_done} of {cfg.rounds} (writing the "
+               "final outputs)")
     else:
-      where = "before the first round"
+      where = "interrupted before the first round"
     saved = None
     if cfg.output_dir:
       try:
@@ -513,13 +538,13 @@ class ExperimentRunner:
     command = f"{self.replay.command} --flagfile=" + shlex.quote(
         os.path.join(cfg.output_dir or "", FLAGS_FILE))
     if saved:
-      message = (f"interrupted {where}; the checkpoint has round {saved}; continue with: "
+      message = (f"{where}; the checkpoint has round {saved}; continue with: "
                  f"{command} --resume")
     elif cfg.output_dir:
-      message = (f"interrupted {where}; nothing was saved (no checkpoint yet: see "
+      message = (f"{where}; nothing was saved (no checkpoint yet: see "
                  f"--checkpoint_every); start again with: {command} --overwrite")
     else:
-      message = f"interrupted {where}; nothing was saved (no --output_dir)."
+      message = f"{where}; nothing was saved (no --output_dir)."
     return RunInterrupted(message, r, saved)
 
   def _run(self) -> Dict[str, Any]:
@@ -546,16 +571,25 @@ class ExperimentRunner:
           (f", outputs in {cfg.output_dir}" if cfg.output_dir else "") +
           "; building computations (the first round traces them and takes longer) ...",
           flush=True)
-    for r in range(state.round + 1, cfg.rounds + 1):
-      self._round_in_progress = r
-      row = self._train_round(state, round_fn, r, clock)
-      if r % cfg.eval_every == 0 or r == cfg.rounds:
-        self._evaluate_into(state, row)
-      row["wall_time_s"] = time.time() - clock
-      state.rows.append(row)
-      for output in outputs:  # the progress line last: a Ctrl-C after it loses nothing
-        output.on_round(state, row, row)
-      self._stop_if_all_dropped(state.rows, r)
+    _IN_ROUNDS.append(self)
+    try:
+      for r in range(state.round + 1, cfg.rounds + 1):
+        self._round_in_progress = r
+        row = self._train_round(state, round_fn, r, clock)
+        if r % cfg.eval_every == 0 or r == cfg.rounds:
+          self._evaluate_into(state, row)
+        row["wall_time_s"] = time.time() - clock
+        state.rows.append(row)
+        for output in outputs:  # the progress line last: a Ctrl-C after it loses nothing
+          output.on_round(state, row, row)
+        self._stop_if_all_dropped(state.rows, r)
+        if self._stop_requested:
+          self._round_in_progress = None
+          for output in outputs:
+            output.on_stop(state)
+          raise self._interrupted(stopped_after=r)
+    finally:
+      _IN_ROUNDS.remove(self)
     self._round_in_progress = None
     self._evaluate_final_state(state, outputs)
     self.rows, self.client_rows = state.rows, state.client_rows

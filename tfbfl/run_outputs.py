@@ -268,6 +268,8 @@ class RunOutput:
                                    whose last round was not evaluated gets one
                                    more call with its evaluation)
     on_end(state, summary)         after the last round, in list order
+    on_stop(state)                 instead of on_end, after round `state.round` when
+                                   the run stops there as asked (`round_loop.request_stop`)
     close()                        always, last (idempotent)
   """
 
@@ -279,6 +281,9 @@ class RunOutput:
 
   def on_end(self, state: RunState, summary: Dict[str, Any]) -> None:
     del state, summary
+
+  def on_stop(self, state: RunState) -> None:
+    del state
 
   def close(self) -> None:
     pass
@@ -372,7 +377,8 @@ class TensorBoard(RunOutput):
 
 class Checkpoints(RunOutput):
   """`checkpoint.npz` (`tfbfl.checkpoint`) every `every` rounds (0: none in
-  between) and always of the final state, so nothing trained is lost."""
+  between), and always of the final state and of the round a run stops after as
+  asked, so nothing trained is lost."""
 
   def __init__(self, output_dir: str, every: int, flags: Dict[str, Any],
                data_fingerprint: Callable[[], str]):
@@ -394,6 +400,12 @@ class Checkpoints(RunOutput):
       self.save(state)
 
   def on_end(self, state, summary):
+    self._save_unless_saved(state)
+
+  def on_stop(self, state):
+    self._save_unless_saved(state)
+
+  def _save_unless_saved(self, state):
     if self.saved_round != state.round:
       self.save(state)
 

@@ -306,14 +306,17 @@ def _run_launcher(command: List[str], log_path: str, log: Callable[[str], None])
           log(f"  {line.rstrip()}")
       return proc.wait()
     except BaseException:
-      _stop_launcher(proc, log_file)
+      _stop_launcher(proc, log_file, log)
       raise
 
 
-def _stop_launcher(proc: subprocess.Popen, log_file, timeout_s: float = 30.0) -> None:
-  """Ends a launcher the runner leaves: SIGTERM, which a launcher takes as Ctrl-C (it
-  prints the round it stopped in and its last checkpoint), its last lines kept in the
-  log; SIGKILL after `timeout_s`."""
+def _stop_launcher(proc: subprocess.Popen, log_file, log: Callable[[str], None],
+                   timeout_s: float = 30.0) -> None:
+  """Ends a launcher the runner leaves, its last lines kept in the log. SIGTERM: a
+  launcher in its rounds takes it as a request to stop after the round in flight
+  with a checkpoint of it (`tfbfl.flags.run`), which the runner waits for; a second
+  Ctrl-C or SIGTERM to the runner sends the launcher its second SIGTERM, which stops
+  it at once (it keeps its last checkpoint); SIGKILL `timeout_s` later."""
   proc.terminate()
 
   def copy_the_rest():
@@ -325,10 +328,19 @@ def _stop_launcher(proc: subprocess.Popen, log_file, timeout_s: float = 30.0) ->
   drain = threading.Thread(target=copy_the_rest, daemon=True)
   drain.start()
   try:
-    proc.wait(timeout=timeout_s)
-  except subprocess.TimeoutExpired:
-    proc.kill()
-    proc.wait()
+    try:
+      proc.wait(timeout=1)
+    except subprocess.TimeoutExpired:
+      log("  (the cell finishes its round in flight and saves a checkpoint of it; "
+          "Ctrl-C again to stop it at once)")
+      proc.wait()
+  except KeyboardInterrupt:
+    proc.terminate()
+    try:
+      proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+      proc.kill()
+      proc.wait()
   drain.join(timeout=5)
 
 

@@ -49,8 +49,10 @@ flags.DEFINE_string("readme", "docs/reproduction.md", "The docs page holding the
                     "block (between the reproduction markers) that the report rewrites "
                     "(empty: none).")
 flags.DEFINE_integer("max_cells", None, "Stop after this many cells.", lower_bound=1)
-flags.DEFINE_float("max_hours", None, "Start no cell that would end past this many hours.",
-                   lower_bound=0.0)
+flags.DEFINE_float("max_hours", None, "Start no cell that would end past this many hours; a "
+                   "cell that checkpoints starts while time is left and, at the limit, stops "
+                   "after its round in flight with a checkpoint (the next invocation resumes "
+                   "it).", lower_bound=0.0)
 
 
 def main(argv):

@@ -693,6 +693,39 @@ def test_a_stopped_cell_resumes_from_its_checkpoint_and_records_the_same_result(
   assert records_lib.wall_seconds(resumed) == resumed["wall_time_s"]
 
 
+def test_max_hours_stops_a_checkpointing_cell_at_the_limit_for_the_next_invocation(tmp_path):
+  """A cell that checkpoints starts although its estimate passes --max_hours and, at the
+  limit, its launcher stops as after Ctrl-C (the round in flight finished and
+  checkpointed): no record, no launcher left, the runner says where the next
+  invocation resumes it. A cell that does not checkpoint is not started."""
+  base = reproduce.smoke_cells()[0]
+  flags = dict(base.flag_dict, rounds=2000, checkpoint_every=500)
+  cell = dataclasses.replace(base, flags=tuple(sorted(flags.items())), estimate_s=3600.0)
+  results, work = tmp_path / "results", tmp_path / "work"
+  lines = []
+  limit = 30 / 3600  # past the launcher's start-up (~10 s quiet), within its rounds
+  ran = runner.run([cell], results_dir=str(results), work_dir=str(work),
+                   data_root=str(tmp_path), max_hours=limit, log=lines.append)
+  assert ran == [] and not list(results.rglob("*.json"))
+  assert not [p for p in psutil.Process().children(recursive=True)
+              if "launchers.train" in " ".join(p.cmdline())]
+  assert lines[-1] == (f"reproduce: stopped at --max_hours={limit:g} in cell {cell.name}: "
+                       f"{runner._where_it_resumes(cell, str(work))}")
+  log = (work / cell.name / "log.txt").read_text().splitlines()
+  if any(l.startswith("[fedavg] round ") for l in log):  # it stopped in its rounds
+    saved = state_files.read_meta(str(work / cell.name / "run" / round_loop.CHECKPOINT))["round"]
+    rows = (work / cell.name / "run" / "metrics.csv").read_text().splitlines()[1:]
+    assert 1 <= saved < 500 and len(rows) == saved, (saved, len(rows))  # the stop's own
+    assert re.fullmatch(rf"train: stopped after round {saved} of 2000, as asked; the checkpoint "
+                        rf"has round {saved}; continue with: .*--resume", log[-1]), log[-1]
+    assert f"({saved} of its 2000 rounds)" in lines[-1]
+  plain = dataclasses.replace(base, estimate_s=3600.0)
+  assert not runner.resumable(plain) and runner.resumable(cell)
+  assert runner.run([plain], results_dir=str(results), work_dir=str(work),
+                    data_root=str(tmp_path), max_hours=limit, log=lines.append) == []
+  assert lines[-1].startswith(f"reproduce: next cell {plain.name} (~60 min) would pass")
+
+
 def test_a_stopped_learning_curves_cell_resumes_each_method_from_its_checkpoint(tmp_path):
   """A FOLA learning-curves cell (one training run per method) stopped in its second
   method's run continues on the next invocation: the finished method from its final

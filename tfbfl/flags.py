@@ -129,8 +129,6 @@ def fail(program: str, message: str, status: int = 1) -> None:
   sys.exit(status)
 
 
-INTERRUPTED_STATUS = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
-
 # TensorFlow's C++ log level for launchers: 3 hides INFO, WARNING and ERROR lines.
 # 2 would keep the ERROR lines that TF 2.14 prints at every import on a machine
 # with its CUDA wheels ("E tensorflow/compiler/xla/stream_executor/cuda/cuda_dnn.cc:
@@ -177,7 +175,7 @@ def interrupted(program: str, error: BaseException) -> None:
   else:
     line = f"{program}: interrupted."
   print(line, file=sys.stderr, flush=True)
-  sys.exit(INTERRUPTED_STATUS)
+  sys.exit(round_loop.INTERRUPTED_STATUS)
 
 
 def parser(program: str, flag_values=FLAGS) -> Callable[[List[str]], List[str]]:

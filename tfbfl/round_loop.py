@@ -240,6 +240,10 @@ RUN_STOPPED_STATUS = 3
 # command may well pass again (sysexits' EX_TEMPFAIL).
 WORKER_EXITED_STATUS = 75
 
+# The exit status of a launcher stopped by Ctrl-C or SIGTERM (`RunInterrupted`):
+# 128 + SIGINT, as a shell reports a Ctrl-C.
+INTERRUPTED_STATUS = 130
+
 
 class NonFiniteServerStateError(RunStoppedError):
   """A round made the server state non-finite; the run stops before saving it."""

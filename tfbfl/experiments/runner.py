@@ -138,6 +138,17 @@ class CellFailed(RuntimeError):
   """A cell's launcher exited non-zero (the message names the cell and its log)."""
 
 
+class CellPaused(Exception):
+  """A resumable cell stopped at the invocation's deadline (`--max_hours`) after its
+  round in flight; the message says where the next invocation resumes it."""
+
+
+def resumable(cell: Cell) -> bool:
+  """Whether a stopped cell continues from its checkpoints: a launcher of
+  `RESUMABLE_LAUNCHERS` with `checkpoint_every` set."""
+  return cell.launcher in RESUMABLE_LAUNCHERS and bool(cell.flag_dict.get("checkpoint_every"))
+
+
 # A crashed TFF worker (1 in ~290 cells of the campaign, a segfault in gRPC's server
 # thread) costs one more run of the cell, not the runner's stop.
 WORKER_CRASH_ATTEMPTS = 2
@@ -155,8 +166,12 @@ def _die_with_parent() -> Optional[Callable[[], None]]:
 
 
 def run_cell(cell: Cell, *, results_dir: str, work_dir: str, data_root: str,
-             log: Callable[[str], None]) -> Dict[str, Any]:
+             log: Callable[[str], None], deadline: Optional[float] = None) -> Dict[str, Any]:
   """Runs one cell's launcher; writes and returns its record.
+
+  `deadline` (a `time.time()`; resumable cells only): then the runner stops the
+  launcher as Ctrl-C does (it finishes its round in flight and checkpoints it) and
+  raises `CellPaused`.
 
   The launcher's output goes to the console and to `<work_dir>/<cell>/log.txt`.
   `CellFailed` (naming the log) if the launcher fails; the record is written only
@@ -187,14 +202,17 @@ def run_cell(cell: Cell, *, results_dir: str, work_dir: str, data_root: str,
   for attempt in range(1, WORKER_CRASH_ATTEMPTS + 1):
     command = cell.command(run_out, data_root)
     if cell.launcher == "train":
-      command.append("--resume" if _resumable(cell, run_out) else "--overwrite")
-    elif cell.launcher in RESUMABLE_LAUNCHERS and cell.flag_dict.get("checkpoint_every"):
+      command.append("--resume" if _continues_from_checkpoint(cell, run_out) else "--overwrite")
+    elif resumable(cell):
       command.append("--resume")  # each run with a checkpoint continues; the others start
     try:
-      code = _run_launcher(command, log_path, log)
+      code, paused = _run_launcher(command, log_path, log, deadline if resumable(cell) else None)
     except KeyboardInterrupt:
       log(f"reproduce: stopped in cell {cell.name}; {_where_it_resumes(cell, work_dir)}")
       raise
+    # 130: the launcher's own stop; -SIGTERM: the limit came before it set its handler.
+    if paused and code in (round_loop.INTERRUPTED_STATUS, -signal.SIGTERM):
+      raise CellPaused(f"cell {cell.name}: {_where_it_resumes(cell, work_dir)}")
     runs = _resumed_runs(log_path)
     if attempt == 1:
       earlier_s = sum(_clock_at_round(run_dir, r) for run_dir, r in runs)
@@ -264,12 +282,11 @@ def _code_history(run_out: str) -> List[Dict[str, Any]]:
   return history
 
 
-def _resumable(cell: Cell, run_out: str) -> bool:
-  """Whether the cell's training run continues from its checkpoint: the cell sets
-  `checkpoint_every` and an earlier invocation left `checkpoint.npz` in its run
-  directory (the launcher refuses one written with other flags or on other data)."""
-  return bool(cell.flag_dict.get("checkpoint_every")) and os.path.exists(
-      os.path.join(run_out, round_loop.CHECKPOINT))
+def _continues_from_checkpoint(cell: Cell, run_out: str) -> bool:
+  """Whether the cell's training run continues from its checkpoint: the cell is
+  `resumable` and an earlier invocation left `checkpoint.npz` in its run directory
+  (the launcher refuses one written with other flags or on other data)."""
+  return resumable(cell) and os.path.exists(os.path.join(run_out, round_loop.CHECKPOINT))
 
 
 _RESUMED = re.compile(r"^resumed from (.*) at round (\d+)$")
@@ -288,9 +305,12 @@ def _clock_at_round(run_dir: str, round_num: int) -> float:
   return records_lib.clock_at_round(records_lib.collect_train(run_dir), round_num)
 
 
-def _run_launcher(command: List[str], log_path: str, log: Callable[[str], None]) -> int:
+def _run_launcher(command: List[str], log_path: str, log: Callable[[str], None],
+                  deadline: Optional[float] = None) -> Tuple[int, bool]:
   """Runs a cell's launcher, its output to `log_path` (progress lines to `log` too);
-  its exit status. The launcher dies with the runner, and with an exception here."""
+  its exit status, and whether `deadline` (a `time.time()`) stopped it: then it got
+  SIGTERM, which it takes as a stop after its round in flight. The launcher dies
+  with the runner, and with an exception here."""
   env = dict(os.environ, PYTHONUNBUFFERED="1")
   env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   # Line-buffered: a runner ended by a signal (SIGTERM's default action flushes nothing)
@@ -299,15 +319,29 @@ def _run_launcher(command: List[str], log_path: str, log: Callable[[str], None])
     proc = subprocess.Popen(command, cwd=_repo_root(), env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
                             preexec_fn=_die_with_parent())
+    paused = threading.Event()
+
+    def pause():
+      paused.set()
+      log("reproduce: --max_hours reached; the cell stops after its round in flight")
+      proc.terminate()
+
+    timer = None if deadline is None else threading.Timer(max(deadline - time.time(), 0), pause)
     try:
+      if timer is not None:
+        timer.daemon = True
+        timer.start()
       for line in proc.stdout:
         log_file.write(line)
         if line.startswith("["):  # the launchers' progress lines
           log(f"  {line.rstrip()}")
-      return proc.wait()
+      return proc.wait(), paused.is_set()
     except BaseException:
       _stop_launcher(proc, log_file, log)
       raise
+    finally:
+      if timer is not None:
+        timer.cancel()
 
 
 def _stop_launcher(proc: subprocess.Popen, log_file, log: Callable[[str], None],
@@ -410,8 +444,7 @@ def checkpoint_progress(cell: Cell, work_dir: str) -> CheckpointProgress:
   next invocation resumes instead of training (nothing for a cell that does not
   checkpoint)."""
   rounds = int(cell.flag_dict.get("rounds") or 0)
-  if (cell.launcher not in RESUMABLE_LAUNCHERS or not cell.flag_dict.get("checkpoint_every") or
-      rounds <= 0):
+  if not resumable(cell) or rounds <= 0:
     return CheckpointProgress()
   methods = cell.flag_dict.get("methods")
   num_runs = len(str(methods).split(",")) if methods else 1
@@ -479,7 +512,10 @@ def run(cells: Sequence[Cell], *, results_dir: str, work_dir: str, data_root: st
 
   Prints the plan and its cost estimate first. Cells whose data folder is missing
   under `data_root` are skipped with a line naming it; `waiting` cells are listed.
-  `max_cells` / `max_hours` stop the loop before a cell that would start past them.
+  `max_cells` / `max_hours` stop the loop before a cell that would start past them;
+  a resumable cell (`resumable`) starts while time is left and, at `max_hours`, stops
+  after its round in flight with a checkpoint (so the invocation can end up to one of
+  its rounds late), to continue at the next invocation.
   """
   records = _refiled(records_lib.read_records(results_dir), all_cells, results_dir, log)
   todo, waiting, missing = [], [], []
@@ -513,12 +549,19 @@ def run(cells: Sequence[Cell], *, results_dir: str, work_dir: str, data_root: st
     if max_cells is not None and len(ran) >= max_cells:
       log(f"reproduce: stopped after --max_cells={max_cells}")
       break
-    if max_hours is not None and (time.time() - start + est[c.name]) / 3600 > max_hours:
+    deadline = None if max_hours is None else start + max_hours * 3600
+    if deadline is not None and time.time() + est[c.name] > deadline and not (
+        resumable(c) and time.time() < deadline):
       log(f"reproduce: next cell {c.name} (~{est[c.name] / 60:.0f} min) would pass "
           f"--max_hours={max_hours:g}; stopping")
       break
     log(f"cell {i}/{total} {c.name} (~{_duration(est[c.name])}) ...")
-    rec = run_cell(c, results_dir=results_dir, work_dir=work_dir, data_root=data_root, log=log)
+    try:
+      rec = run_cell(c, results_dir=results_dir, work_dir=work_dir, data_root=data_root, log=log,
+                     deadline=deadline)
+    except CellPaused as e:
+      log(f"reproduce: stopped at --max_hours={max_hours:g} in {e}")
+      break
     ran.append(c.name)
     # Tuned cells whose tuning this cell completed join the queue (cheapest first),
     # as the catalogue now builds them (at the chosen setting).

@@ -539,7 +539,8 @@ def run(cells: Sequence[Cell], *, results_dir: str, work_dir: str, data_root: st
     log(f"  waiting {c.name}: {c.depends}")
   if len(waiting) > 5:
     log(f"  ... and {len(waiting) - 5} more waiting")
-  ran, start = [], time.time()
+  ran = []
+  deadline = None if max_hours is None else time.time() + max_hours * 3600
   queue = [c for c, _ in todo]
   while queue:
     c = queue.pop(0)
@@ -549,7 +550,6 @@ def run(cells: Sequence[Cell], *, results_dir: str, work_dir: str, data_root: st
     if max_cells is not None and len(ran) >= max_cells:
       log(f"reproduce: stopped after --max_cells={max_cells}")
       break
-    deadline = None if max_hours is None else start + max_hours * 3600
     if deadline is not None and time.time() + est[c.name] > deadline and not (
         resumable(c) and time.time() < deadline):
       log(f"reproduce: next cell {c.name} (~{est[c.name] / 60:.0f} min) would pass "

@@ -24,7 +24,8 @@ Guarantees of the local runtime:
   the kernel refuses namespaces, an LD_PRELOAD shim makes it bind 127.0.0.1 only
   ("loopback"); with neither, start-up fails naming both fixes, unless
   `TFBFL_WORKER_ISOLATION=none` asks for the stock open binary (`resolve_isolation`);
-* the worker's output goes to `<log_dir>/tff_worker_<pid>_<n>.log`, never to our stdout;
+* the worker's output goes to `<log_dir>/tff_worker_<pid>_<n>.log`, never to our stdout
+  (without a `log_dir`, the temp dir's log is removed at the end if it stayed empty);
 * the worker is started with `PR_SET_PDEATHSIG = SIGKILL` (Linux), so it dies with
   its parent even on `kill -9`; it is also terminated by `LocalRuntime.close()`, by
   an `atexit` hook and by a `weakref.finalize` of the runtime; it runs in a process

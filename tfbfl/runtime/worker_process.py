@@ -50,6 +50,25 @@ def short_tmp() -> str:
   return tmp if len(tmp) < 60 else "/tmp"
 
 
+def _end(process: subprocess.Popen, log_file, *, sock_dir: Optional[str],
+         discard_empty_log: bool) -> None:
+  """Ends the worker (`lifetime.terminate`) and closes its log. An empty log in the
+  temp dir (`discard_empty_log`) says nothing once we end a live worker, so it is
+  removed: kept, one file per run piled up in /tmp. A worker that exited on its own
+  keeps its log, which `check_alive`'s error names."""
+  ended_by_us = process.poll() is None
+  try:
+    lifetime.terminate(process, sock_dir=sock_dir)
+  finally:
+    log_file.close()
+    if discard_empty_log and ended_by_us:
+      try:
+        if os.path.getsize(log_file.name) == 0:
+          os.remove(log_file.name)
+      except OSError:
+        pass
+
+
 class WorkerExited(RuntimeError):
   """The owned `worker_binary` exited while its runtime was in use (it crashed, or
   something killed it); `code` is its exit status: for a signal, 128 + its number
@@ -76,7 +95,9 @@ class WorkerProcess:
     log_dir: directory for the worker's log file (default: the system temp dir).
     startup_timeout_s: how long to wait for the worker to accept gRPC calls.
     port: the binary's port ("loopback", "none"; default: a free port).
-    log_path: the log file (default: `<log_dir>/tff_worker_<pid>_<n>.log`).
+    log_path: the log file (default: `<log_dir>/tff_worker_<pid>_<n>.log`). Only the
+      default (neither `log_dir` nor `log_path` given) is removed, by `close()`, and
+      only when it is empty and the worker was running until then.
     isolation: "auto", "netns", "loopback" or "none" (default: `$TFBFL_WORKER_ISOLATION`
       or "auto").
 
@@ -124,8 +145,8 @@ class WorkerProcess:
                           env.get("LD_PRELOAD")]))
       preexec = lifetime.die_with_parent
       name = f"{os.getpid()}_{self.port}"
-    log_dir = log_dir or tempfile.gettempdir()
-    self.log_path = log_path or os.path.join(log_dir, f"tff_worker_{name}.log")
+    self.log_path = log_path or os.path.join(log_dir or tempfile.gettempdir(),
+                                             f"tff_worker_{name}.log")
     os.makedirs(os.path.dirname(os.path.abspath(self.log_path)), exist_ok=True)
     self._log_file = open(self.log_path, "ab")  # pylint: disable=consider-using-with
     try:
@@ -141,10 +162,13 @@ class WorkerProcess:
       self._log_file.close()
       self._remove_sock_dir()
       raise
+    # Also run by weakref's atexit hook, which comes before `process_wide.shutdown`.
     self._finalizer = weakref.finalize(self,
-                                       lifetime.terminate,
+                                       _end,
                                        self.process,
-                                       sock_dir=self._sock_dir)
+                                       self._log_file,
+                                       sock_dir=self._sock_dir,
+                                       discard_empty_log=log_path is None and log_dir is None)
     self.channel = grpc.insecure_channel(self.address, channels.GRPC_OPTIONS)
     self._stub = None
     self._wait_ready(startup_timeout_s)
@@ -171,10 +195,12 @@ class WorkerProcess:
       except grpc.FutureTimeoutError:
         pass
       if time.monotonic() > deadline:
+        log = lifetime.log_tail(self.log_path)
         self.close()
         raise RuntimeError(
             f"TFF worker {self.binary} at {self.address} did not become ready "
-            f"within {timeout_s:.0f} s. Log {self.log_path}:\n{lifetime.log_tail(self.log_path)}")
+            f"within {timeout_s:.0f} s. " +
+            (f"Log {self.log_path}:\n{log}" if log else "It wrote nothing."))
 
   def alive(self) -> bool:
     return self.process.poll() is None
@@ -191,6 +217,4 @@ class WorkerProcess:
       self.channel.close()
     except Exception:  # pylint: disable=broad-except
       pass
-    self._finalizer()  # Terminates and reaps; idempotent.
-    if not self._log_file.closed:
-      self._log_file.close()
+    self._finalizer()  # Terminates and reaps, closes the log; idempotent.

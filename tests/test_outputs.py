@@ -674,7 +674,8 @@ def test_launcher_ctrl_c_is_one_line_and_the_flags_file_continues_it(stop, tmp_p
   lines = [l for l in err.splitlines() if l.strip() and "absl" not in l]
   assert len(lines) == 2 and all(l.startswith("train: ") for l in lines), err[-3000:]
   asked = re.fullmatch(r"train: stopping after round (\d+), the round in flight, with a checkpoint "
-                       r"of it; Ctrl-C again to stop at once \(the last checkpoint stays\)",
+                       rf"of it; {'SIGTERM' if stop == 'sigterm' else 'Ctrl-C'} again to stop "
+                       r"at once \(the last checkpoint stays\)",
                        lines[0])
   assert asked, lines[0]
   saved = state_files.read_meta(str(out / round_loop.CHECKPOINT))["round"]

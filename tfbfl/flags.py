@@ -201,6 +201,10 @@ def _terminate_as_interrupt(signum, frame):
   raise KeyboardInterrupt
 
 
+# What stops at once after the first signal: the same again (either works).
+_AGAIN = {signal.SIGINT: "Ctrl-C again", signal.SIGTERM: "SIGTERM again"}
+
+
 def _stop_after_the_round(program: str) -> Callable[[int, Any], None]:
   """The handler of a launcher's first Ctrl-C or SIGTERM: a run in its rounds
   finishes the round in flight and stops with a checkpoint of it
@@ -208,7 +212,7 @@ def _stop_after_the_round(program: str) -> Callable[[int, Any], None]:
   `KeyboardInterrupt` at once."""
 
   def handler(signum, frame):
-    del signum, frame
+    del frame
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _terminate_as_interrupt)
     in_flight = round_loop.request_stop()
@@ -217,7 +221,8 @@ def _stop_after_the_round(program: str) -> Callable[[int, Any], None]:
     # os.write, not print: the main thread may be inside a print to stderr.
     os.write(sys.stderr.fileno(), (
         f"{program}: stopping after round {in_flight}, the round in flight, with a "
-        "checkpoint of it; Ctrl-C again to stop at once (the last checkpoint stays)\n").encode())
+        f"checkpoint of it; {_AGAIN[signum]} to stop at once (the last checkpoint stays)\n"
+    ).encode())
 
   return handler
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import mmap
+import os
 import re
 import shutil
 import subprocess
@@ -175,8 +176,12 @@ def check_install(stream=sys.stdout) -> float:
     result = float(federated_mean([1.0, 2.0, 6.0]))
     print(
         f"tff.federated_mean([1, 2, 6]) over 3 clients = {result} "
-        f"(worker pid {rt.worker.process.pid}, log {rt.worker.log_path})",
+        f"(worker pid {rt.worker.process.pid}, {rt.worker.isolation} isolation)",
         file=stream)
+    log_path = rt.worker.log_path
+  # Kept when the worker wrote something (as with TF_CPP_MIN_LOG_LEVEL=0).
+  print(f"the worker's log: {log_path}" if os.path.isfile(log_path) else
+        "the worker's log was empty (removed)", file=stream)
   if abs(result - 3.0) > 1e-6:
     raise RuntimeError(f"federated_mean returned {result}, expected 3.0")
   return result

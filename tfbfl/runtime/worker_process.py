@@ -54,8 +54,8 @@ def _end(process: subprocess.Popen, log_file, *, sock_dir: Optional[str],
          discard_empty_log: bool) -> None:
   """Ends the worker (`lifetime.terminate`) and closes its log. An empty log in the
   temp dir (`discard_empty_log`) says nothing once we end a live worker, so it is
-  removed: kept, one file per run piled up in /tmp. A worker that exited on its own
-  keeps its log, which `check_alive`'s error names."""
+  removed (else one file a run piles up there). A worker that exited on its own keeps
+  its log, which `check_alive`'s error names."""
   ended_by_us = process.poll() is None
   try:
     lifetime.terminate(process, sock_dir=sock_dir)
@@ -96,8 +96,9 @@ class WorkerProcess:
     startup_timeout_s: how long to wait for the worker to accept gRPC calls.
     port: the binary's port ("loopback", "none"; default: a free port).
     log_path: the log file (default: `<log_dir>/tff_worker_<pid>_<n>.log`). Only the
-      default (neither `log_dir` nor `log_path` given) is removed, by `close()`, and
-      only when it is empty and the worker was running until then.
+      default (neither `log_dir` nor `log_path` given) is removed when the worker is
+      ended (`close()`, garbage collection, exit), and only if it is empty and the
+      worker was running until then.
     isolation: "auto", "netns", "loopback" or "none" (default: `$TFBFL_WORKER_ISOLATION`
       or "auto").
 

@@ -5,12 +5,25 @@ Every test that invokes TFF computations uses the `tff_runtime` fixture: one own
 end. After the session, the guard fails the run if any child process (or any
 process started under this session, found by an inherited environment marker) is
 still alive, and kills it so CI never hangs on an open pipe.
+
+The session's processes (xdist workers, launchers, TFF workers) share one temp dir
+(`TMPDIR`), removed when the session passes: what lands there (the log of a worker
+whose launcher a test kills on purpose, autograph's files, pytest's `tmp_path`s)
+does not pile up in the system's. A failed session keeps it and says where.
 """
 
 import os
+import shutil
+import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+_TMP_MARKER = "TFBFL_TEST_TMPDIR"
+_OWNS_TMP = _TMP_MARKER not in os.environ  # the first process (xdist's controller)
+if _OWNS_TMP:
+  os.environ["TMPDIR"] = os.environ[_TMP_MARKER] = tempfile.mkdtemp(prefix="tfbfl-tests-")
+  tempfile.tempdir = None  # gettempdir() reads TMPDIR again
 
 import psutil  # noqa: E402
 import pytest  # noqa: E402
@@ -91,3 +104,9 @@ def pytest_sessionfinish(session, exitstatus):
   if lines:
     print("\nERROR: tests left processes running (killed now):\n" + "\n".join(lines))
     session.exitstatus = 1
+  if _OWNS_TMP:
+    tmp = os.environ[_TMP_MARKER]
+    if session.exitstatus == 0:
+      shutil.rmtree(tmp, ignore_errors=True)
+    else:
+      print(f"\nThe session's temp dir (logs, tmp_path) is kept: {tmp}")

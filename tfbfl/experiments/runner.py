@@ -366,7 +366,7 @@ def _stop_launcher(proc: subprocess.Popen, log_file, log: Callable[[str], None],
       proc.wait(timeout=1)
     except subprocess.TimeoutExpired:
       log("  (the cell finishes its round in flight and saves a checkpoint of it; "
-          "Ctrl-C again to stop it at once)")
+          "Ctrl-C or SIGTERM again to stop it at once)")
       proc.wait()
   except KeyboardInterrupt:
     proc.terminate()

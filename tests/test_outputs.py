@@ -569,31 +569,34 @@ class _Launcher:
                                  text=True,
                                  start_new_session=True,
                                  preexec_fn=as_terminal_job)
-    self.lines = queue.Queue()
+    self.queues = {"out": queue.Queue(), "err": queue.Queue()}
     self.out, self.err = [], []
 
-    def pump(stream, store, forward):
+    def pump(stream, store, lines):
       for line in stream:
         store.append(line)
-        if forward:
-          self.lines.put(line)
-      if forward:
-        self.lines.put(None)  # end of output
+        lines.put(line)
+      lines.put(None)  # end of output
 
     self.threads = [
-        threading.Thread(target=pump, args=(self.proc.stdout, self.out, True), daemon=True),
-        threading.Thread(target=pump, args=(self.proc.stderr, self.err, False), daemon=True)
+        threading.Thread(target=pump, args=(self.proc.stdout, self.out, self.queues["out"]),
+                         daemon=True),
+        threading.Thread(target=pump, args=(self.proc.stderr, self.err, self.queues["err"]),
+                         daemon=True)
     ]
     for t in self.threads:
       t.start()
 
-  def wait_for_line(self, pattern, timeout):
+  def wait_for_line(self, pattern, timeout, stream="out"):
+    """The next line of `stream` ("out" or "err") that matches `pattern`, or None at
+    the end of the output or after `timeout` seconds."""
     import queue  # pylint: disable=g-import-not-at-top
 
+    lines = self.queues[stream]
     deadline = time.time() + timeout
     while time.time() < deadline:
       try:
-        line = self.lines.get(timeout=1)
+        line = lines.get(timeout=1)
       except queue.Empty:
         continue
       if line is None:
@@ -646,7 +649,8 @@ def test_launcher_ctrl_c_is_one_line_and_the_flags_file_continues_it(stop, tmp_p
                   "--rounds=400",  # more than run before the signal, even on a loaded machine
                   # Off-schedule: a stop's own checkpoint (no periodic one before round 5).
                   f"--checkpoint_every={1 if stop == 'ctrl_c_twice' else 5}",
-                  "--epochs_per_round=200",  # rounds of seconds: two signals land in one
+                  # Rounds of seconds; the two signals must land in one.
+                  f"--epochs_per_round={1000 if stop == 'ctrl_c_twice' else 200}",
                   "--num_clients=4",
                   "--clients_per_round=2",
                   "--hidden_units=16",
@@ -658,11 +662,16 @@ def test_launcher_ctrl_c_is_one_line_and_the_flags_file_continues_it(stop, tmp_p
     assert first, ("".join(run.out) + "".join(run.err))[-3000:]
     if stop == "sigterm":
       run.proc.terminate()  # the launcher alone: it must end its TFF worker itself
-    else:
+    elif stop == "ctrl_c":
       os.killpg(run.proc.pid, signal.SIGINT)  # Ctrl-C in a terminal: the whole process group
-      if stop == "ctrl_c_twice":
-        time.sleep(0.2)
-        os.killpg(run.proc.pid, signal.SIGINT)
+    else:
+      # Both in round 2: the first past round 1's last output, the second once the
+      # first was handled (two signals before Python runs the handler are one).
+      time.sleep(0.5)
+      os.killpg(run.proc.pid, signal.SIGINT)
+      handled = run.wait_for_line(r"^train: stopping after round ", timeout=60, stream="err")
+      assert handled, ("".join(run.out) + "".join(run.err))[-3000:]
+      os.killpg(run.proc.pid, signal.SIGINT)
   finally:
     status, stdout, err = run.finish(timeout=120)
   assert status == 130, (stdout[-2000:], err[-3000:])
@@ -684,6 +693,7 @@ def test_launcher_ctrl_c_is_one_line_and_the_flags_file_continues_it(stop, tmp_p
                    rf"--flagfile={re.escape(str(out))}/flags.txt --resume")
   assert saved == rows[-1], (saved, rows)
   if stop == "ctrl_c_twice":  # at once, in the round in flight; the last checkpoint stays
+    assert int(asked.group(1)) == saved + 1, (saved, lines)
     assert re.fullmatch(rf"train: interrupted in round {saved + 1} of 400; the checkpoint "
                         rf"has round {saved}; {continue_with}", lines[1]), lines[1]
     return

@@ -12,6 +12,7 @@ whose launcher a test kills on purpose, autograph's files, pytest's `tmp_path`s)
 does not pile up in the system's. A failed session keeps it and says where.
 """
 
+import atexit
 import os
 import shutil
 import tempfile
@@ -20,10 +21,21 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 _TMP_MARKER = "TFBFL_TEST_TMPDIR"
+
+
+def _remove_if_empty(path):
+  try:
+    os.rmdir(path)
+  except OSError:  # not empty (kept on purpose), or gone
+    pass
+
+
 _OWNS_TMP = _TMP_MARKER not in os.environ  # the first process (xdist's controller)
 if _OWNS_TMP:
   os.environ["TMPDIR"] = os.environ[_TMP_MARKER] = tempfile.mkdtemp(prefix="tfbfl-tests-")
   tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+  # Without a session (a usage error ends pytest before it), nothing was written there.
+  atexit.register(_remove_if_empty, os.environ[_TMP_MARKER])
 
 import psutil  # noqa: E402
 import pytest  # noqa: E402
@@ -108,5 +120,5 @@ def pytest_sessionfinish(session, exitstatus):
     tmp = os.environ[_TMP_MARKER]
     if session.exitstatus == 0:
       shutil.rmtree(tmp, ignore_errors=True)
-    else:
+    elif os.listdir(tmp):
       print(f"\nThe session's temp dir (logs, tmp_path) is kept: {tmp}")

@@ -160,7 +160,7 @@ def test_every_round_has_a_row_and_a_progress_line(tmp_path, capsys):
 def test_progress_paces_a_session_after_its_first_round(capsys):
   """The first round of a session (it traces the computations) is timed alone; the
   pace and the time left after it count only the rounds that followed."""
-  clock = iter([0.0, 1000.0, 1300.0, 1400.0, 1500.0])  # made; started; 46 (300 s), 47, 48
+  clock = iter([0.0, 1000.0, 1300.0, 1400.0, 1500.0, 1600.0])  # made; started; 46 (300 s), 47, 48, 49
   progress = run_outputs.Progress("conv", rounds=100, clients_per_round=10,
                                   clock=lambda: next(clock))
   state = run_outputs.RunState(round=45, server_state=None, clients={})
@@ -169,9 +169,13 @@ def test_progress_paces_a_session_after_its_first_round(capsys):
     state.round = r
     progress.on_round(state, {"round": r, "train_loss": 0.1}, {})
   lines = capsys.readouterr().out.splitlines()
-  assert "300.00 s/round  ETA 270:00" in lines[0]  # 54 rounds left at the first round's 300 s
-  assert "100.00 s/round  ETA 88:20" in lines[1]  # 53 x 100 s
-  assert "100.00 s/round  ETA 86:40" in lines[2]
+  assert "300.00 s/round  ETA 4:30:00" in lines[0]  # 54 rounds left at the first round's 300 s
+  assert "100.00 s/round  ETA 1:28:20" in lines[1]  # 53 x 100 s
+  assert "100.00 s/round  ETA 1:26:40" in lines[2]
+  progress.rounds = 55  # under an hour left: m:ss
+  state.round = 49
+  progress.on_round(state, {"round": 49, "train_loss": 0.1}, {})
+  assert capsys.readouterr().out.rstrip().endswith("s/round  ETA 10:00")  # 6 x 100 s
 
 
 # --------------------------------------------------------------- TensorBoard

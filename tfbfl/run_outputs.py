@@ -468,6 +468,13 @@ class Export(RunOutput):
             f"{self.directory}", flush=True)
 
 
+def _clock_time(seconds: float) -> str:
+  """`m:ss`, or `h:mm:ss` from an hour on."""
+  minutes, secs = divmod(int(seconds), 60)
+  hours, minutes = divmod(minutes, 60)
+  return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
 class Progress(RunOutput):
   """One line per round on stdout: S and MT, train loss, dropped clients, the
   time per round of this session and the time left.
@@ -505,6 +512,6 @@ class Progress(RunOutput):
           f"train loss {row.get('train_loss', float('nan')):.4f}  " +
           (f"dropped {int(row['clients_dropped'])}/{self.clients_per_round}  "
            if "clients_dropped" in row else "") +
-          f"{per_round:.2f} s/round  ETA {int(eta // 60)}:{int(eta % 60):02d}",
+          f"{per_round:.2f} s/round  ETA {_clock_time(eta)}",
           file=sys.stdout,
           flush=True)

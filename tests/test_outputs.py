@@ -53,7 +53,7 @@ class _Counter:
     if r == self.stop_at:
       raise KeyboardInterrupt
     if r == self.ask_stop_in:
-      assert round_loop.request_stop() == r  # what a launcher's first Ctrl-C does
+      assert round_loop.request_stop()[0] == r  # what a launcher's first Ctrl-C does
     new = [dict(n=s["n"] + 1, client_index=s["client_index"]) for s in states]
     step = np.float32(sum(float(x.mean()) for x, _ in data) + float(seeds[0][1] % 7))
     return dict(w=server["w"] + step, r=np.int64(r)), new, dict(train_loss=float(step),
@@ -105,6 +105,18 @@ def _run(out, **kw):
 def _csv(out):
   with open(os.path.join(out, "metrics.csv")) as f:
     return list(csv.DictReader(f))
+
+
+def _timeless(rows):
+  """`metrics.csv` rows without their wall times."""
+  return [{k: v for k, v in r.items() if k != "wall_time_s"} for r in rows]
+
+
+def _timeless_summary(out):
+  """`<out>/summary.json` without what differs between equal runs (times, places, code)."""
+  summary = json.loads((out / "summary.json").read_text())
+  return {k: v for k, v in summary.items()
+          if "time" not in k and k not in ("code_history", "output_dir", "started")}
 
 
 def _events(out):
@@ -215,7 +227,7 @@ def test_tensorboard_one_event_per_round_and_tag_across_a_resume(tmp_path):
   assert steps("train/loss") == [1, 2, 3, 4, 5, 6, 7] and steps("accuracy/server") == [2, 4, 6, 7]
 
 
-@pytest.mark.parametrize("asked_in", [3, 6])  # mid-run, and in the last round
+@pytest.mark.parametrize("asked_in", [1, 3, 5])  # the first, mid-run, the one before the last
 def test_a_stop_asked_in_a_round_ends_the_run_after_it_with_a_checkpoint(tmp_path, asked_in):
   """The round in flight finishes and is written and checkpointed (no periodic
   checkpoint here); the run resumed from it equals the uninterrupted one."""
@@ -233,11 +245,32 @@ def test_a_stop_asked_in_a_round_ends_the_run_after_it_with_a_checkpoint(tmp_pat
   assert not os.path.exists(cut / "summary.json")  # the end's outputs wait for the resume
   assert round_loop.request_stop() is None
   _run(cut, rounds=6, eval_every=2, resume=True)
-  timeless = lambda rows: [{k: v for k, v in r.items() if k != "wall_time_s"} for r in rows]
-  assert timeless(_csv(cut)) == timeless(_csv(want))
-  summary = lambda out: {k: v for k, v in json.loads((out / "summary.json").read_text()).items()
-                         if "time" not in k and k not in ("code_history", "output_dir", "started")}
-  assert summary(cut) == summary(want)
+  assert _timeless(_csv(cut)) == _timeless(_csv(want))
+  assert _timeless_summary(cut) == _timeless_summary(want)
+
+
+def test_a_stop_asked_in_the_last_round_lets_the_run_finish_and_stops_the_next_one(tmp_path):
+  """In the run's last round a stop leaves only the final outputs to write: the run
+  writes them and returns what the uninterrupted run returns. The stop then holds
+  for the next run of the process (a launcher of several runs), which raises before
+  it writes anything; the run after that runs."""
+  want, cut, after = tmp_path / "want", tmp_path / "cut", tmp_path / "after"
+  whole = _run(want, rounds=6, eval_every=2)
+  asked = _run(cut, algorithm=_Counter(ask_stop_in=6), rounds=6, eval_every=2)
+  try:
+    with pytest.raises(round_loop.RunInterrupted) as e:
+      _run(after, rounds=6, eval_every=2)
+  finally:
+    round_loop._STOP_CARRIED[0] = False  # this process runs other tests
+  assert _timeless(_csv(cut)) == _timeless(_csv(want))
+  assert _timeless_summary(cut) == _timeless_summary(want)
+  assert asked["best_server_accuracy"] == whole["best_server_accuracy"]
+  assert e.value.round_num is None and e.value.checkpoint_round is None
+  assert str(e.value) == ("stopped before its rounds, as asked (the stop came in the last "
+                          "round of the run before it); it wrote nothing.")
+  assert not os.path.exists(after)
+  _run(after, rounds=6, eval_every=2)  # the stop was taken once
+  assert _timeless(_csv(after)) == _timeless(_csv(want))
 
 
 def test_interrupt_without_a_checkpoint_says_nothing_was_saved(tmp_path):
@@ -715,3 +748,30 @@ def test_launcher_ctrl_c_is_one_line_and_the_flags_file_continues_it(stop, tmp_p
   assert f"resumed from {out}" in stdout
   assert [r["round"] for r in _csv(out)] == [str(r) for r in range(1, saved + 2)]
   assert not _CPP_LOG.search(stdout + err), err[-3000:]
+
+
+def test_launcher_stopped_in_its_last_round_finishes_the_run(tmp_path):
+  """SIGTERM (what the runner's --max_hours sends) in the last round: the launcher
+  says it finishes, writes the run's final outputs and exits 0, so a cell stopped
+  there needs no other invocation."""
+  out = tmp_path / "run"
+  env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+  run = _Launcher("--algorithm=fedavg", "--rounds=2", "--epochs_per_round=1000",
+                  "--num_clients=4", "--clients_per_round=2", "--hidden_units=16",
+                  f"--output_dir={out}", "--noexport", env=env)
+  try:
+    first = run.wait_for_line(r"^\[fedavg\] round 1/2 ", timeout=240)
+    assert first, ("".join(run.out) + "".join(run.err))[-3000:]
+    time.sleep(0.5)  # past round 1's last output: in round 2
+    run.proc.terminate()
+  finally:
+    status, stdout, err = run.finish(timeout=120)
+  assert status == 0, (stdout[-2000:], err[-3000:])
+  lines = [l for l in err.splitlines() if l.strip() and "absl" not in l]
+  assert lines == ["train: stopping after round 2, the round in flight and the run's last: the "
+                   "run writes its final outputs, and no other run starts; SIGTERM again to "
+                   "stop at once (the last checkpoint stays)"], err[-3000:]
+  assert "Traceback" not in stdout and not _CPP_LOG.search(stdout + err), err[-3000:]
+  assert [int(r["round"]) for r in _csv(out)] == [1, 2]
+  assert state_files.read_meta(str(out / round_loop.CHECKPOINT))["round"] == 2
+  assert json.loads((out / "summary.json").read_text())["rounds"] == 2

@@ -207,21 +207,26 @@ _AGAIN = {signal.SIGINT: "Ctrl-C again", signal.SIGTERM: "SIGTERM again"}
 
 def _stop_after_the_round(program: str) -> Callable[[int, Any], None]:
   """The handler of a launcher's first Ctrl-C or SIGTERM: a run in its rounds
-  finishes the round in flight and stops with a checkpoint of it
-  (`round_loop.request_stop`); otherwise, and at the second signal, a
-  `KeyboardInterrupt` at once."""
+  finishes the round in flight and stops with a checkpoint of it, or, in its last
+  round, finishes and starts no other run (`round_loop.request_stop`); otherwise,
+  and at the second signal, a `KeyboardInterrupt` at once."""
 
   def handler(signum, frame):
     del frame
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _terminate_as_interrupt)
-    in_flight = round_loop.request_stop()
-    if in_flight is None:
+    asked = round_loop.request_stop()
+    if asked is None:
       raise KeyboardInterrupt
+    in_flight, rounds = asked
+    if in_flight == rounds:
+      what = (f"stopping after round {in_flight}, the round in flight and the run's last: "
+              "the run writes its final outputs, and no other run starts")
+    else:
+      what = f"stopping after round {in_flight}, the round in flight, with a checkpoint of it"
     # os.write, not print: the main thread may be inside a print to stderr.
     os.write(sys.stderr.fileno(), (
-        f"{program}: stopping after round {in_flight}, the round in flight, with a "
-        f"checkpoint of it; {_AGAIN[signum]} to stop at once (the last checkpoint stays)\n"
+        f"{program}: {what}; {_AGAIN[signum]} to stop at once (the last checkpoint stays)\n"
     ).encode())
 
   return handler

@@ -70,7 +70,8 @@ one. Ctrl-C raises `RunInterrupted` (a `KeyboardInterrupt`) whose message says
 where the run stopped and how to continue it; the launchers print it as one line.
 A stop requested while the rounds run (`request_stop`: a launcher's first Ctrl-C or
 SIGTERM) ends the run after the round in flight, with a checkpoint of that round,
-by the same `RunInterrupted`.
+by the same `RunInterrupted`; in the last round it lets the run finish, and the
+next run of the process stops before its rounds.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ import dataclasses
 import os
 import shlex
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -261,19 +262,28 @@ class AllClientsDroppedError(RunStoppedError):
 
 # The run in its rounds, if any (`request_stop`); one a process, as a launcher runs them.
 _IN_ROUNDS: List["ExperimentRunner"] = []
+# A stop asked for in a run's last round, until the next run of the process takes it.
+_STOP_CARRIED: List[bool] = [False]
 
 
-def request_stop() -> Optional[int]:
+def request_stop() -> Optional[Tuple[int, int]]:
   """Asks the run in its rounds to stop after the round in flight: that round's
   outputs are written, then a checkpoint of it, then the run raises
-  `RunInterrupted`. Safe in a signal handler. Returns the round in flight, or None
-  when no run is in its rounds (building, evaluating its final state, exporting):
-  the caller then interrupts at once."""
+  `RunInterrupted`. When the round in flight is the run's last, the run finishes as
+  usual (its final outputs are what is left) and the stop passes to the next run
+  this process starts (a launcher of several runs): that run raises
+  `RunInterrupted` before it touches its output directory. Safe in a signal handler.
+
+  Returns:
+    (the round in flight, the run's number of rounds), or None when no run is in
+    its rounds (building, evaluating its final state, exporting): the caller then
+    interrupts at once.
+  """
   if not _IN_ROUNDS:
     return None
   run = _IN_ROUNDS[-1]
   run._stop_requested = True  # pylint: disable=protected-access
-  return run._round_in_progress  # pylint: disable=protected-access
+  return run._round_in_progress, run.config.rounds  # pylint: disable=protected-access
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -520,11 +530,16 @@ class ExperimentRunner:
     finally:
       self.close()
 
-  def _interrupted(self, stopped_after: Optional[int] = None) -> RunInterrupted:
-    """The `RunInterrupted` of a Ctrl-C now, or of a stop requested (`request_stop`)
-    that took effect after round `stopped_after` (see `run`)."""
+  def _interrupted(self, stopped_after: Optional[int] = None,
+                   before_its_rounds: bool = False) -> RunInterrupted:
+    """The `RunInterrupted` of a Ctrl-C now, of a stop requested (`request_stop`)
+    that took effect after round `stopped_after`, or of one carried over from an
+    earlier run's last round (`before_its_rounds`; see `run`)."""
     cfg, r = self.config, self._round_in_progress
-    if stopped_after:
+    if before_its_rounds:
+      where = ("stopped before its rounds, as asked (the stop came in the last round of "
+               "the run before it)")
+    elif stopped_after:
       where, r = f"stopped after round {stopped_after} of {cfg.rounds}, as asked", None
     elif r:
       where = f"interrupted in round {r} of {cfg.rounds}"
@@ -544,6 +559,8 @@ class ExperimentRunner:
     if saved:
       message = (f"{where}; the checkpoint has round {saved}; continue with: "
                  f"{command} --resume")
+    elif before_its_rounds:
+      message = f"{where}; it wrote nothing."
     elif cfg.output_dir:
       message = (f"{where}; nothing was saved (no checkpoint yet: see "
                  f"--checkpoint_every); start again with: {command} --overwrite")
@@ -553,6 +570,9 @@ class ExperimentRunner:
 
   def _run(self) -> Dict[str, Any]:
     cfg = self.config
+    if _STOP_CARRIED[0]:  # asked for in an earlier run's last round: it takes effect here
+      _STOP_CARRIED[0] = False
+      raise self._interrupted(before_its_rounds=True)
     state = self._start_state()  # lock, ownership of output_dir, checkpoint or fresh
     state.code_history = run_directory.extend_code_history(
         state.code_history, state.round, run_directory.source_provenance())
@@ -587,7 +607,9 @@ class ExperimentRunner:
         for output in outputs:  # the progress line last: a Ctrl-C after it loses nothing
           output.on_round(state, row, row)
         self._stop_if_all_dropped(state.rows, r)
-        if self._stop_requested:
+        if self._stop_requested and r == cfg.rounds:
+          _STOP_CARRIED[0] = True
+        elif self._stop_requested:
           self._round_in_progress = None
           for output in outputs:
             output.on_stop(state)

@@ -171,7 +171,8 @@ def run_cell(cell: Cell, *, results_dir: str, work_dir: str, data_root: str,
 
   `deadline` (a `time.time()`; resumable cells only): then the runner stops the
   launcher as Ctrl-C does (it finishes its round in flight and checkpoints it) and
-  raises `CellPaused`.
+  raises `CellPaused`; a launcher stopped in its last run's last round finishes, and
+  the cell is recorded.
 
   The launcher's output goes to the console and to `<work_dir>/<cell>/log.txt`.
   `CellFailed` (naming the log) if the launcher fails; the record is written only

@@ -316,7 +316,8 @@ def test_final_state_always_saved(tmp_path, every):
   summary = _run(tmp_path, rounds=4, checkpoint_every=every)
   assert state_files.read_meta(str(tmp_path / round_loop.CHECKPOINT))["round"] == 4
   again = _run(tmp_path, rounds=4, checkpoint_every=every, resume=True)  # nothing left to run
-  drop = ("wall_time_s",)
+  assert [e["from_round"] for e in again["code_history"]] == [0, 4]  # a session, no rounds
+  drop = ("wall_time_s", "code_history")
   assert {
       k: v for k, v in again.items() if k not in drop
   } == {
@@ -463,7 +464,7 @@ def test_source_modified_follows_tracked_files(tmp_path, monkeypatch):
   assert second["git_diff_sha256"] != first  # the hash names the difference that ran
 
 
-def test_a_run_resumed_under_other_code_names_the_code_of_each_stretch(tmp_path, monkeypatch):
+def test_a_resumed_run_names_the_code_of_each_session(tmp_path, monkeypatch):
   _, module, git = _fake_checkout(tmp_path, monkeypatch)
   git("init", "-q")
   git("add", ".")
@@ -472,21 +473,27 @@ def test_a_run_resumed_under_other_code_names_the_code_of_each_stretch(tmp_path,
   out = tmp_path / "run"
   history = lambda: json.loads((out / "summary.json").read_text())["code_history"]
   _run(out, rounds=2, checkpoint_every=1)
-  assert history() == [dict(from_round=0, git_commit=commit, git_modified=False)]
-  _run(out, rounds=3, resume=True)  # the same code: one stretch
-  assert history() == [dict(from_round=0, git_commit=commit, git_modified=False)]
+  first = [dict(from_round=0, git_commit=commit, git_modified=False)]
+  assert history() == first and run_directory.resumes(history()) == []
+  _run(out, rounds=3, checkpoint_every=1, resume=True)  # the same code: a stretch a session
+  same = dict(from_round=2, git_commit=commit, git_modified=False)
+  assert history() == first + [same]
   module.write_text("x = 2\n")
   _run(out, rounds=5, checkpoint_every=1, resume=True)
   diff = run_directory.source_provenance()["git_diff_sha256"]
-  second = dict(from_round=3, git_commit=commit, git_modified=True, git_diff_sha256=diff)
-  assert history() == [dict(from_round=0, git_commit=commit, git_modified=False), second]
+  modified = dict(from_round=3, git_commit=commit, git_modified=True, git_diff_sha256=diff)
+  assert history() == first + [same, modified]
+  assert run_directory.resumes(history()) == [same, modified]
+  assert run_directory.distinct_codes(history()) == [
+      dict(git_commit=commit, git_modified=False),
+      dict(git_commit=commit, git_modified=True, git_diff_sha256=diff)]
   summary = json.loads((out / "summary.json").read_text())
   assert summary["git_modified"] is True and summary["git_diff_sha256"] == diff
-  # The history travels in the checkpoint: a third session under the commit's code adds its
-  # stretch after the modified one.
+  # The history travels in the checkpoint: a fourth session under the commit's code adds
+  # its stretch after the modified one.
   module.write_text("x = 1\n")
   _run(out, rounds=6, resume=True)
-  assert history()[1:] == [second, dict(from_round=5, git_commit=commit, git_modified=False)]
+  assert history()[2:] == [modified, dict(from_round=5, git_commit=commit, git_modified=False)]
 
 
 def test_code_history_of_a_checkpoint_written_before_it_starts_unknown():

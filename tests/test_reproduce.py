@@ -636,7 +636,8 @@ def test_a_crashed_worker_costs_one_more_run_of_the_cell(tmp_path):
 def test_a_stopped_cell_resumes_from_its_checkpoint_and_records_the_same_result(tmp_path):
   """A cell that checkpoints, stopped mid-run (the runner interrupted: its launcher is
   terminated), continues from its checkpoint on the next invocation; its record
-  equals an uninterrupted run's but for the times, and says where it resumed."""
+  equals an uninterrupted run's but for the times, and says where every invocation
+  resumed (here a second one is stopped at its first round's end too)."""
   base = reproduce.smoke_cells()[0]
   cell = dataclasses.replace(
       base, flags=tuple(sorted(dict(base.flag_dict, rounds=4, checkpoint_every=1).items())))
@@ -663,31 +664,44 @@ def test_a_stopped_cell_resumes_from_its_checkpoint_and_records_the_same_result(
                        f"from its checkpoints ({saved} of its 4 rounds).")
   held = runner.checkpointed_fraction(cell, str(work))
   left = runner.remaining_seconds(cell, {}, str(work))
+
+  def stop_after_its_first_round(line):
+    lines.append(line)
+    if re.search(r"round [34]/", line):
+      raise KeyboardInterrupt
+
+  with pytest.raises(KeyboardInterrupt):  # in round 4, the last, or in its final outputs
+    runner.run_cell(cell, results_dir=str(stopped_results), work_dir=str(work),
+                    data_root=str(tmp_path), log=stop_after_its_first_round)
+  assert not list(stopped_results.rglob("*.json"))
   resumed = runner.run_cell(cell, results_dir=str(stopped_results), work_dir=str(work),
                                data_root=str(tmp_path), log=lines.append)
   whole = runner.run_cell(cell, results_dir=str(tmp_path / "whole"),
                              work_dir=str(tmp_path / "work_whole"), data_root=str(tmp_path),
                              log=lines.append)
-  assert resumed["resumed_from_rounds"] and 2 <= resumed["resumed_from_rounds"][0] <= 3
-  # Before it resumed, its estimate left out the rounds the launcher then resumed from.
+  # Both earlier invocations' resumes, though this one's log names only its own.
   at = resumed["resumed_from_rounds"][0]
+  assert 2 <= at <= 3 and resumed["resumed_from_rounds"] == [at, 4], resumed["resumed_from_rounds"]
+  # Before it resumed, its estimate left out the rounds the launcher then resumed from.
   assert held == at / 4
   # ... and ran them at the pace of the rounds it held, not at the catalogue's guess.
   clock = records_lib.clock_at_round(resumed["result"], at)
   assert left == pytest.approx(clock / at * (4 - at), rel=1e-4)
   assert runner.remaining_seconds(cell, {}, str(work / "none")) == cell.estimate_s
   assert "resumed_from_rounds" not in whole
-  assert len(resumed["code_history"]) == 1  # both invocations ran this checkout's code
-  assert resumed["code_history"][0]["git_commit"] == resumed["git_commit"]
+  # One stretch per invocation, all under this checkout's code.
+  assert [e["from_round"] for e in resumed["code_history"]] == [0, at, 4]
+  assert {e["git_commit"] for e in resumed["code_history"]} == {resumed["git_commit"]}
   assert "code_history" not in whole
   timeless = lambda rec: {k: v for k, v in rec["result"]["curves"].items() if k != "wall_time_s"}
   assert timeless(resumed) == timeless(whole)
   assert resumed["result"]["curves"]["round"] == [1, 2, 3, 4]
-  same = lambda rec: {k: v for k, v in rec["result"]["summary"].items() if k != "wall_time_s"}
+  same = lambda rec: {k: v for k, v in rec["result"]["summary"].items()
+                      if k not in ("wall_time_s", "code_history")}
   assert same(resumed) == same(whole)
-  # Its wall time counts the rounds the stopped invocation checkpointed, too.
+  # Its wall time counts the rounds the stopped invocations checkpointed, too.
   earlier = resumed["earlier_invocations_wall_time_s"]
-  clock = records_lib.clock_at_round(resumed["result"], resumed["resumed_from_rounds"][0])
+  clock = records_lib.clock_at_round(resumed["result"], 4)
   assert earlier > 0 and earlier == pytest.approx(clock, abs=0.05)
   assert resumed["wall_time_s"] > earlier and "earlier_invocations_wall_time_s" not in whole
   assert records_lib.wall_seconds(resumed) == resumed["wall_time_s"]

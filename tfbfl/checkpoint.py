@@ -68,7 +68,7 @@ class RunState:
   bytes_down_total: Optional[int] = None
   # The last evaluation's reliability bins and per-client calibration (None before one).
   calibration: Optional[Dict[str, Any]] = None
-  # The code that ran the rounds, one entry per stretch (`run_directory.extend_code_history`).
+  # The code that ran the rounds, one entry a session (`run_directory.extend_code_history`).
   code_history: Optional[List[Dict[str, Any]]] = None
 
   _OPTIONAL = ("bytes_up_total", "bytes_down_total", "calibration", "code_history")

@@ -47,7 +47,7 @@ round loop calls (`ExperimentRunner.standard_outputs`; pass `outputs=` for other
 * `summary.json` (strict JSON): best/final S and MT, the flags, `tfbfl_version`,
   `git_commit` (of the tfbfl checkout, or null), `git_modified` (tracked files
   differ from that commit, or null), `code_history` (the code of each stretch of
-  rounds: a run resumed under other code lists each), `data_fingerprint`.
+  rounds, one a session: a resumed run lists each), `data_fingerprint`.
 * `flags.txt`: the run's flags as an absl flag file, so that
   `python -m launchers.train --flagfile=<output_dir>/flags.txt [--resume]`
   replays (or continues) it.

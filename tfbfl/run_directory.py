@@ -382,24 +382,30 @@ def code_identity(entry: Mapping[str, Any]) -> Dict[str, Any]:
 def extend_code_history(history: Optional[Sequence[Mapping[str, Any]]], from_round: int,
                         now: Mapping[str, Any]) -> List[Dict[str, Any]]:
   """A run's code history after a session that starts at round `from_round` under the
-  code `now` (`source_provenance()`): one entry per stretch of rounds that one code ran,
-  `{"from_round": r, "git_commit": ..., "git_modified": ...[, "git_diff_sha256": ...]}`.
+  code `now` (`source_provenance()`): one entry per session, the stretch of rounds it
+  ran, `{"from_round": r, "git_commit": ..., "git_modified": ...[, "git_diff_sha256":
+  ...]}`; the entries after the first are the run's resumes (`resumes`).
 
-  A session under the code of the last entry adds nothing, so a run that never changed
-  code has one entry. A resumed run whose checkpoint predates the history (`history`
-  None at `from_round` > 0) starts with an entry of unknown code for the rounds before.
+  A resumed run whose checkpoint predates the history (`history` None at `from_round`
+  > 0) starts with an entry of unknown code for the rounds before. Histories written
+  before one entry a session kept one a change of code: there, sessions under the code
+  of the entry before them are not listed.
   """
   out = [dict(e) for e in history or ()]
   if not out and from_round > 0:
     out.append(dict(from_round=0, git_commit=None, git_modified=None))
-  entry = dict(from_round=int(from_round), **code_identity(now))
-  if not out or _identity(out[-1]) != _identity(entry):
-    out.append(entry)
+  out.append(dict(from_round=int(from_round), **code_identity(now)))
   return out
 
 
 def _identity(entry: Mapping[str, Any]) -> tuple:
   return tuple(entry.get(k) for k in _CODE_IDENTITY)
+
+
+def resumes(history: Sequence[Mapping[str, Any]]) -> List[Mapping[str, Any]]:
+  """The entries of a code `history` whose session continued a checkpoint (its
+  `from_round` > 0), in order."""
+  return [e for e in history if e["from_round"] > 0]
 
 
 def distinct_codes(history: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:

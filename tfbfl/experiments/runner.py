@@ -184,21 +184,20 @@ def run_cell(cell: Cell, *, results_dir: str, work_dir: str, data_root: str,
   its wall time counts both runs). A cell of `RESUMABLE_LAUNCHERS` that sets
   `checkpoint_every` continues each of its training runs from the checkpoint an
   interrupted invocation (or a crashed attempt) left in its directory, so a stop loses
-  at most that many rounds of one run; the record lists the rounds it resumed from
-  (`resumed_from_rounds`; `resumed_runs` names each run where they lie in
-  subdirectories, one per method), the code of each stretch of rounds (`code_history`:
-  more than one code where an earlier invocation ran other code; `git_commit` and
-  `git_modified` are this invocation's); its wall time counts this invocation and the
-  training clock of the rounds it resumed from (`earlier_invocations_wall_time_s`; an
-  earlier invocation's start-up and its rounds after its last checkpoint are not
-  counted).
+  at most that many rounds of one run; the record lists the rounds every invocation
+  resumed from (`resumed_from_rounds`; `resumed_runs` names each run where they lie in
+  subdirectories, one per method) and the code of each stretch of rounds
+  (`code_history`, one entry per session, which the runs' checkpoints keep;
+  `git_commit` and `git_modified` are this invocation's); its wall time counts this
+  invocation and the training clock of the rounds it resumed from
+  (`earlier_invocations_wall_time_s`; an earlier invocation's start-up and its rounds
+  after its last checkpoint are not counted).
   """
   out_dir = os.path.join(work_dir, cell.name)
   os.makedirs(out_dir, exist_ok=True)
   run_out = os.path.join(out_dir, "run")
   log_path = os.path.join(out_dir, "log.txt")
   started = time.time()
-  resumed: List[Tuple[str, int]] = []
   earlier_s = 0.0  # the training clock of the rounds resumed from an earlier invocation
   for attempt in range(1, WORKER_CRASH_ATTEMPTS + 1):
     command = cell.command(run_out, data_root)
@@ -214,10 +213,8 @@ def run_cell(cell: Cell, *, results_dir: str, work_dir: str, data_root: str,
     # 130: the launcher's own stop; -SIGTERM: the limit came before it set its handler.
     if paused and code in (round_loop.INTERRUPTED_STATUS, -signal.SIGTERM):
       raise CellPaused(f"cell {cell.name}: {_where_it_resumes(cell, work_dir)}")
-    runs = _resumed_runs(log_path)
     if attempt == 1:
-      earlier_s = sum(_clock_at_round(run_dir, r) for run_dir, r in runs)
-    resumed += runs
+      earlier_s = sum(_clock_at_round(run_dir, r) for run_dir, r in _resumed_runs(log_path))
     if code != round_loop.WORKER_EXITED_STATUS or attempt == WORKER_CRASH_ATTEMPTS:
       break
     crashed_log = os.path.join(out_dir, "log.crashed.txt")
@@ -236,13 +233,14 @@ def run_cell(cell: Cell, *, results_dir: str, work_dir: str, data_root: str,
     record["earlier_invocations_wall_time_s"] = round(earlier_s, 1)
   if attempt > 1:
     record["attempts"] = attempt
-  if resumed:
-    record["resumed_from_rounds"] = [r for _, r in resumed]
-    named = [dict(run=_relative_run(run_dir, run_out), round=r) for run_dir, r in resumed]
-    if any(n["run"] for n in named):
-      record["resumed_runs"] = named
   history = _code_history(run_out) if cell.launcher in RESUMABLE_LAUNCHERS else []
-  if resumed or len(run_directory.distinct_codes(history)) > 1:  # each stretch's code
+  # Every invocation's resumes: the runs' histories keep them (the log, only this one's).
+  resumes = [(e.get("run", ""), e["from_round"]) for e in run_directory.resumes(history)]
+  if resumes:
+    record["resumed_from_rounds"] = [r for _, r in resumes]
+    if any(run for run, _ in resumes):
+      record["resumed_runs"] = [dict(run=run, round=r) for run, r in resumes]
+  if resumes or len(run_directory.distinct_codes(history)) > 1:  # each stretch's code
     record["code_history"] = history
   round_loop.atomic_write_text(cell.record_path(results_dir),
                                json.dumps(record, indent=1, sort_keys=True) + "\n")

@@ -261,7 +261,7 @@ def test_a_stop_asked_in_the_last_round_lets_the_run_finish_and_stops_the_next_o
     with pytest.raises(round_loop.RunInterrupted) as e:
       _run(after, rounds=6, eval_every=2)
   finally:
-    round_loop._STOP_CARRIED[0] = False  # this process runs other tests
+    round_loop._STOP_ASKED[0] = False  # this process runs other tests
   assert _timeless(_csv(cut)) == _timeless(_csv(want))
   assert _timeless_summary(cut) == _timeless_summary(want)
   assert asked["best_server_accuracy"] == whole["best_server_accuracy"]

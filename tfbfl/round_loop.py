@@ -262,8 +262,9 @@ class AllClientsDroppedError(RunStoppedError):
 
 # The run in its rounds, if any (`request_stop`); one a process, as a launcher runs them.
 _IN_ROUNDS: List["ExperimentRunner"] = []
-# A stop asked for in a run's last round, until the next run of the process takes it.
-_STOP_CARRIED: List[bool] = [False]
+# A stop asked for (`request_stop`) that has not taken effect yet: after the round in
+# flight, or, asked in a run's last round, before the next run of the process.
+_STOP_ASKED: List[bool] = [False]
 
 
 def request_stop() -> Optional[Tuple[int, int]]:
@@ -282,7 +283,7 @@ def request_stop() -> Optional[Tuple[int, int]]:
   if not _IN_ROUNDS:
     return None
   run = _IN_ROUNDS[-1]
-  run._stop_requested = True  # pylint: disable=protected-access
+  _STOP_ASKED[0] = True
   return run._round_in_progress, run.config.rounds  # pylint: disable=protected-access
 
 
@@ -367,7 +368,6 @@ class ExperimentRunner:
     self._diagnostic_keys: set = set()  # factor_diagnostics columns (TensorBoard group)
     self._round_in_progress: Optional[int] = None
     self._rounds_done = 0
-    self._stop_requested = False
     self._session_outputs: List[run_outputs.RunOutput] = []
     self.evaluator = evaluation.Evaluator(algorithm, self._test, seed=config.seed,
                                           chunk=config.eval_chunk, cache=config.eval_cache)
@@ -570,8 +570,8 @@ class ExperimentRunner:
 
   def _run(self) -> Dict[str, Any]:
     cfg = self.config
-    if _STOP_CARRIED[0]:  # asked for in an earlier run's last round: it takes effect here
-      _STOP_CARRIED[0] = False
+    if _STOP_ASKED[0]:  # asked for in an earlier run's last round: it takes effect here
+      _STOP_ASKED[0] = False
       raise self._interrupted(before_its_rounds=True)
     state = self._start_state()  # lock, ownership of output_dir, checkpoint or fresh
     state.code_history = run_directory.extend_code_history(
@@ -607,9 +607,8 @@ class ExperimentRunner:
         for output in outputs:  # the progress line last: a Ctrl-C after it loses nothing
           output.on_round(state, row, row)
         self._stop_if_all_dropped(state.rows, r)
-        if self._stop_requested and r == cfg.rounds:
-          _STOP_CARRIED[0] = True
-        elif self._stop_requested:
+        if _STOP_ASKED[0] and r < cfg.rounds:  # in the last round it waits for the next run
+          _STOP_ASKED[0] = False
           self._round_in_progress = None
           for output in outputs:
             output.on_stop(state)

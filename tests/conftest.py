@@ -40,6 +40,8 @@ if _OWNS_TMP:
 import psutil  # noqa: E402
 import pytest  # noqa: E402
 
+pytest_plugins = ["failure_lines"]  # a run cut short still names its failures
+
 # Inherited by every process the tests start (and by theirs): lets the guard find
 # orphans of this session without touching anybody else's processes.
 _MARKER = "TFBFL_TEST_SESSION"

@@ -29,11 +29,11 @@ def _record(cell, curves=None, result=None):
   return runner.make_record(cell, cell.command("out", "/data"), result, 10.0, time.time())
 
 
-def _femnist_tuning():
+def _femnist_tuning(experiments=("tune", "ablate")):
   """The committed FEMNIST-MLP tuning records (they choose Table II's settings that the
-  FEMNIST experiments run at)."""
+  FEMNIST experiments run at; with "tune_step", the baselines' server steps too)."""
   records = {n: r for n, r in records_lib.read_records(RESULTS).items()
-             if r["cell"]["row"] == "femnist_mlp" and r["cell"]["experiment"] in ("tune", "ablate")}
+             if r["cell"]["row"] == "femnist_mlp" and r["cell"]["experiment"] in experiments}
   if not records:
     pytest.skip(f"no FEMNIST-MLP tuning records under {RESULTS}")
   return records
@@ -202,6 +202,47 @@ def test_the_conv_row_shows_a_run_that_diverged_after_its_best_round():
   # VIRTUAL's best S (95.0 + 97.5 + 97.5) / 3 = 96.7, FedAvg's 99.0: more than 1 pp below.
   assert s_fedavg == ["- Table II FEMNIST-conv: S comparable to FedAvg's (within 1 pp or above): "
                       "not held (S 96.7 vs 99.0)."]
+
+
+def test_the_conv_rows_baselines_at_the_default_step_differ_from_their_tuned_cells_by_the_step():
+  cells = reproduce.catalogue(_femnist_tuning(("tune", "tune_step")))
+  tuned = {(c.algorithm, c.seed): c for c in cells if c.experiment == "table2_conv"}
+  step = [c for c in cells if c.experiment == "default_step" and c.row == reproduce.CONV_ROW]
+  assert sorted((c.algorithm, c.seed) for c in step) == [
+      (a, s) for a in reproduce.CONV_DEFAULT_STEP_ALGORITHMS for s in reproduce.TABLE2_SEEDS]
+  for c in step:
+    assert not c.depends and c.setting == reproduce.DEFAULT_STEP
+    at_tuned = tuned[(c.algorithm, c.seed)].flag_dict
+    assert at_tuned["server_lr"] > 1.0  # the MLP row's tuned step, above the default
+    assert c.flag_dict == {k: v for k, v in at_tuned.items() if k != "server_lr"}
+
+
+def test_the_conv_rows_claims_at_the_default_step_are_judged_from_their_own_records():
+  records = _femnist_tuning(("tune", "tune_step"))
+  cells = {c.name: c for c in reproduce.catalogue(records)
+           if c.experiment in ("table2_conv", "default_step") and c.row == reproduce.CONV_ROW}
+  for seed in reproduce.TABLE2_SEEDS:
+    for name, mt in ((f"virtual/table2_conv/femnist_conv/virtual/mlp_tuned/seed{seed}", 0.985),
+                     # at the tuned step FedAvg collapses early; at step 1 it does not
+                     (f"virtual/table2_conv/femnist_conv/fedavg/mlp_tuned/seed{seed}", 0.60),
+                     (f"virtual/default_step/femnist_conv/fedavg/default/seed{seed}",
+                      0.990 + 0.001 * seed)):
+      records[name] = _record(cells[name], dict(server_accuracy=[0.5, 0.97], mt_accuracy=[0.5, mt],
+                                                mt_loss=[1.0, 0.1]))
+  tuned = virtual_report.conv_claims(records)
+  at_step = virtual_report.conv_default_step_claims(records)
+  assert any(l.startswith("- Table II FEMNIST-conv: VIRTUAL's MT above FedAvg's") and
+             ": held" in l for l in tuned), tuned
+  above = [l for l in at_step if "VIRTUAL's MT above FedAvg's" in l]
+  assert len(above) == 1 and ": not held" in above[0], at_step
+  assert [l for l in at_step if "FedProx" in l and "pending" not in l] == []
+  row = _coverage_row(records, "Table II, FEMNIST-conv row's baselines at server step 1 (ours)")
+  assert row[2].startswith("partial") and row[3] == 3, row
+  assert "femnist_conv, baselines at server step 1" in dict(virtual_report.curve_groups(records))
+  for seed in reproduce.TABLE2_SEEDS:
+    del records[f"virtual/default_step/femnist_conv/fedavg/default/seed{seed}"]
+  assert "femnist_conv, baselines at server step 1" not in dict(
+      virtual_report.curve_groups(records))
 
 
 def test_downpour_claim_waits_for_three_trials_at_the_most_rounds_and_holds_beyond_the_error():

@@ -33,7 +33,7 @@ import dataclasses
 import fnmatch
 import os
 import sys
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -544,6 +544,10 @@ RESUMABLE_LAUNCHERS = ("train", "fola_curves")
 # Table II's FEMNIST-conv row: at the MLP row's tuned settings (no grid of its own:
 # ~85 s a round, measured).
 CONV_ROW = "femnist_conv"
+# (ours) The conv row's baselines also at the default server step (plain averaging, the
+# paper's own FedAvg and FedProx): at the MLP row's tuned steps (1.5, 2) two of three
+# FedProx seeds and one FedAvg seed fell to chance; a baseline cell is ~25 min alone.
+CONV_DEFAULT_STEP_ALGORITHMS = ("fedavg", "fedprox")
 # VIRTUAL v1 Table 2 (virtual_v1.txt): 10 clients, all in every round, Local, Global,
 # FedAvg and VIRTUAL, MT accuracy over splits (the seed draws the partition).
 V1_ROWS = ("mnist", "pmnist")
@@ -578,10 +582,12 @@ FOLA_CURVE_NS = (5, 20, 100)
 FOLA_CURVE_METHODS = FOLA_METHODS + ("laplace_offline",)
 
 
-def _row_setting(records: Mapping[str, Mapping[str, Any]], row: str,
-                 algorithm: str) -> Tuple[Dict[str, Any], str]:
-  """Table II's tuned setting of (row, algorithm) and why it is not chosen yet ('')."""
-  chosen, why = tuned_setting(records, row, algorithm)
+def _row_setting(records: Mapping[str, Mapping[str, Any]], row: str, algorithm: str,
+                 choose: Callable[..., Tuple[Optional[Dict[str, Any]], str]] = tuned_setting
+                 ) -> Tuple[Dict[str, Any], str]:
+  """Table II's tuned setting of (row, algorithm) (`choose=grid_setting`: its grid's, at
+  the default server step) and why it is not chosen yet ('')."""
+  chosen, why = choose(records, row, algorithm)
   return dict(chosen or {}), ("" if chosen is not None else
                               f"Table II's {row} {algorithm} tuning: {why}")
 
@@ -589,10 +595,12 @@ def _row_setting(records: Mapping[str, Mapping[str, Any]], row: str,
 def _femnist_train_cell(records, experiment_name: str, algorithm: str, label: str,
                         setting: str, seed: int, extra: Mapping[str, Any], *,
                         tuned_as: str = "", row: str = FEMNIST_ROW, rounds_cost: float = 1.0,
-                        launcher: str = "train") -> Cell:
+                        launcher: str = "train", default_step: bool = False) -> Cell:
   """A training cell at Table II's tuned FEMNIST-MLP setting of `tuned_as` (default
-  `algorithm`), `extra` flags on top; `label` is the cell's algorithm field."""
-  hp, why = _row_setting(records, FEMNIST_ROW, tuned_as or algorithm)
+  `algorithm`; `default_step`: its tuning grid's setting, whose server step is the
+  default), `extra` flags on top; `label` is the cell's algorithm field."""
+  hp, why = _row_setting(records, FEMNIST_ROW, tuned_as or algorithm,
+                         grid_setting if default_step else tuned_setting)
   flags = dict(_table2_flags(row, algorithm, dict(hp, **extra), TABLE2_ROUNDS["final"], seed,
                              False))
   if launcher != "train":
@@ -720,7 +728,8 @@ def calibrated_table2_cells(records: Mapping[str, Mapping[str, Any]]) -> List[Ce
 
 
 def virtual_figure_cells(records: Mapping[str, Mapping[str, Any]]) -> List[Cell]:
-  """VIRTUAL's Table III, Fig. 4, Table IV (MLP), Fig. 2 and FEMNIST-conv cells."""
+  """VIRTUAL's Table III, Fig. 4, Table IV (MLP), Fig. 2 and FEMNIST-conv cells (the conv
+  row's baselines at their tuned and at the default server step)."""
   cells = []
   for variant, extra in TABLE3_VARIANTS.items():
     for p in TABLE3_PERCENTILES:
@@ -756,6 +765,11 @@ def virtual_figure_cells(records: Mapping[str, Mapping[str, Any]]) -> List[Cell]
                                        "mlp_tuned", seed,
                                        presets.preset(CONV_ROW),
                                        row=CONV_ROW, rounds_cost=25.0))
+  for algorithm in CONV_DEFAULT_STEP_ALGORITHMS:
+    for seed in TABLE2_SEEDS:
+      cells.append(_femnist_train_cell(records, "default_step", algorithm, algorithm,
+                                       DEFAULT_STEP, seed, presets.preset(CONV_ROW),
+                                       row=CONV_ROW, rounds_cost=25.0, default_step=True))
   return cells
 
 

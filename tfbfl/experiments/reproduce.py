@@ -544,9 +544,9 @@ RESUMABLE_LAUNCHERS = ("train", "fola_curves")
 # Table II's FEMNIST-conv row: at the MLP row's tuned settings (no grid of its own:
 # ~85 s a round, measured).
 CONV_ROW = "femnist_conv"
-# (ours) The conv row's baselines also at the default server step (plain averaging, the
-# paper's own FedAvg and FedProx): at the MLP row's tuned steps (1.5, 2) two of three
-# FedProx seeds and one FedAvg seed fell to chance; a baseline cell is ~25 min alone.
+# (ours) The conv row's baselines also at the default server step (plain averaging, as
+# the paper's FedAvg and FedProx): at the MLP row's tuned steps some of their conv runs
+# diverge (docs/reproduction.md).
 CONV_DEFAULT_STEP_ALGORITHMS = ("fedavg", "fedprox")
 # VIRTUAL v1 Table 2 (virtual_v1.txt): 10 clients, all in every round, Local, Global,
 # FedAvg and VIRTUAL, MT accuracy over splits (the seed draws the partition).

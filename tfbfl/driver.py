@@ -28,6 +28,7 @@ import os
 import sys
 from typing import Any, Dict, Optional, Tuple
 
+from tfbfl import _lazy
 from tfbfl import algorithms  # noqa: F401  (registers every algorithm)
 from tfbfl import data as data_lib
 from tfbfl import round_loop
@@ -35,6 +36,9 @@ from tfbfl import options
 from tfbfl import run_directory
 from tfbfl import runtime as runtime_lib
 from tfbfl.algorithms import registry
+
+# TensorFlow loads once a model is checked (after the flags, `tfbfl._lazy`).
+models = _lazy.load("tfbfl.models")
 
 DEFAULT_ALGORITHM = "virtual"
 # Owners of the algorithm-independent settings (the algorithms' come from the registry).
@@ -161,14 +165,45 @@ def runtime_options(p: Dict[str, Any]) -> runtime_lib.RuntimeOptions:
   return options.from_flags(runtime_lib.RuntimeOptions, p)
 
 
-def configs(p: Dict[str, Any], data: data_lib.FederatedData, **run_fixed) -> Configs:
+def configs(p: Dict[str, Any], data: data_lib.FederatedData, *, model=None,
+            **run_fixed) -> Configs:
   """Every typed config of a run from its resolved flags `p` (`resolve_params`, then
   `load_data`) and its `data` (the model's shapes), in one pass; the algorithm's own
-  checks run here, before TensorFlow Federated starts. `run_fixed`: RunConfig fields
-  that come from elsewhere (the data fingerprint)."""
+  checks run here, before TensorFlow Federated starts. `model`: the checked
+  `tfbfl.models.ModelTemplate` of `--model` (`model_template`), None for the built-in
+  `--architecture`. `run_fixed`: RunConfig fields that come from elsewhere (the data
+  fingerprint)."""
   spec = registry.get(p["algorithm"])
-  return Configs(data=data_spec(p), algorithm=spec.make_config(p, data),
+  return Configs(data=data_spec(p), algorithm=spec.make_config(p, data, model=model),
                  run=run_config(p, **run_fixed), runtime=runtime_options(p))
+
+
+# Derived defaults that depend on the network family (`ModelTemplate.family`).
+FAMILY_DEFAULTS = ("init_scale",)
+# The flags a model's own layers replace: given with --model, they are an error.
+MODEL_REPLACES = ("architecture", "hidden_units", "filters", "image_shape")
+
+
+def _check_model_flags(p: Dict[str, Any], given: Dict[str, Any]) -> None:
+  if p.get("model") is None:
+    return
+  clash = [n for n in MODEL_REPLACES if given.get(n) is not None and p[n] != DEFAULTS[n]]
+  if clash:
+    raise ValueError(f"--model={p['model']} brings its own layers; --{clash[0]} describes a "
+                     "built-in network: leave it unset.")
+
+
+def model_template(p: Dict[str, Any], data: data_lib.FederatedData, model=None):
+  """The checked `tfbfl.models.ModelTemplate` of `--model` (or of the callable
+  `model`, which `p["model"]` names) on `data`'s shapes; None without either. Builds
+  the model once, eagerly: one `ModelError` line naming --model when it cannot be
+  imported, is not callable, is not a Keras model of one input of the data's example
+  shape and `num_classes` logits."""
+  if model is None and p.get("model") is None:
+    return None
+  builder = models.resolve_builder(p["model"] if model is None else model)
+  return models.template(builder, input_shape=data.input_shape, num_classes=data.num_classes,
+                         label=p["model"])
 
 
 def _check_temperature_scaling(p: Dict[str, Any], spec) -> None:
@@ -247,6 +282,7 @@ def load_data(p: Dict[str, Any], given: Optional[Dict[str, Any]] = None
 def run_training(params: Dict[str, Any],
                  *,
                  data: Optional[data_lib.FederatedData] = None,
+                 model=None,
                  round_hook=None) -> Dict[str, Any]:
   """Runs one configuration; returns the summary dict (also in summary.json).
 
@@ -255,6 +291,10 @@ def run_training(params: Dict[str, Any],
     data: the federated data to train on (e.g. `tfbfl.data.from_client_arrays`); None:
       loaded from the data flags (`DataSpec`). Given, the data flags must be left
       unset, and `num_clients` is the data's.
+    model: the network, as `tff.learning`'s `model_fn`: a zero-argument callable
+      returning an uncompiled Keras model with logits out (or its
+      `"MODULE:FUNCTION"`, as `params["model"]`, the flag, takes it); None: the
+      built-in `--architecture`. The run records it as `--model=MODULE:QUALNAME`.
     round_hook: `fn(round, row)` called after every round (tests, progress).
 
   Every flag, path and data check (`resolve_params`, `--output_dir` created
@@ -272,7 +312,13 @@ def run_training(params: Dict[str, Any],
       raise ValueError(f"run_training(data=...) trains on the given data; leave "
                        f"{', '.join('--' + n for n in given)} unset.")
     params = dict(params, num_clients=len(data.client_ids))
+  if model is not None:
+    if params.get("model") is not None and params["model"] != models.builder_label(model):
+      raise ValueError(f"run_training(model=...) and --model={params['model']} name two "
+                       "models; pass one.")
+    params = dict(params, model=models.builder_label(model))
   p = resolve_params(params)
+  _check_model_flags(p, params)
   if p["output_dir"]:
     run_directory.prepare(p["output_dir"])
     run_directory.check_free(p["output_dir"])
@@ -284,12 +330,22 @@ def run_training(params: Dict[str, Any],
     p["dataset"] = "user"  # recorded; the data fingerprint identifies it
   else:
     fd = load_data(p, params)
+  template = model_template(p, fd, model)
+  if template is not None:
+    # Defaults that follow the network family (VIRTUAL's init_scale) follow the model's.
+    unset = {n: None for n in FAMILY_DEFAULTS if n in p and params.get(n) is None}
+    if unset:
+      p.update({n: v for n, v in spec.config_cls.derived_defaults(
+          dict(p, architecture=template.family, **unset)).items() if n in unset})
   flags = {k: (list(v) if isinstance(v, tuple) else v) for k, v in p.items()}
+  if template is not None:
+    # Recorded and compared on --resume with the flags (not a flag: never replayed).
+    flags["model_fingerprint"] = template.fingerprint()
   fingerprint = None
   if p["resume"]:
     fingerprint = run_directory.data_fingerprint(fd)
     round_loop.ExperimentRunner.check_resumable(p["output_dir"], flags, fingerprint)
-  c = configs(p, fd, data_fingerprint=fingerprint)
+  c = configs(p, fd, model=template, data_fingerprint=fingerprint)
   if c.runtime.executor == "remote":
     runtime_lib.set_runtime("remote",
                             workers=c.runtime.workers,

@@ -147,6 +147,14 @@ class ClientTraining:
       "--server_optimizer=adam).",
       low_open=True,
       none_ok=True)
+  # The user's network (`tfbfl.models`): "MODULE:FUNCTION" from the flag, or the
+  # callable itself from Python (`driver.run_training(model=...)`).
+  model: Optional[Any] = options.text(
+      None, "The network, as tff.learning's model_fn: MODULE:FUNCTION naming a zero-argument "
+      "function that returns an uncompiled Keras Sequential or functional model with logits "
+      "out (imported from the current directory or PYTHONPATH); its layers replace "
+      "--architecture, --hidden_units, --filters and --image_shape. Unset: the built-in "
+      "--architecture.")
   architecture: str = options.choice(
       "mlp", ARCHITECTURES, "Network: mlp (all algorithms), conv (FEMNIST net: VIRTUAL and "
       "the FedAvg family), lstm (Shakespeare, VIRTUAL), cnn (McMahan et al. CIFAR-10 CNN, "

@@ -46,9 +46,13 @@ class AlgorithmSpec:
   def hooks(self) -> Tuple[type, ...]:
     return () if self.algorithm_cls is None else base.check_hooks(self.algorithm_cls)
 
-  def make_config(self, params: Mapping[str, Any], data):
-    """The config from flag values `params` and `data`'s shapes (`model_fields`)."""
+  def make_config(self, params: Mapping[str, Any], data, model=None):
+    """The config from flag values `params` and `data`'s shapes (`model_fields`);
+    `model`, the checked `tfbfl.models.ModelTemplate` of `--model`, replaces the
+    flag's string."""
     fixed = dict(model_fields(data, params), **self.fixed)
+    if model is not None:
+      fixed["model"] = model
     return options.from_flags(self.config_cls, params, **fixed)
 
 

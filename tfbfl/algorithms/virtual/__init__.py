@@ -31,7 +31,7 @@ from tfbfl.algorithms.virtual.algorithm import VirtualAlgorithm
 from tfbfl.algorithms.virtual.client import client_update
 from tfbfl.algorithms.virtual.client import client_update_batch
 from tfbfl.algorithms.virtual.client import conjugate_linear_posterior
-from tfbfl.algorithms.virtual.config import batched
+from tfbfl.algorithms.virtual.model import batched
 from tfbfl.algorithms.virtual.config import ClientOutput
 from tfbfl.algorithms.virtual.config import ClientState
 from tfbfl.algorithms.virtual.config import default_step

@@ -29,10 +29,10 @@ import numpy as np
 from tfbfl import _lazy
 from tfbfl.algorithms.virtual import keras_step
 from tfbfl.algorithms.virtual import step as lean_step
-from tfbfl.algorithms.virtual.config import batched
 from tfbfl.algorithms.virtual.config import ClientOutput
 from tfbfl.algorithms.virtual.config import ClientState
 from tfbfl.algorithms.virtual.config import VirtualConfig
+from tfbfl.algorithms.virtual.model import batched
 from tfbfl.algorithms.virtual.model import build_networks
 from tfbfl.algorithms.virtual.model import data_loss
 from tfbfl.algorithms.virtual.model import flatten_for_mlp

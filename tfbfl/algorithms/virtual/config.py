@@ -241,9 +241,3 @@ class VirtualConfig(base.ClientTraining):
     """Whether the shared scales take the natural-gradient precision step
     (`precision_step > 0`; needs `kl_weight > 0`, else plain SGD)."""
     return self.precision_step > 0 and self.kl_weight > 0
-
-
-def batched(cfg: VirtualConfig) -> bool:
-  """Whether clients train with the lean, client-batched step
-  (`tfbfl.algorithms.virtual.step`): the MLP with SGD and `lean_step`."""
-  return cfg.lean_step and cfg.architecture == "mlp" and cfg.local_solver == "sgd"

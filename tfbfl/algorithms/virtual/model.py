@@ -12,6 +12,7 @@ cross-entropy (`likelihood="categorical"`) or `(y - f(x))^2 / (2 noise_scale^2)`
 from __future__ import annotations
 
 import collections
+import functools
 from typing import Optional
 
 import numpy as np
@@ -24,6 +25,8 @@ from tfbfl.algorithms.virtual.config import VirtualConfig
 tf = _lazy.load("tensorflow")
 gaussian = _lazy.load("tfbfl.gaussian")
 networks = _lazy.load("tfbfl.networks")
+builders = _lazy.load("tfbfl.networks.builders")
+progressive = _lazy.load("tfbfl.networks.progressive")
 
 
 def data_loss(cfg: VirtualConfig, y, outputs, mask=None, axis=None):
@@ -40,32 +43,48 @@ def data_loss(cfg: VirtualConfig, y, outputs, mask=None, axis=None):
   return loss, tf.zeros_like(loss)
 
 
+def network_template(cfg: VirtualConfig):
+  """The checked `tfbfl.models.ModelTemplate` VIRTUAL's columns are built from: the
+  user's `--model`, else the built-in `--architecture` (mlp, conv) by the same path;
+  None for the built-in LSTM (`networks.VirtualLSTMNetworks`)."""
+  if cfg.model is None and cfg.architecture == "lstm":
+    return None
+  return builders.template_for(cfg.model,
+                               architecture=cfg.architecture,
+                               input_shape=cfg.example_shape,
+                               num_classes=cfg.num_classes,
+                               hidden_units=tuple(cfg.hidden_units),
+                               image_shape=cfg.image_shape,
+                               filters=tuple(cfg.filters),
+                               kernel_size=cfg.kernel_size,
+                               activation=cfg.activation)
+
+
+def batched(cfg: VirtualConfig) -> bool:
+  """Whether clients train with the lean, client-batched step
+  (`tfbfl.algorithms.virtual.step`): SGD with `lean_step` on a network that is a stack
+  of Dense layers (`progressive.is_dense_stack`: the preset MLP or a user's)."""
+  if not (cfg.lean_step and cfg.local_solver == "sgd"):
+    return False
+  tmpl = network_template(cfg)
+  return tmpl is not None and progressive.is_dense_stack(tmpl)
+
+
 def _architecture(cfg: VirtualConfig):
   """(network class, initial shared posterior fn, initial private weights fn,
-  keyword arguments) of the configured architecture."""
+  keyword arguments) of the configured network."""
   common = dict(init_scale=cfg.init_scale)
-  if cfg.architecture == "conv":
-    kw = dict(input_shape=tuple(cfg.image_shape or cfg.example_shape),
-              num_classes=cfg.num_classes,
-              filters=tuple(cfg.filters),
-              kernel_size=cfg.kernel_size,
-              hidden_units=tuple(cfg.hidden_units),
-              **common)
-    return (networks.VirtualConvNetworks, networks.initial_shared_posterior_conv,
-            networks.initial_private_weights_conv, kw)
-  if cfg.architecture == "lstm":
+  tmpl = network_template(cfg)
+  if tmpl is None:
     kw = dict(vocab_size=cfg.vocab_size,
               embedding_dim=cfg.embedding_dim,
               lstm_units=tuple(cfg.lstm_units),
               **common)
     return (networks.VirtualLSTMNetworks, networks.initial_shared_posterior_lstm,
             networks.initial_private_weights_lstm, kw)
-  kw = dict(input_dim=cfg.input_dim,
-            num_classes=cfg.num_classes,
-            hidden_units=tuple(cfg.hidden_units),
-            **common)
-  return (networks.VirtualNetworks, networks.initial_shared_posterior, networks.initial_private_weights,
-          kw)
+  return (functools.partial(progressive.ProgressiveNetworks, tmpl),
+          functools.partial(progressive.initial_shared_posterior_of, tmpl),
+          functools.partial(progressive.initial_private_weights_of_template, tmpl), common)
 
 
 def initial_posterior(cfg: VirtualConfig) -> gaussian.NaturalGaussian:
@@ -115,13 +134,14 @@ def _as_numpy(structure):
 def build_networks(cfg: VirtualConfig):
   """The configured server + client networks (unseeded: values are assigned)."""
   network, _, _, kw = _architecture(cfg)
-  extra = dict(activation=cfg.activation) if cfg.architecture != "lstm" else {}
+  extra = dict(activation=cfg.activation) if network_template(cfg) is not None else {}
   return network(prior_scale=cfg.prior_scale, gate_init=cfg.gate_init, seed=None, **extra, **kw)
 
 
 def flatten_for_mlp(cfg: VirtualConfig, x):
-  """`x` as `[n, input_dim]` rows for the MLP (images are flattened); as is otherwise."""
-  return tf.reshape(x, [tf.shape(x)[0], cfg.input_dim]) if cfg.architecture == "mlp" else x
+  """`x` as `[n, input_dim]` rows for a stack of Dense layers (`batched`: the lean step
+  reads flat examples); as is otherwise (the network's own layers reshape it)."""
+  return tf.reshape(x, [tf.shape(x)[0], cfg.input_dim]) if batched(cfg) else x
 
 
 def log_precision_metrics(net, posterior, private) -> "collections.OrderedDict":

@@ -14,7 +14,8 @@ network.
   (`--architecture=cnn`).
 * `preset(architecture, ...)`: the builder `--architecture` names.
 * `template_for(...)`: the checked `tfbfl.models.ModelTemplate` an algorithm trains:
-  its config's `model` (the user's), else the preset.
+  its config's `model` (the user's), else the preset; `config_template(cfg)` reads
+  those settings from an algorithm's config.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ import tensorflow as tf
 
 from tfbfl import models
 
-__all__ = ["ConvNet", "MCMAHAN_FILTERS", "MLP", "McMahanCNN", "preset", "template_for"]
+__all__ = ["ConvNet", "MCMAHAN_FILTERS", "MLP", "McMahanCNN", "config_template", "preset",
+           "template_for"]
 
 MCMAHAN_FILTERS = (32, 64)
 
@@ -201,3 +203,18 @@ def template_for(model, *, architecture: str, input_shape, num_classes: int,
   except TypeError:  # an unhashable builder: not cached
     return models.template(model, input_shape=input_shape, num_classes=num_classes)
   return _template(model, input_shape, int(num_classes))
+
+
+def config_template(cfg) -> models.ModelTemplate:
+  """`template_for` from an algorithm config's fields (`model`, `architecture`,
+  `example_shape`, `num_classes`, `hidden_units`, `image_shape`, `filters`,
+  `kernel_size` and `activation` where the config has them)."""
+  return template_for(cfg.model,
+                      architecture=cfg.architecture,
+                      input_shape=cfg.example_shape,
+                      num_classes=cfg.num_classes,
+                      hidden_units=tuple(cfg.hidden_units),
+                      image_shape=cfg.image_shape,
+                      filters=tuple(cfg.filters),
+                      kernel_size=getattr(cfg, "kernel_size", 5),
+                      activation=getattr(cfg, "activation", "relu"))

@@ -49,15 +49,7 @@ def network_template(cfg: VirtualConfig):
   None for the built-in LSTM (`networks.VirtualLSTMNetworks`)."""
   if cfg.model is None and cfg.architecture == "lstm":
     return None
-  return builders.template_for(cfg.model,
-                               architecture=cfg.architecture,
-                               input_shape=cfg.example_shape,
-                               num_classes=cfg.num_classes,
-                               hidden_units=tuple(cfg.hidden_units),
-                               image_shape=cfg.image_shape,
-                               filters=tuple(cfg.filters),
-                               kernel_size=cfg.kernel_size,
-                               activation=cfg.activation)
+  return builders.config_template(cfg)
 
 
 def batched(cfg: VirtualConfig) -> bool:

@@ -4,6 +4,10 @@ import os
 import signal
 import subprocess
 import sys
+import time
+
+import grpc
+import psutil
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -68,3 +72,72 @@ def as_terminal_job():
   SIGINT ignored and children inherit that, so a suite run from `cmd &` would
   otherwise start launchers deaf to the Ctrl-C the tests send."""
   signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+# ------------------------------------------------------- tfbfl-worker services
+def start_worker(port, log_dir):
+  """`python -m tfbfl.worker --port=<port>` (loopback), its output in
+  `<log_dir>/cli_<port>.out`; the caller ends it (SIGTERM; it exits 0)."""
+  out = open(os.path.join(log_dir, f"cli_{port}.out"), "wb")  # pylint: disable=consider-using-with
+  proc = subprocess.Popen([
+      sys.executable, "-m", "tfbfl.worker", f"--port={port}", f"--log_dir={log_dir}",
+      "--max_concurrent_computation_calls=1"
+  ],
+                          stdin=subprocess.DEVNULL,
+                          stdout=out,
+                          stderr=subprocess.STDOUT)
+  out.close()
+  return proc
+
+
+def binary_pids(proc):
+  """The pids of a `tfbfl-worker`'s children (its `worker_binary` and bridge)."""
+  try:
+    return [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+  except psutil.NoSuchProcess:
+    return []
+
+
+def wait_gone(pids, timeout_s=10.0):
+  """True once none of `pids` runs (zombies count as gone), False after `timeout_s`."""
+  deadline = time.time() + timeout_s
+  while time.time() < deadline:
+    alive = [
+        p for p in pids
+        if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+    ]
+    if not alive:
+      return True
+    time.sleep(0.1)
+  return False
+
+
+def wait_serving(proc, port, timeout_s=60.0):
+  """Until the worker's binary is up (a child exists and the port accepts gRPC)."""
+  channel = grpc.insecure_channel(f"localhost:{port}")
+  try:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+      assert proc.poll() is None, f"tfbfl-worker on port {port} exited with {proc.returncode}"
+      try:
+        grpc.channel_ready_future(channel).result(timeout=0.5)
+        if binary_pids(proc):
+          return
+      except grpc.FutureTimeoutError:
+        pass
+    raise AssertionError(f"tfbfl-worker on port {port} not serving after {timeout_s} s")
+  finally:
+    channel.close()
+
+
+def stop_worker(proc, timeout_s=30.0):
+  """Ends a `tfbfl-worker` started by `start_worker` (a stopped one is continued first);
+  returns its exit status."""
+  if proc.poll() is None:
+    try:
+      proc.send_signal(signal.SIGCONT)
+      proc.send_signal(signal.SIGTERM)
+      return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+      proc.kill()
+  return proc.wait(timeout=timeout_s)

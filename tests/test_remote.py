@@ -17,64 +17,19 @@ from concurrent import futures
 import grpc
 import numpy as np
 import portpicker
-import psutil
 import pytest
 
 from tfbfl import client_store
 from tfbfl import runtime
 from tfbfl import state_files
+import launcher_helpers
 
 
 # ----------------------------------------------------------------- helpers
-def _start_worker(port, log_dir):
-  out = open(os.path.join(log_dir, f"cli_{port}.out"), "wb")  # pylint: disable=consider-using-with
-  proc = subprocess.Popen([
-      sys.executable, "-m", "tfbfl.worker", f"--port={port}", f"--log_dir={log_dir}",
-      "--max_concurrent_computation_calls=1"
-  ],
-                          stdin=subprocess.DEVNULL,
-                          stdout=out,
-                          stderr=subprocess.STDOUT)
-  out.close()
-  return proc
-
-
-def _binary_pids(proc):
-  try:
-    return [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
-  except psutil.NoSuchProcess:
-    return []
-
-
-def _wait_gone(pids, timeout_s=10.0):
-  deadline = time.time() + timeout_s
-  while time.time() < deadline:
-    alive = [
-        p for p in pids
-        if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
-    ]
-    if not alive:
-      return True
-    time.sleep(0.1)
-  return False
-
-
-def _wait_serving(proc, port, timeout_s=60.0):
-  """Until the worker's binary is up (a child exists and the port accepts gRPC)."""
-  channel = grpc.insecure_channel(f"localhost:{port}")
-  try:
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-      assert proc.poll() is None, f"tfbfl-worker on port {port} exited with {proc.returncode}"
-      try:
-        grpc.channel_ready_future(channel).result(timeout=0.5)
-        if _binary_pids(proc):
-          return
-      except grpc.FutureTimeoutError:
-        pass
-    raise AssertionError(f"tfbfl-worker on port {port} not serving after {timeout_s} s")
-  finally:
-    channel.close()
+_start_worker = launcher_helpers.start_worker
+_binary_pids = launcher_helpers.binary_pids
+_wait_gone = launcher_helpers.wait_gone
+_wait_serving = launcher_helpers.wait_serving
 
 
 @functools.lru_cache(maxsize=None)

@@ -110,6 +110,13 @@ def path_in(output_dir: str) -> str:
   return os.path.join(output_dir, CHECKPOINT)
 
 
+def exists(output_dir: str) -> bool:
+  """Whether `output_dir` holds a checkpoint (or the pickle of an older tfbfl, which
+  `read_meta` and `load` refuse): a run without one never checkpointed."""
+  return (os.path.exists(path_in(output_dir)) or
+          os.path.exists(os.path.join(output_dir, LEGACY_CHECKPOINT)))
+
+
 def plain_flag(v):
   """A flag value as plain Python (numpy scalars -> numbers, tuples -> lists),
   as stored in a checkpoint's JSON manifest and compared on `--resume`."""

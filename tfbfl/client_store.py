@@ -153,7 +153,9 @@ class DiskClientStore(collections.abc.MutableMapping):
 
     Raises:
       FileNotFoundError: `src` does not exist.
-      ValueError: `src` holds pickle states of an older tfbfl (never loaded).
+      ValueError: `src` holds pickle states of an older tfbfl (never loaded), or a
+        state file that is not intact (empty, truncated, not a state file: its
+        manifest is checked here, its arrays' checksums when it is read), naming it.
     """
     if not os.path.isdir(src):
       raise FileNotFoundError(f"client-state snapshot {src} does not exist.")
@@ -163,6 +165,12 @@ class DiskClientStore(collections.abc.MutableMapping):
           f"{os.path.join(src, legacy[0])}: a pickle client state of an older tfbfl; "
           "pickles are never loaded (they can execute code). Start afresh with --overwrite.")
     wanted = {int(m.group(1)) for m in map(_FILE.match, os.listdir(src)) if m}
+    for i in sorted(wanted):  # damaged files are named now, not when their client is drawn
+      try:
+        state_files.read_meta(os.path.join(src, f"client_{i}.npz"))
+      except ValueError as e:
+        raise ValueError(f"{e} It is a client state of the checkpoint's snapshot: the run "
+                         "cannot continue from it; start it again with --overwrite.") from None
     for i in self._indices():
       if i not in wanted:
         os.unlink(self.path(i))

@@ -27,8 +27,9 @@ from typing import Any, Callable, Dict, Iterable, List, Optional
 from absl import flags as absl_flags
 
 from tfbfl import round_loop
+from tfbfl import faults
 from tfbfl import options
-from tfbfl import runtime
+from tfbfl import run_directory
 from tfbfl import driver
 
 FLAGS = absl_flags.FLAGS
@@ -148,28 +149,39 @@ def quiet_tensorflow() -> None:
   os.environ.setdefault("TF2_BEHAVIOR", "1")
 
 
-def interrupted(program: str, error: BaseException) -> None:
-  """Exits with status 130 after one line on stderr: the driver's
-  `RunInterrupted` message (round, checkpoint, how to continue), or that the
-  program was interrupted."""
+def _quiet_from_now_on() -> None:
+  """The program ends here, with its one line. What still runs until the process is
+  gone (TFF's executor thread retrying a worker that is stopped or dead, TFF's
+  finalizers disposing values on it at exit, an abandoned coroutine, a zip file a
+  failed write left open) logs, warns and prints nothing more."""
   import logging  # pylint: disable=g-import-not-at-top
   import threading  # pylint: disable=g-import-not-at-top
   import warnings  # pylint: disable=g-import-not-at-top
 
-  # Already ending: a SIGTERM or Ctrl-C now (a runner's, after the terminal's Ctrl-C
-  # reached both; a second Ctrl-C as a stop finishes) would cut the line below off.
-  # SIGKILL still ends a cleanup that hangs.
-  signal.signal(signal.SIGTERM, signal.SIG_IGN)
-  signal.signal(signal.SIGINT, signal.SIG_IGN)
-  # The program ends here. What still runs until the process is gone (TFF's
-  # executor thread retrying the worker that the same Ctrl-C stopped, TFF's
-  # finalizers disposing values on it at exit, an abandoned coroutine) logs,
-  # warns and prints nothing more.
   logging.disable(logging.CRITICAL)
   warnings.simplefilter("ignore")
   threading.excepthook = lambda args: None
   sys.excepthook = lambda *args: None  # weakref finalizers at exit report through it
   sys.unraisablehook = lambda unraisable: None
+
+
+def fault(program: str, error: "faults.RunFault") -> None:
+  """Exits with the fault's status after its one line on stderr (`tfbfl.faults`: a
+  remote or local TFF worker that failed, a file that could not be written)."""
+  _quiet_from_now_on()
+  fail(program, str(error), error.status)
+
+
+def interrupted(program: str, error: BaseException) -> None:
+  """Exits with status 130 after one line on stderr: the driver's
+  `RunInterrupted` message (round, checkpoint, how to continue), or that the
+  program was interrupted."""
+  # Already ending: a SIGTERM or Ctrl-C now (a runner's, after the terminal's Ctrl-C
+  # reached both; a second Ctrl-C as a stop finishes) would cut the line below off.
+  # SIGKILL still ends a cleanup that hangs.
+  signal.signal(signal.SIGTERM, signal.SIG_IGN)
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+  _quiet_from_now_on()
   if isinstance(error, round_loop.RunInterrupted):
     line = f"{program}: {' '.join(str(error).split())}"
   else:
@@ -184,6 +196,11 @@ def parser(program: str, flag_values=FLAGS) -> Callable[[List[str]], List[str]]:
 
   def parse(argv: List[str]) -> List[str]:
     try:
+      for path in _flagfiles(argv):
+        run_directory.check_flagfile(path)  # a run's flags.txt, truncated or changed
+    except ValueError as e:
+      fail(program, str(e))
+    try:
       return flag_values(argv)
     except absl_flags.Error as e:
       message = str(e)
@@ -192,6 +209,20 @@ def parser(program: str, flag_values=FLAGS) -> Callable[[List[str]], List[str]]:
       fail(program, message)
 
   return parse
+
+
+def _flagfiles(argv: List[str]) -> List[str]:
+  """The paths of the `--flagfile` arguments in `argv`."""
+  out = []
+  for i, arg in enumerate(argv[1:], start=1):
+    name, eq, value = arg.lstrip("-").partition("=")
+    if not arg.startswith("-") or name != "flagfile":
+      continue
+    if eq:
+      out.append(value)
+    elif i + 1 < len(argv):
+      out.append(argv[i + 1])
+  return out
 
 
 def _terminate_as_interrupt(signum, frame):
@@ -235,8 +266,10 @@ def _stop_after_the_round(program: str) -> Callable[[int, Any], None]:
 def run(main: Callable[[List[str]], Any], program: str) -> None:
   """`app.run(main)` for a launcher: a bad flag (at parse time) or a `ValueError`,
   `FileNotFoundError` or `app.UsageError` raised by `main` ends the program with one
-  line `FATAL <program>: ...` and status 1, without the module's help; a crashed TFF
-  worker (`runtime.WorkerExited`) with one line and `round_loop.WORKER_EXITED_STATUS`;
+  line `FATAL <program>: ...` and status 1, without the module's help; a fault from
+  outside the run (`tfbfl.faults`: a crashed TFF worker, a remote one that died, hung
+  or cannot be reached, a full disk, a file that cannot be written or read) with one
+  line and the fault's status (`round_loop.WORKER_EXITED_STATUS` for a worker);
   Ctrl-C with one line and status 130 (`interrupted`), and SIGTERM the same way (what
   `kill`, a batch scheduler's preemption and the runner stopping a cell send); the
   first of them while a run's rounds run lets the round in flight finish and saves a
@@ -255,9 +288,12 @@ def run(main: Callable[[List[str]], Any], program: str) -> None:
       return main(argv)
     except (app.UsageError, ValueError, FileNotFoundError) as e:
       fail(program, str(e))
-    except runtime.WorkerExited as e:
-      fail(program, str(e), round_loop.WORKER_EXITED_STATUS)
     except KeyboardInterrupt as e:
       interrupted(program, e)
+    except Exception as e:  # pylint: disable=broad-except  (faults only; the rest propagates)
+      found = faults.found(e)  # a worker (WorkerExited: WORKER_EXITED_STATUS) or a file
+      if found is None:
+        raise
+      fault(program, found)
 
   app.run(guarded, flags_parser=parser(program))

@@ -88,6 +88,7 @@ import tfbfl
 from tfbfl import checkpoint
 from tfbfl import client_store as client_store_lib
 from tfbfl import evaluation
+from tfbfl import faults
 from tfbfl import files
 from tfbfl import options
 from tfbfl import run_directory
@@ -237,9 +238,10 @@ class RunStoppedError(RuntimeError):
 RUN_STOPPED_STATUS = 3
 
 # The exit status of a launcher whose TFF worker process exited mid-run (a
-# `runtime.WorkerExited`: it crashed, or was killed). The run did not finish; the same
-# command may well pass again (sysexits' EX_TEMPFAIL).
-WORKER_EXITED_STATUS = 75
+# `runtime.WorkerExited`: it crashed, or was killed), or whose remote worker died, hung
+# or could not be reached (`runtime.WorkerError`). The run did not finish; the same
+# command (`--resume` once the worker is back) may well pass (sysexits' EX_TEMPFAIL).
+WORKER_EXITED_STATUS = faults.WORKER_FAILED_STATUS
 
 # The exit status of a launcher stopped by Ctrl-C or SIGTERM (`RunInterrupted`):
 # 128 + SIGINT, as a shell reports a Ctrl-C.
@@ -367,6 +369,8 @@ class ExperimentRunner:
     self._lock = None
     self._diagnostic_keys: set = set()  # factor_diagnostics columns (TensorBoard group)
     self._round_in_progress: Optional[int] = None
+    self._stage = "starting"  # what the run does now, for the one line of a fault
+    self._resumed = config.resume  # False: --resume of a run that never checkpointed
     self._rounds_done = 0
     self._session_outputs: List[run_outputs.RunOutput] = []
     self.evaluator = evaluation.Evaluator(algorithm, self._test, seed=config.seed,
@@ -403,12 +407,45 @@ class ExperimentRunner:
     flags and data. Returns the checkpoint's round. `run` checks everything
     again (and every array's checksum) when it loads the checkpoint.
 
+    A run that never checkpointed (killed before its first checkpoint; or no run
+    at all) is resumed from round 0, if the flags in its `flags.txt` are these
+    (`_restart_state`): then this returns 0.
+
     Raises:
-      FileNotFoundError, ValueError: one line naming the checkpoint.
+      FileNotFoundError, ValueError: one line naming the checkpoint (or the flags
+        that differ from those of the run that never checkpointed).
     """
+    if not checkpoint.exists(output_dir):
+      cls._check_same_flags(output_dir, flags)
+      return 0
     meta = checkpoint.read_meta(output_dir, flags=flags, data_fingerprint=data_fingerprint,
                                 resume=True)
     return int(meta["round"])
+
+  @staticmethod
+  def _check_same_flags(output_dir: str, flags: Dict[str, Any]) -> None:
+    """Refuses `--resume` of a run without a checkpoint whose `flags.txt` holds other
+    flags than `flags` (those a resumed run may not change; a checkpoint keeps them)."""
+    diff = run_directory.flags_file_differences(output_dir, flags,
+                                                ignore=checkpoint.RESUMABLE_FLAGS)
+    if diff:
+      path = os.path.join(output_dir, FLAGS_FILE)
+      raise ValueError(
+          f"--resume: the run in {output_dir} has no checkpoint yet, and its {path} holds "
+          f"other flags than these: {', '.join('--' + d for d in diff)}; pass its flags "
+          f"(--flagfile={path} --resume) or replace the run (--overwrite).")
+
+  def _restart_state(self) -> checkpoint.RunState:
+    """`--resume` of a run that never checkpointed: its flags checked, its partial
+    outputs removed, the fresh state of round 0 (said in one line)."""
+    cfg = self.config
+    self._check_same_flags(cfg.output_dir, self.flags)
+    run_directory.clear_outputs(cfg.output_dir)
+    self._resumed = False
+    if cfg.verbose:
+      print(f"--resume: no checkpoint in {cfg.output_dir} yet (the run stopped before its "
+            "first); starting it from round 0 with its flags", flush=True)
+    return self._fresh_state()
 
   def _load_checkpoint(self) -> checkpoint.RunState:
     """The state of the run's checkpoint, checked by `tfbfl.checkpoint.load`
@@ -454,6 +491,8 @@ class ExperimentRunner:
                                             overwrite=cfg.overwrite)
       if removed and cfg.verbose:
         print(f"--overwrite: removed {', '.join(removed)} from {cfg.output_dir}", flush=True)
+      if cfg.resume and not checkpoint.exists(cfg.output_dir):
+        return self._restart_state()
       return self._load_checkpoint() if cfg.resume else self._fresh_state()
     except BaseException:
       self.close()
@@ -520,6 +559,10 @@ class ExperimentRunner:
       RunInterrupted: on Ctrl-C (see the class).
       NonFiniteServerStateError, AllClientsDroppedError (`RunStoppedError`s):
         the robust-round rules stopped the run (one-line message).
+      runtime.WorkerError, runtime.WorkerExited, files.FileWriteError,
+        run_directory.RunDirGone, OSError: a worker or a file failed (`tfbfl.faults`);
+        `faults.found(error)` is its one line (where the run was, what is kept, how
+        to continue), which the launchers print.
     """
     try:
       return self._run()
@@ -527,8 +570,46 @@ class ExperimentRunner:
       if isinstance(e, RunInterrupted):
         raise
       raise self._interrupted() from None
+    except Exception as e:  # pylint: disable=broad-except  (raised as it is)
+      fault = self._fault(e)
+      if fault is not None:
+        faults.attach(e, fault)
+      raise
     finally:
       self.close()
+
+  def _fault(self, error: Exception) -> Optional["faults.RunFault"]:
+    """The one line of `error` (`faults.RunFault`: what failed, where the run was,
+    what is kept, how to continue), or None when it is no fault of `tfbfl.faults` (a
+    bug, a bad state file). A missing output directory wins over the error it caused."""
+    cfg, r = self.config, self._round_in_progress
+    if self._lock is not None:
+      try:
+        self._lock.check()
+      except run_directory.RunDirGone as gone:
+        error = gone
+    if r:
+      where = f"in round {r} of {cfg.rounds} ({self._stage})"
+    elif self._stage == "starting":
+      where = "as the run started"
+    else:
+      where = f"{self._stage} after round {self._rounds_done} of {cfg.rounds}"
+    return faults.during_run(error, where=where, output_dir=cfg.output_dir,
+                             saved_round=self._saved_round(), command=self._command())
+
+  def _saved_round(self) -> Optional[int]:
+    """The round of the checkpoint on disk now (None: none, or unreadable)."""
+    if not self.config.output_dir:
+      return None
+    try:
+      return int(state_files.read_meta(checkpoint.path_in(self.config.output_dir))["round"])
+    except (OSError, ValueError, KeyError, TypeError):
+      return None
+
+  def _command(self) -> str:
+    """The command that replays this run from its flags.txt (add --resume / --overwrite)."""
+    return f"{self.replay.command} --flagfile=" + shlex.quote(
+        os.path.join(self.config.output_dir or "", FLAGS_FILE))
 
   def _interrupted(self, stopped_after: Optional[int] = None,
                    before_its_rounds: bool = False) -> RunInterrupted:
@@ -548,14 +629,8 @@ class ExperimentRunner:
                "final outputs)")
     else:
       where = "interrupted before the first round"
-    saved = None
-    if cfg.output_dir:
-      try:
-        saved = int(state_files.read_meta(checkpoint.path_in(cfg.output_dir))["round"])
-      except (OSError, ValueError, KeyError, TypeError):
-        saved = None
-    command = f"{self.replay.command} --flagfile=" + shlex.quote(
-        os.path.join(cfg.output_dir or "", FLAGS_FILE))
+    saved = self._saved_round()
+    command = self._command()
     if saved:
       message = (f"{where}; the checkpoint has round {saved}; continue with: "
                  f"{command} --resume")
@@ -570,6 +645,7 @@ class ExperimentRunner:
 
   def _run(self) -> Dict[str, Any]:
     cfg = self.config
+    self._stage = "starting"
     if _STOP_ASKED[0]:  # asked for in an earlier run's last round: it takes effect here
       _STOP_ASKED[0] = False
       raise self._interrupted(before_its_rounds=True)
@@ -577,13 +653,13 @@ class ExperimentRunner:
     state.code_history = run_directory.extend_code_history(
         state.code_history, state.round, run_directory.source_provenance())
     self.state, self._rounds_done = state, state.round
-    if cfg.resume and cfg.verbose:
+    if self._resumed and cfg.verbose:
       print(f"resumed from {checkpoint.path_in(cfg.output_dir)} at round {state.round}",
             flush=True)
     outputs = self._session_outputs = (self.standard_outputs()
                                        if self.outputs is None else list(self.outputs))
     for output in outputs:
-      output.on_start(state, cfg.resume)
+      output.on_start(state, self._resumed)
     k = len(self.client_ids)
     self.evaluator.reset()  # a resumed run recomputes every client's MT once
     clock = time.time() - state.wall_time_s
@@ -598,12 +674,16 @@ class ExperimentRunner:
     _IN_ROUNDS.append(self)
     try:
       for r in range(state.round + 1, cfg.rounds + 1):
-        self._round_in_progress = r
+        self._round_in_progress, self._stage = r, "training"
         row = self._train_round(state, round_fn, r, clock)
         if r % cfg.eval_every == 0 or r == cfg.rounds:
+          self._stage = "evaluating"
           self._evaluate_into(state, row)
         row["wall_time_s"] = time.time() - clock
         state.rows.append(row)
+        self._stage = "writing its outputs"
+        if self._lock is not None:
+          self._lock.check()  # the output directory is still there (else: RunDirGone)
         for output in outputs:  # the progress line last: a Ctrl-C after it loses nothing
           output.on_round(state, row, row)
         self._stop_if_all_dropped(state.rows, r)
@@ -615,7 +695,7 @@ class ExperimentRunner:
           raise self._interrupted(stopped_after=r)
     finally:
       _IN_ROUNDS.remove(self)
-    self._round_in_progress = None
+    self._round_in_progress, self._stage = None, "writing the final outputs"
     self._evaluate_final_state(state, outputs)
     self.rows, self.client_rows = state.rows, state.client_rows
     summary = self.summary(state)

@@ -61,6 +61,18 @@ class RunDirBusyError(ValueError):
   """Another run holds the output directory's lock."""
 
 
+class RunDirGone(OSError):
+  """The output directory of a run was removed, moved or replaced while the run
+  held it (`RunLock.check`): its lock file is no longer at its path."""
+
+  def __init__(self, directory: str):
+    super().__init__(errno.ENOENT, "removed or moved while a run held it", directory)
+    self.directory = directory
+
+  def __str__(self) -> str:
+    return f"--output_dir={self.directory} was removed or moved while the run wrote into it"
+
+
 def prepare(path: str, flag: str = "--output_dir") -> str:
   """Creates `path` (and parents) if needed; returns its absolute path.
 
@@ -135,6 +147,22 @@ class RunLock:
     if owner is not None:  # the lock goes with its owner
       weakref.finalize(owner, self.release)
     return self
+
+  def check(self) -> None:
+    """Raises `RunDirGone` when the lock file this lock holds is no longer at its
+    path: the directory was removed, moved or replaced since it was taken (a run
+    writing on would recreate it and fill it with a part of its outputs). A lock not
+    held, or a path that cannot be looked at (permissions), passes."""
+    if self._fd is None:
+      return
+    try:
+      held, there = os.fstat(self._fd), os.stat(self.path)
+    except (FileNotFoundError, NotADirectoryError):
+      raise RunDirGone(self.directory) from None
+    except OSError:
+      return
+    if (held.st_dev, held.st_ino) != (there.st_dev, there.st_ino):
+      raise RunDirGone(self.directory)
 
   def release(self) -> None:
     """Drops the lock (idempotent)."""
@@ -276,6 +304,81 @@ def flag_text(value: Any) -> Optional[str]:
   if isinstance(value, (list, tuple)):
     return ",".join(flag_text(v) or "" for v in value)
   return str(value)
+
+
+# flags.txt: its first line, and its last, which holds the sha256 of the lines above
+# (`FlagsFile`; `check_flagfile`). A flags.txt of an older tfbfl starts with
+# `UNCHECKED_HEADER` and has no checksum.
+FLAGS_HEADER = "# The flags of this run (its last line checks them). Continue it, or run it again:"
+UNCHECKED_HEADER = "# The flags of this run. Continue it, or run it again:"
+CHECKSUM_LINE = "# sha256 of the lines above: "
+
+
+def checked_flags_text(body: str) -> str:
+  """`body` (`FLAGS_HEADER`'s line first) with its checksum line appended."""
+  return body + CHECKSUM_LINE + hashlib.sha256(body.encode("utf-8")).hexdigest() + "\n"
+
+
+def check_flagfile(path: str) -> None:
+  """Refuses a run's `flags.txt` (a `--flagfile` named so) that is truncated or was
+  changed since the run wrote it, before absl reads it: absl would take what is left
+  of a truncated file, and a flipped bit in a value, as the run's flags. A flags
+  file of another name, or of an older tfbfl (no checksum line), is not checked.
+
+  Raises:
+    ValueError: one line naming `--flagfile=path` and what is wrong.
+  """
+  if os.path.basename(path) != FLAGS_FILE:
+    return
+  try:
+    with open(path, "rb") as f:
+      raw = f.read()
+  except OSError:
+    return  # absl names a missing or unreadable flag file itself
+  where = f"--flagfile={path}"
+  advice = ("pass the run's flags on the command line instead (with --resume they are "
+            "checked against its checkpoint)")
+  try:
+    text = raw.decode("utf-8")
+  except UnicodeDecodeError:
+    raise ValueError(f"{where} is corrupted (not UTF-8 text); {advice}.") from None
+  if not text or FLAGS_HEADER.startswith(text.rstrip("\n")) or UNCHECKED_HEADER.startswith(
+      text.rstrip("\n")):
+    raise ValueError(f"{where} is truncated ({len(raw)} bytes, no flags); {advice}.")
+  if not text.startswith(FLAGS_HEADER):
+    return
+  lines = text.splitlines(keepends=True)
+  last = lines[-1]
+  if not last.startswith(CHECKSUM_LINE) or not last.endswith("\n"):
+    raise ValueError(f"{where} is truncated (its last line, '{CHECKSUM_LINE}...', is "
+                     f"missing); {advice}.")
+  body = "".join(lines[:-1])
+  want = last[len(CHECKSUM_LINE):].strip()
+  got = hashlib.sha256(body.encode("utf-8")).hexdigest()
+  if got != want:
+    raise ValueError(
+        f"{where} changed since the run wrote it (its lines hash to sha256 {got[:12]}..., its "
+        f"last line says {want[:12]}...): corrupted, or edited by hand. Pass a changed flag "
+        "on the command line after --flagfile instead of editing the file, or delete the "
+        "file's last line to use it as it is.")
+
+
+def flags_file_differences(output_dir: str, flags: Mapping[str, Any],
+                           ignore: Iterable[str] = ()) -> List[str]:
+  """The flags whose value in `<output_dir>/flags.txt` differs from `flags` (names
+  sorted; [] without a flags.txt). Only flags the file names are compared, `ignore`
+  and `NOT_IN_FLAGFILE` left out; values are compared as the file writes them
+  (`flag_text`). A damaged file raises `check_flagfile`'s `ValueError`."""
+  path = os.path.join(output_dir, FLAGS_FILE)
+  if not os.path.exists(path):
+    return []
+  check_flagfile(path)
+  with open(path, encoding="utf-8") as f:
+    saved = dict(line[2:].rstrip("\n").split("=", 1) for line in f
+                 if line.startswith("--") and "=" in line)
+  skip = set(ignore) | set(NOT_IN_FLAGFILE) | {"verbose"}
+  return sorted(k for k, text in saved.items()
+                if k not in skip and k in flags and flag_text(flags[k]) != text)
 
 
 def flagfile_text(flags: Mapping[str, Any], names: Iterable[str]) -> str:

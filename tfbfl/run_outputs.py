@@ -302,10 +302,12 @@ class FlagsFile(RunOutput):
     names = [n for n in (self.flags if self.flag_names is None else self.flag_names)
              if n != "verbose"]
     command = f"{self.command} --flagfile={shlex.quote(self.path)}"
-    header = ("# The flags of this run. Continue it, or run it again:\n"
+    header = (f"{run_directory.FLAGS_HEADER}\n"
               f"#   {command} --resume\n"
               f"#   {command} --overwrite\n")
-    files.atomic_write_text(self.path, header + run_directory.flagfile_text(self.flags, names))
+    files.atomic_write_text(
+        self.path,
+        run_directory.checked_flags_text(header + run_directory.flagfile_text(self.flags, names)))
 
 
 class MetricsFiles(RunOutput):
@@ -345,16 +347,27 @@ class TensorBoard(RunOutput):
     if resumed:  # events of rounds after the checkpoint are written again
       trim_tensorboard(self.directory, state.round)
 
+  def _failed(self, error: Exception) -> Exception:
+    """A TensorFlow file error of the event writer as a `files.FileWriteError`
+    naming `tb/` (else `error` itself)."""
+    return files.write_error(error, self.directory) or error
+
   def on_round(self, state, row, new):
-    tf, writer = self._tf_writer()
-    step = int(state.rows[-1]["round"])
-    with writer.as_default():
-      for key, value in new.items():
-        if key == "round" or isinstance(value, bool):
-          continue
-        if isinstance(value, (int, float, np.integer, np.floating)):
-          tf.summary.scalar(tensorboard_tag(key, self.diagnostic_keys), float(value), step=step)
-    writer.flush()
+    try:
+      tf, writer = self._tf_writer()
+      step = int(state.rows[-1]["round"])
+      with writer.as_default():
+        for key, value in new.items():
+          if key == "round" or isinstance(value, bool):
+            continue
+          if isinstance(value, (int, float, np.integer, np.floating)):
+            tf.summary.scalar(tensorboard_tag(key, self.diagnostic_keys), float(value), step=step)
+      writer.flush()
+    except Exception as e:  # pylint: disable=broad-except  (TensorFlow's file errors)
+      failed = self._failed(e)
+      if failed is e:
+        raise
+      raise failed from e
 
   def on_end(self, state, summary):
     from tensorboard.plugins.hparams import api as hp  # pylint: disable=g-import-not-at-top
@@ -362,17 +375,29 @@ class TensorBoard(RunOutput):
     values = {k: _hparam_value(v) for k, v in sorted(self.flags.items())}
     values = {k: v for k, v in values.items() if v is not None}
     tags = {tensorboard_tag(k, self.diagnostic_keys) for r in state.rows for k in r}
-    _, writer = self._tf_writer()
-    with writer.as_default():
-      hp.hparams_config(hparams=[hp.HParam(k) for k in values],
-                        metrics=[hp.Metric(t) for t in HPARAMS_METRICS if t in tags])
-      hp.hparams(values)
-    writer.flush()
+    try:
+      _, writer = self._tf_writer()
+      with writer.as_default():
+        hp.hparams_config(hparams=[hp.HParam(k) for k in values],
+                          metrics=[hp.Metric(t) for t in HPARAMS_METRICS if t in tags])
+        hp.hparams(values)
+      writer.flush()
+    except Exception as e:  # pylint: disable=broad-except  (TensorFlow's file errors)
+      failed = self._failed(e)
+      if failed is e:
+        raise
+      raise failed from e
 
   def close(self):
+    """Closes the event writer. Every event was flushed (and a failure to write one
+    raised) by `on_round` / `on_end`; a writer that failed may fail again here, which
+    would hide the first error, so closing never raises."""
     writer, self._writer = self._writer, None
     if writer is not None:
-      writer.close()
+      try:
+        writer.close()
+      except Exception:  # pylint: disable=broad-except
+        pass
 
 
 class Checkpoints(RunOutput):
@@ -455,14 +480,20 @@ class Export(RunOutput):
     # The models are exported untempered; a run that fitted temperatures
     # (`--temperature_scaling`) states its last ones in export.json's "run".
     last = state.rows[-1] if state.rows else {}
-    export.export_run(self.algorithm,
-                      state.server_state,
-                      export.iter_client_states(self.algorithm, self.client_ids, state.clients),
-                      self.directory,
-                      samples=self.samples,
-                      seed=self.seed,
-                      info={k: last[k] for k in TEMPERATURE_KEYS if k in last},
-                      raw_input=self.raw_input)
+    try:
+      export.export_run(self.algorithm,
+                        state.server_state,
+                        export.iter_client_states(self.algorithm, self.client_ids, state.clients),
+                        self.directory,
+                        samples=self.samples,
+                        seed=self.seed,
+                        info={k: last[k] for k in TEMPERATURE_KEYS if k in last},
+                        raw_input=self.raw_input)
+    except Exception as e:  # pylint: disable=broad-except  (TensorFlow's file errors)
+      failed = files.write_error(e, self.directory)
+      if failed is None or failed is e:
+        raise
+      raise failed from e
     if self.verbose:
       print(f"[{name}] exported the server and {len(self.client_ids)} client models to "
             f"{self.directory}", flush=True)

@@ -293,6 +293,9 @@ def save(path: str,
   Raises:
     TypeError: `tree` holds something else (an object array, a custom class),
       before anything is written.
+    tfbfl.files.FileWriteError: the write failed (no space, permissions, a
+      read-only file system, the directory gone): one line naming `path` (and, for
+      a full disk, what the file needs and what is free); `path` is unchanged.
   """
   enc = _Encoder()
   structure = enc.encode(tree)
@@ -314,10 +317,11 @@ def save(path: str,
   members = dict(enc.arrays)
   members[MANIFEST] = np.frombuffer(manifest_bytes, dtype=np.uint8)
   directory = os.path.dirname(os.path.abspath(path))
-  fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX + "state-", suffix=".npz", dir=directory)
+  tmp = None
   try:
+    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX + "state-", suffix=".npz", dir=directory)
     with os.fdopen(fd, "wb") as f:
-      np.savez(f, **members)
+      _write_npz(f, members)
       if fsync:
         f.flush()
         os.fsync(f.fileno())
@@ -325,12 +329,30 @@ def save(path: str,
       mode = 0o666 & ~files.umask()
     os.chmod(tmp, mode)  # mkstemp makes 0600
     os.replace(tmp, path)
-  except BaseException:
-    if os.path.lexists(tmp):
-      os.unlink(tmp)
+    tmp = None
+  except BaseException as e:
+    files.remove_quietly(tmp)
+    failed = files.write_error(e, path, _archive_bytes(members)) if isinstance(e, OSError) else None
+    if failed is not None and failed is not e:
+      raise failed from e
     raise
   if fsync:
     fsync_dir(directory)
+
+
+def _write_npz(f, members: Dict[str, np.ndarray]) -> None:
+  """`np.savez(f, **members)`'s archive (stored, zip64 members of `.npy` arrays, no
+  pickles), closed on every path: `np.savez` leaves its zip file open when a write
+  fails, and its finalizer then prints "Exception ignored ... seek of closed file"."""
+  with zipfile.ZipFile(f, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
+    for key, value in members.items():
+      with archive.open(key + ".npy", "w", force_zip64=True) as member:
+        np.lib.format.write_array(member, np.asanyarray(value), allow_pickle=False)
+
+
+def _archive_bytes(members: Dict[str, np.ndarray]) -> int:
+  """About the size of the archive of `members` (arrays, `.npy` headers, zip records)."""
+  return sum(a.nbytes + 128 + 2 * (len(k) + 4) + 130 for k, a in members.items()) + 22
 
 
 # ---------------------------------------------------------------------- load

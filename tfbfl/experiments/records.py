@@ -11,6 +11,12 @@ FOLA cells. `read_records` reads every record under a results directory;
 `wall_seconds` read one record's values, for the catalogue's tuning choices, the
 runner's progress lines and estimates, and the report.
 
+A record file holds, besides the record, `sha256`: the checksum of the rest
+(`record_text`, `write_record`). `read_records` refuses a record file that is
+truncated, not JSON or whose checksum does not match (a flipped bit would otherwise
+change a result in silence), naming it; records written before the checksum are read
+as they are.
+
 Nothing here knows the catalogue's cells: the catalogue reads record values to choose
 its tuned settings, so the records sit below it. This module imports neither
 TensorFlow nor absl.
@@ -19,24 +25,72 @@ TensorFlow nor absl.
 from __future__ import annotations
 
 import csv
+import hashlib
+import json
 import os
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
+from tfbfl import files
 from tfbfl.experiments import _runs
 
 RECORD_VERSION = 1  # `runner.make_record` writes it; `read_records` passes over others
+CHECKSUM = "sha256"  # a record file's checksum of the rest of it (`record_text`)
+
+
+class DamagedRecord(ValueError):
+  """A record file that is truncated, not JSON, or changed since it was written."""
+
+
+def _digest(rec: Mapping[str, Any]) -> str:
+  body = {k: v for k, v in rec.items() if k != CHECKSUM}
+  return hashlib.sha256(
+      json.dumps(body, sort_keys=True, separators=(",", ":")).encode("utf-8")).hexdigest()
+
+
+def record_text(rec: Mapping[str, Any]) -> str:
+  """The text of a record's file: indented JSON, keys sorted, with `CHECKSUM`."""
+  return json.dumps(dict(rec, **{CHECKSUM: _digest(rec)}), indent=1, sort_keys=True) + "\n"
+
+
+def write_record(path: str, rec: Mapping[str, Any]) -> None:
+  """Writes `rec` to `path` (`record_text`), whole or not at all (`tfbfl.files`)."""
+  files.atomic_write_text(path, record_text(rec))
+
+
+def read_record(path: str) -> Any:
+  """The JSON in the record file `path`, its checksum checked and removed.
+
+  Raises:
+    DamagedRecord: one line naming `path`: truncated or not JSON, or its checksum
+      does not match (what to do: restore it, or remove it and the cell runs again).
+  """
+  advice = (f"restore it (git checkout -- {path}) or remove it, and its cell runs again")
+  with open(path, "rb") as f:
+    raw = f.read()
+  try:
+    rec = json.loads(raw.decode("utf-8"))
+  except (UnicodeDecodeError, ValueError) as e:
+    what = "empty" if not raw else f"truncated or corrupted: not JSON ({str(e)[:60]})"
+    raise DamagedRecord(f"{path}: a damaged campaign record ({what}); {advice}.") from None
+  if isinstance(rec, dict) and CHECKSUM in rec:
+    if rec[CHECKSUM] != _digest(rec):
+      raise DamagedRecord(f"{path}: a damaged campaign record (its checksum does not match: "
+                          f"corrupted, or edited by hand); {advice}.")
+    rec = {k: v for k, v in rec.items() if k != CHECKSUM}
+  return rec
 
 
 # ------------------------------------------------------------------- reading
 def read_records(results_dir: str) -> Dict[str, Dict[str, Any]]:
-  """cell name -> record, for every readable record under `results_dir`."""
+  """cell name -> record, for every record under `results_dir` (`read_record`: a
+  damaged one raises `DamagedRecord` naming it; JSON of another kind is passed over)."""
   out = {}
   if not os.path.isdir(results_dir):
     return out
-  for root, _, files in os.walk(results_dir):
-    for f in files:
+  for root, _, names in os.walk(results_dir):
+    for f in sorted(names):
       if f.endswith(".json"):
-        rec = _runs.read_json(os.path.join(root, f))
+        rec = read_record(os.path.join(root, f))
         if isinstance(rec, dict) and rec.get("record_version") == RECORD_VERSION and "cell" in rec:
           out[rec["cell"]["name"]] = rec
   return out

@@ -17,7 +17,6 @@ from __future__ import annotations
 import csv
 import ctypes
 import dataclasses
-import json
 import os
 import platform
 import re
@@ -123,8 +122,7 @@ def refile(cells: Sequence[Cell], records: Mapping[str, Mapping[str, Any]], resu
       continue
     moved = _runs.jsonable(dict(records[source.name], cell=_cell_fields(target),
                                 refiled_from=source.name))
-    round_loop.atomic_write_text(target.record_path(results_dir),
-                                 json.dumps(moved, indent=1, sort_keys=True) + "\n")
+    records_lib.write_record(target.record_path(results_dir), moved)
     os.remove(source.record_path(results_dir))
     records[target.name] = moved
     del records[source.name]
@@ -150,7 +148,8 @@ def resumable(cell: Cell) -> bool:
 
 
 # A crashed TFF worker (1 in ~290 cells of the campaign, a segfault in gRPC's server
-# thread) costs one more run of the cell, not the runner's stop.
+# thread), or a remote one that died, hung or could not be reached, costs one more run
+# of the cell (from its checkpoint, if it has one), not the runner's stop.
 WORKER_CRASH_ATTEMPTS = 2
 
 
@@ -179,9 +178,10 @@ def run_cell(cell: Cell, *, results_dir: str, work_dir: str, data_root: str,
   after a finished run, atomically. A training run the robust rounds stopped (exit
   `round_loop.RUN_STOPPED_STATUS`) is finished: its record keeps the rounds it ran
   and, under `result["stopped"]`, the launcher's one-line cause. A launcher whose TFF
-  worker crashed (exit `round_loop.WORKER_EXITED_STATUS`) runs once more from the
-  start (its log kept as `log.crashed.txt`; the record then says `"attempts": 2`, and
-  its wall time counts both runs). A cell of `RESUMABLE_LAUNCHERS` that sets
+  worker crashed, or whose remote worker died, hung or could not be reached (exit
+  `round_loop.WORKER_EXITED_STATUS`), runs once more, from its checkpoint where the
+  cell has one, else from the start (its log kept as `log.crashed.txt`; the record then
+  says `"attempts": 2`, and its wall time counts both runs). A cell of `RESUMABLE_LAUNCHERS` that sets
   `checkpoint_every` continues each of its training runs from the checkpoint an
   interrupted invocation (or a crashed attempt) left in its directory, so a stop loses
   at most that many rounds of one run; the record lists the rounds every invocation
@@ -219,8 +219,9 @@ def run_cell(cell: Cell, *, results_dir: str, work_dir: str, data_root: str,
       break
     crashed_log = os.path.join(out_dir, "log.crashed.txt")
     os.replace(log_path, crashed_log)
-    log(f"reproduce: cell {cell.name}: its TFF worker crashed "
-        f"({_tail(crashed_log, 1).strip()[:200]}); running it again")
+    log(f"reproduce: cell {cell.name}: its TFF worker crashed or failed "
+        f"({_tail(crashed_log, 1).strip()[:300]}); running it again" +
+        (" from its checkpoint" if _continues_from_checkpoint(cell, run_out) else ""))
   run_stopped = cell.launcher == "train" and code == round_loop.RUN_STOPPED_STATUS
   if code != 0 and not run_stopped:
     tail = _tail(log_path, 5)
@@ -242,8 +243,7 @@ def run_cell(cell: Cell, *, results_dir: str, work_dir: str, data_root: str,
       record["resumed_runs"] = [dict(run=run, round=r) for run, r in resumes]
   if resumes or len(run_directory.distinct_codes(history)) > 1:  # each stretch's code
     record["code_history"] = history
-  round_loop.atomic_write_text(cell.record_path(results_dir),
-                               json.dumps(record, indent=1, sort_keys=True) + "\n")
+  records_lib.write_record(cell.record_path(results_dir), record)
   return record
 
 

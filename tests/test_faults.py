@@ -232,7 +232,7 @@ def test_a_directory_turned_read_only_mid_run_is_one_line(tmp_path):
     ro = lambda: subprocess.run(["mount", "-o", "remount,bind,ro", str(states)], check=True)
     fault = _fault(out, round_hook=_at_round(2, ro), **kw)
     assert re.match(rf"cannot write {states}/client_\d\.npz: {states} is on a read-only file "
-                    r"system \(in round 3 of 3 \(training\)\); the checkpoint has round 2, ",
+                    r"system, in round 3 of 3 \(training\); the checkpoint has round 2, ",
                     str(fault)), fault
     assert "; make it writable again, continue with" in str(fault)
     subprocess.run(["mount", "-o", "remount,bind,rw", str(states)], check=True)
@@ -300,8 +300,8 @@ def test_an_output_directory_removed_mid_run_stops_the_run_in_one_line(tmp_path)
                  round_hook=_at_round(2, lambda: shutil.rmtree(out)))
   assert fault.kind == "gone" and fault.status == 74
   assert str(fault).startswith(
-      f"--output_dir={out} was removed or moved while the run wrote into it (in round 2 of 3 "
-      "(writing its outputs)); stopped"), fault
+      f"--output_dir={out} was removed or moved while the run wrote into it, in round 2 of 3 "
+      "(writing its outputs); stopped"), fault
   assert not out.exists(), "the run went on writing into a new directory"
   # Moved away and back: the run continues from its checkpoint.
   moved = tmp_path / "moved"
@@ -352,7 +352,7 @@ def test_a_worker_that_fails_mid_round_or_in_evaluation_is_one_line(tmp_path, me
   assert fault.status == round_loop.WORKER_EXITED_STATUS == 75 and fault.kind == "worker"
   assert str(fault) == (
       "TFF worker 127.0.0.1:47312 is unavailable (its process died, or the address is wrong "
-      f"or unreachable) during CreateValue: Socket closed ({where}); the checkpoint has round "
+      f"or unreachable) during CreateValue: Socket closed, {where}; the checkpoint has round "
       "1, and what was written before is intact; once the worker is back, continue with: "
       f"{COMMAND}{out}/flags.txt --resume")
   _continues(out, 1)

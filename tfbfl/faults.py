@@ -11,8 +11,9 @@ what is kept and how to continue: a `RunFault`, which the round loop attaches to
 error it raises as it is (`attach`; `found(error)` reads it back), e.g.
 
     TFF worker 127.0.0.1:47312 is unavailable (...) during CreateValue: Socket closed,
-    in round 3 of 4 (evaluating); the checkpoint has round 2; once the worker is back,
-    continue with: python -m launchers.train --flagfile=runs/v/flags.txt --resume
+    in round 3 of 4 (evaluating); the checkpoint has round 2, and what was written
+    before is intact; once the worker is back, continue with: python -m
+    launchers.train --flagfile=runs/v/flags.txt --resume
 
 `tfbfl.flags.run` prints `found(error)` as the launcher's one `FATAL` line, no
 traceback (faults outside a run, e.g. connecting to the workers, get `outside_run`'s
@@ -148,12 +149,12 @@ def during_run(error: BaseException, *, where: str, output_dir: Optional[str],
     return getattr(error, _ATTRIBUTE)
   if kind == GONE:
     return RunFault(
-        f"{what} ({where}); stopped, as its outputs are not there any more: if it was moved, "
+        f"{what}, {where}; stopped, as its outputs are not there any more: if it was moved, "
         f"move it back and continue with: {command} --resume; else start the run again "
         "(the same command, or --resume, which starts it from round 0).", status, kind)
   fix = _fix(error, kind)
   if not output_dir:
-    return RunFault(f"{what} ({where}); nothing was saved (no --output_dir): run it again "
+    return RunFault(f"{what}, {where}; nothing was saved (no --output_dir): run it again "
                     f"{fix}.", status, kind)
   if saved_round:
     kept = f"the checkpoint has round {saved_round}, and what was written before is intact"
@@ -161,7 +162,7 @@ def during_run(error: BaseException, *, where: str, output_dir: Optional[str],
   else:
     kept = "no checkpoint yet (see --checkpoint_every)"
     then = f"start it again from round 0 with: {command} --resume"
-  return RunFault(f"{what} ({where}); {kept}; {fix}, {then}", status, kind)
+  return RunFault(f"{what}, {where}; {kept}; {fix}, {then}", status, kind)
 
 
 def outside_run(error: BaseException) -> Optional[RunFault]:

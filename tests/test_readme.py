@@ -21,7 +21,7 @@ import textwrap
 import pytest
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_MODULES = ("test_export", "test_layers_keras", "test_tff_learning")
+_MODULES = ("test_export", "test_layers_keras", "test_own_model_virtual", "test_tff_learning")
 # A ```python block whose lines are at least this similar to a snippet's (difflib's
 # ratio over lines) is taken for a copy of it and must equal it. The untested
 # fragments of the pages (bring your own data, a config dataclass) score below 0.2.

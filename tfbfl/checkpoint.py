@@ -171,6 +171,13 @@ def _resume_message(message: str, resume: bool) -> str:
   return f"--resume: {message}" if resume else message
 
 
+def _model_text(flags: Mapping[str, Any]) -> str:
+  """`--model=<name> (variables <fingerprint>)`, or the built-in `--architecture`."""
+  if flags.get("model") is None:
+    return f"the built-in --architecture={flags.get('architecture')}"
+  return f"--model={flags['model']} (variables {flags.get('model_fingerprint')})"
+
+
 def _check_meta(path: str, meta: Mapping[str, Any], flags: Optional[Mapping[str, Any]],
                 data_fingerprint: Optional[str], resume: bool) -> None:
   if meta.get("kind") != "checkpoint" or not isinstance(meta.get("round"), int):
@@ -179,6 +186,13 @@ def _check_meta(path: str, meta: Mapping[str, Any], flags: Optional[Mapping[str,
     saved, want = meta.get("flags", {}), comparable_flags(flags)
     if saved != want:
       diff = sorted(k for k in set(saved) | set(want) if saved.get(k) != want.get(k))
+      if set(diff) & {"model", "model_fingerprint"}:
+        raise ValueError(_resume_message(
+            f"checkpoint {path} was written with another model: {_model_text(saved)} then, "
+            f"{_model_text(want)} now" +
+            (f" (other flags too: {[k for k in diff if not k.startswith('model')]})"
+             if any(not k.startswith("model") for k in diff) else "") +
+            "; resume with the model it was built with.", resume))
       raise ValueError(
           _resume_message(f"checkpoint {path} was written with other flags: {diff}.", resume))
   if data_fingerprint is not None and meta.get("data_fingerprint") != data_fingerprint:

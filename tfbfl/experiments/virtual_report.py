@@ -308,6 +308,42 @@ def plot_table2_curves(path: str, records: Mapping[str, Mapping[str, Any]]) -> b
   return True
 
 
+def plot_headline(path: str, records: Mapping[str, Mapping[str, Any]]) -> bool:
+  """The front page's figure: VIRTUAL Table II, the paper's S and MT accuracy beside
+  ours (best round, mean and std over seeds), one group of bars per row and algorithm.
+  False if no Table II cell is recorded."""
+  summary = table2_summary(records)
+  rows = [row for row in rp.TABLE2_ROWS if any(summary[(row, a)]["records"]
+                                                for a in rp.TABLE2_ALGORITHMS)]
+  if not rows:
+    return False
+  plt = _runs.pyplot()
+  fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), squeeze=False)
+  width = 0.8 / len(rp.TABLE2_ALGORITHMS)
+  for k, metric in enumerate(("S", "MT")):
+    ax = axes[0][k]
+    key = "best_server_accuracy" if metric == "S" else "best_mt_accuracy"
+    shown = []
+    for j, alg in enumerate(rp.TABLE2_ALGORITHMS):
+      xs = [i + (j - (len(rp.TABLE2_ALGORITHMS) - 1) / 2) * width for i in range(len(rows))]
+      ours = [100 * np.mean(summary[(row, alg)][key]) if summary[(row, alg)][key] else np.nan
+              for row in rows]
+      spread = [100 * np.std(summary[(row, alg)][key]) if summary[(row, alg)][key] else 0.0
+                for row in rows]
+      paper = [rp.VIRTUAL_TABLE2.get(row, {}).get(metric, {}).get(alg, np.nan) for row in rows]
+      shown += ours + paper
+      ax.bar(xs, ours, width, yerr=spread, color=_algorithm_colour(alg), label=f"{alg} (ours)")
+      ax.scatter(xs, paper, marker="_", s=400, color="black", zorder=3,
+                 label="the paper" if j == 0 else None)
+    ax.set_xticks(range(len(rows)), rows)
+    ax.set_ylim(max(0.0, np.nanmin(shown) - 3.0), 100.0)
+    _label(ax, "Table II row", f"{metric} accuracy % (best round)",
+           f"VIRTUAL Table II, {metric}: bars ours, black lines the paper")
+  axes[0][1].legend(loc="lower right", fontsize=8)
+  _runs.save_figure(fig, path, tight=True)
+  return True
+
+
 # ------------------------------------------------ the paper's other experiments
 def _bests(recs: Sequence[Mapping[str, Any]], key: str) -> List[float]:
   return [records_lib.best_value(r, key) for r in recs]
@@ -721,5 +757,6 @@ def v1_markdown(records: Mapping[str, Mapping[str, Any]]) -> List[str]:
 
 
 
-FIGURES = (("table2_curves.png", plot_table2_curves), ("virtual_beta.png", plot_beta),
+FIGURES = (("headline.png", plot_headline), ("table2_curves.png", plot_table2_curves),
+           ("virtual_beta.png", plot_beta),
            ("virtual_snr_cdf.png", plot_snr_cdf))

@@ -18,7 +18,7 @@ import urllib.parse
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MAX_README_LINES = 300
+MAX_README_LINES = 150
 
 _FENCE = re.compile(r"^( *)(```|~~~).*?^\1\2[^\n]*$", re.S | re.M)
 _CODE_SPAN = re.compile(r"(`+)(?:(?!\1).)+?\1", re.S)

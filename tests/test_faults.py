@@ -222,6 +222,39 @@ def test_a_full_disk_for_a_record_keeps_the_old_one_and_names_the_new(tmp_path):
         "; run the same command again once that is fixed.")
 
 
+def test_a_full_disk_in_the_export_is_one_line_and_the_export_is_done_again(tmp_path,
+                                                                           tff_runtime):
+  """A real algorithm's export (`run_outputs.Export`: SavedModels, TensorFlow's writes)
+  on a full disk; with room again, the export of the same state is complete."""
+  del tff_runtime
+  from tfbfl import driver  # pylint: disable=g-import-not-at-top
+  from tfbfl import run_outputs  # pylint: disable=g-import-not-at-top
+
+  p = driver.resolve_params(dict(algorithm="fedavg", num_clients=4, clients_per_round=2,
+                                 hidden_units=[8], epochs_per_round=1))
+  data = driver.load_data(p)
+  algorithm = driver.build_algorithm(data, p)
+  state = checkpoint.RunState(round=3, server_state=algorithm.initial_server_state(), clients={})
+  out = tmp_path / "run"
+  export = lambda: run_outputs.Export(str(out), algorithm, data.client_ids, samples=0, seed=0,
+                                      raw_input=data.raw_input, verbose=False).on_end(state, {})
+  with _tmpfs(out, "48k"):
+    with pytest.raises(files.FileWriteError) as info:
+      export()
+    assert re.fullmatch(rf"no space left on device writing {out}/export \(it needs more; "
+                        rf"\d+\.\d kB free on the file system of {out}\)",
+                        str(info.value)), info.value
+    line = faults.during_run(info.value, where="writing the final outputs after round 3 of 3",
+                             output_dir=str(out), saved_round=3, command=f"{COMMAND}F")
+    assert line.status == 74 and str(line).endswith(
+        "writing the final outputs after round 3 of 3; the checkpoint has round 3, and what was "
+        f"written before is intact; free space there, continue with: {COMMAND}F --resume")
+    subprocess.run(["mount", "-o", "remount,size=16m", str(out)], check=True)
+    export()
+    assert sorted(os.listdir(out / "export" / "clients")) == sorted(data.client_ids)
+    assert (out / "export" / "export.json").exists()
+
+
 # ------------------------------------------------ read-only, not allowed, gone
 def test_a_directory_turned_read_only_mid_run_is_one_line(tmp_path):
   """The disk store's directory (no file is open in it between writes, so it can be

@@ -147,6 +147,7 @@ def during_run(error: BaseException, *, where: str, output_dir: Optional[str],
     return error
   if isinstance(getattr(error, _ATTRIBUTE, None), RunFault):
     return getattr(error, _ATTRIBUTE)
+  what = what.rstrip(". ")
   if kind == GONE:
     return RunFault(
         f"{what}, {where}; stopped, as its outputs are not there any more: if it was moved, "
@@ -176,5 +177,6 @@ def outside_run(error: BaseException) -> Optional[RunFault]:
     return error
   if isinstance(getattr(error, _ATTRIBUTE, None), RunFault):
     return getattr(error, _ATTRIBUTE)
+  what = what.rstrip(". ")
   fix = "once the worker is back" if kind == WORKER else "once that is fixed"
   return RunFault(f"{what}; run the same command again {fix}.", status, kind)

@@ -6,6 +6,13 @@ r"""PFNM vs the number of batches J (paper Figs. 2 and 3).
 Writes results.csv, results.md (accuracy mean/std and global model size per
 method and J), trials.csv, settings.json, fig2_constrained.png and
 fig3_extra_resources.png into --output_dir.
+
+The clients' network: --hidden_units, or --model=MODULE:FUNCTION naming a
+function that returns a Keras ReLU MLP (Dense layers, linear logits), whose
+widths and depth are used (`tfbfl.algorithms.pfnm`; anything else is refused in
+one line):
+
+    python -m launchers.pfnm_batches --model=mymodels:mlp --output_dir=...
 """
 
 from absl import flags

@@ -3,7 +3,8 @@ r"""PFNM vs the number of hidden layers C at J = 10 (paper Fig. 4).
     python -m launchers.pfnm_depth --output_dir=/tmp/pfnm_depth --trials=2
 
 Writes results.csv, results.md, trials.csv, settings.json and fig4_depth.png
-into --output_dir.
+into --output_dir. The networks are the grid's (--C, --width): --model (the
+other PFNM launchers' user network) is refused here.
 """
 
 from absl import flags
@@ -20,6 +21,10 @@ po.define_options(po.DepthOptions, module_name=__name__)  # --C, --J, --width, -
 def main(argv):
 
   def prepare():
+    if FLAGS.model is not None:
+      raise ValueError(f"--model={FLAGS.model}: pfnm_depth sweeps the clients' depth (--C) at "
+                       "--width neurons per layer, which a model fixes; train your model with "
+                       "launchers.pfnm_batches --model instead.")
     settings = po.settings_from_flags(FLAGS, po.DEPTH_METHODS)
     own = po.options_from_flags(po.DepthOptions, FLAGS)
     return lambda: px.run_depth(settings, list(own.C), own.J, own.width, own.trials,

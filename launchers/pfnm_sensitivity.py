@@ -6,6 +6,9 @@ r"""PFNM parameter sensitivity over sigma0^2, gamma0 and sigma^2 (supplement 4.3
 
 Writes results.csv, results.md, trials.csv, settings.json, fig4_sensitivity.png
 and fig5_sigma.png into --output_dir.
+
+--model=MODULE:FUNCTION gives the clients' network as a Keras ReLU MLP (its
+widths replace --hidden_units; `tfbfl.algorithms.pfnm`).
 """
 
 from absl import flags

@@ -3,7 +3,9 @@ r"""Streaming PFNM: J = 3 groups reveal their data in S = 15 steps (supplement 4
     python -m launchers.pfnm_streaming --output_dir=/tmp/pfnm_streaming --trials=2
 
 Writes results.csv, results.md (accuracy per step and method), trials.csv,
-settings.json and fig_streaming.png into --output_dir.
+settings.json and fig_streaming.png into --output_dir. --model=MODULE:FUNCTION
+gives the groups' network as a Keras ReLU MLP of one hidden layer (its width
+replaces --hidden_units; `tfbfl.algorithms.pfnm`).
 """
 
 from absl import flags
@@ -22,6 +24,10 @@ def main(argv):
 
   def prepare():
     settings = po.settings_from_flags(FLAGS, po.STREAMING_METHODS)
+    if settings.model is not None and len(settings.hidden_units) != 1:
+      raise ValueError(f"--model={settings.model}: streaming PFNM matches one hidden layer; the "
+                       f"model has {len(settings.hidden_units)} "
+                       f"({','.join(map(str, settings.hidden_units))}).")
     own = po.options_from_flags(po.StreamingOptions, FLAGS)
     return lambda: px.run_streaming(settings,
                                     own.J,

@@ -19,6 +19,19 @@ data@CLIENTS)`) inside one federated computation that adds only what the driver
 turning a client's `tf.data.Dataset` into the `(x, y)` tensors the algorithms
 train on.
 
+#### Your own model
+
+`build_process(name, federated_data, model_fn=my_model, ...)` (or `model=`) trains
+`my_model`, a zero-argument callable returning an *uncompiled* Keras `Sequential`
+or functional model whose output is the logits, as `tff.learning` takes a
+`model_fn` (but returning the Keras model itself, not a
+`tff.learning.models.VariableModel`: the algorithms bring their own loss,
+cross-entropy on the logits, and optimizers). It is called once to check it
+against the data's shapes (`tfbfl.models.template`), then rebuilt from its
+config with every initializer seeded by `seed`. Without it, the built-in network
+of `architecture` / `hidden_units` (as `launchers.train --model=MODULE:FUNCTION`
+and `--architecture`).
+
 #### Client data
 
 `process.next`'s second argument is placed at CLIENTS; each client's member is
@@ -104,6 +117,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tfbfl import models
 from tfbfl.algorithms import base  # (importing the package registers every algorithm)
 from tfbfl.algorithms import fedavg
 from tfbfl.algorithms import registry
@@ -432,21 +446,54 @@ def _same_states(a, b) -> bool:
 
 
 # ----------------------------------------------------------------- builders
+# The config fields a user's model replaces (as `tfbfl.driver` refuses their flags).
+_MODEL_REPLACES = ("architecture", "hidden_units", "filters", "image_shape")
+
+
+def _model_setting(settings: Dict[str, Any]):
+  """Pops `model` and its `tff.learning` spelling `model_fn` from `settings`; the
+  one given (None if neither)."""
+  given = [key for key in ("model", "model_fn") if settings.get(key) is not None]
+  if len(given) > 1:
+    raise TypeError("pass the network once: model= or model_fn= (its alias), not both.")
+  values = [settings.pop(key, None) for key in ("model", "model_fn")]
+  return values[0] if values[0] is not None else values[1]
+
+
 def _algorithm(name: str, source, settings: Dict[str, Any]):
   """The algorithm `name` from an algorithm object, its config, or a
   `FederatedData` plus config fields (`settings`; the data's shapes, K and
-  `seed` are filled in as the launchers do, `registry.model_fields`)."""
+  `seed` are filled in as the launchers do, `registry.model_fields`). A
+  `model` (or `model_fn`) setting is checked against the data's shapes
+  (`tfbfl.models.template`) and the config gets the template."""
   spec = registry.get(name)
+  settings = dict(settings)
+  model = _model_setting(settings)
   if isinstance(source, FederatedData):
     fields = {f.name for f in dataclasses.fields(spec.config_cls)}
     unknown = sorted(set(settings) - fields)
     if unknown:
       raise TypeError(f"{spec.config_cls.__name__} has no field(s) {unknown}.")
+    if model is not None:
+      if "model" not in fields:
+        raise TypeError(f"{spec.config_cls.__name__} takes no model.")
+      clash = [key for key in _MODEL_REPLACES if key in settings]
+      if clash:
+        raise ValueError(f"model= brings its own layers; {clash[0]}= describes a built-in "
+                         "network: leave it unset.")
+      if not isinstance(model, models.ModelTemplate):
+        model = models.template(models.resolve_builder(model, flag="model"),
+                                input_shape=source.input_shape,
+                                num_classes=source.num_classes,
+                                flag="model")
+      settings["model"] = model
     run = {key: settings[key] for key in ("seed", "clients_per_round") if key in settings}
     kwargs = {k: v for k, v in registry.model_fields(source, run).items() if k in fields}
     kwargs.update(spec.fixed)
     kwargs.update(settings)
     return spec.build(source, spec.config_cls(**kwargs), None)
+  if model is not None:
+    settings["model"] = model
   if settings:
     raise TypeError(f"settings {sorted(settings)} are only taken with a FederatedData source.")
   if isinstance(source, spec.config_cls):
@@ -473,7 +520,15 @@ def build_process(name: str, source, **settings) -> TfbflLearningProcess:
     source: the algorithm object, its config, or a `FederatedData` with config
       fields as `settings` (e.g. `hidden_units=(32,)`, `epochs=2`,
       `clients_per_round=2`; `seed` defaults to 0), as the launchers build it.
-    **settings: config fields (with a `FederatedData` only).
+    **settings: config fields (with a `FederatedData` only). `model=` (or
+      `model_fn=`, `tff.learning`'s name) is the network, as `tff.learning`'s
+      `model_fn`: a zero-argument callable returning an uncompiled Keras
+      `Sequential` or functional model with logits out (or its
+      `"MODULE:FUNCTION"`); it is built once and checked against the data (one
+      input of the examples' shape, `num_classes` logits), then rebuilt from its
+      config and seeded by `seed` (`tfbfl.models`). It replaces `architecture`,
+      `hidden_units`, `filters` and `image_shape` (given with it: ValueError).
+      E.g. `build_process("fedavg", fd, model_fn=my_model, epochs=2)`.
 
   Returns:
     A `TfbflLearningProcess`. State: `ProcessState(algorithm=the algorithm's
@@ -488,6 +543,8 @@ def build_process(name: str, source, **settings) -> TfbflLearningProcess:
   Raises:
     TypeError: the algorithm has no `tff.learning` adapter, or `source` is not
       one of the above.
+    tfbfl.models.ModelError: (a ValueError) the model cannot be imported, built,
+      or trained on the data; the message names `model`.
   """
   spec = registry.get(name)
   if spec.algorithm_cls is None or base.SupportsLearningProcess not in spec.hooks:

@@ -1,4 +1,4 @@
-"""FedAvg and FedProx on the deterministic MLP (or conv net), as TFF computations.
+"""FedAvg and FedProx on a deterministic Keras network, as TFF computations.
 
 Federated averaging (McMahan et al., 2017) with a server optimizer (Reddi et al.,
 2021) and its proximal variant FedProx (Li et al., 2020). In round t the server
@@ -59,6 +59,36 @@ Pieces and why:
 * Keras models are built only inside TFF computations (SPEC "Keras pitfall"),
   including the one that computes the initial weights.
 
+Models. The network is the user's Keras model (`--model=MODULE:FUNCTION`, or
+`model=` a `model_fn` in Python: `tfbfl.models`) or, without one, the built-in
+`--architecture` (`mlp`: `tfbfl.networks.builders.MLP`; `conv`: `ConvNet`), each a
+`tfbfl.models.ModelTemplate` (`network_template`) built by
+`template.build(--seed)` wherever a Keras model is needed (initial weights, client
+training, evaluation, MT, export). The model reads the examples as the data hold
+them (the MLP preset starts with a `Flatten` for image-shaped examples, the conv
+net with its `Reshape`); a run with `--model` spelling a preset out (e.g.
+`Dense(100, "relu", kernel_initializer="glorot_normal")` twice, then the logits) is
+the preset run, weight for weight and metric for metric (`tests/test_own_model.py`).
+`--architecture` is not used (nor checked) with `--model`. Layers that draw random
+numbers in training (`Dropout`, `GaussianNoise`, ...) are not seeded by `--seed`
+(`tfbfl.models` seeds the initializers only): such a run trains, but is not
+reproducible (measured: a 2-round FedAvg run with `Dropout(0.2)`, same seed,
+final S 0.213 vs 0.222 in two runs, also with the layer's own `seed=`).
+
+Non-trainable weights (e.g. `BatchNormalization`'s moving statistics, or the
+weights of a layer with `trainable=False`) travel with the trainable ones in
+`tff.learning.models.ModelWeights`: each client trains from the server's, and the
+server adds to its own the example-weighted mean of the clients' changes (so
+BatchNormalization's statistics become the clients' weighted mean; a frozen
+layer's change is exactly 0 and stays put; a dropped client has weight 0). The
+server optimizer steps the trainable weights only. This differs from
+`tff.learning.algorithms.build_weighted_fed_avg`, whose finalizer leaves the
+server's non-trainable weights at their initial values. MT keeps each client's
+own. Local and Global keep them per model (Local: each client's; Global: the
+pooled model's). The trainable weights must be float32 and the non-trainable ones
+floating point: another dtype is refused (`tfbfl.models.ModelError` naming
+--model).
+
 Metrics: S = the server model `w^(t)` on every client's test data; MT = the model
 each client last deployed, i.e. its own weights after its last local training
 (the driver keeps them in the client-state store; a client whose training
@@ -103,11 +133,11 @@ from tfbfl.algorithms import registry
 # TensorFlow and the modules built on it load when an algorithm is built (`tfbfl._lazy`).
 tf = _lazy.load("tensorflow")
 tff = _lazy.load("tensorflow_federated")
-conv_nets = _lazy.load("tfbfl.networks.conv")
+builders = _lazy.load("tfbfl.networks.builders")
 communication = _lazy.load("tfbfl.communication")
 metrics_lib = _lazy.load("tfbfl.metrics")
 temperature = _lazy.load("tfbfl.temperature")
-mlp_nets = _lazy.load("tfbfl.networks.mlp")
+models = _lazy.load("tfbfl.models")
 client_batch = _lazy.load("tfbfl.algorithms.client_batch")
 robust = _lazy.load("tfbfl.algorithms.robust")
 rounds = _lazy.load("tfbfl.algorithms.rounds")
@@ -141,9 +171,12 @@ OPTIMIZER_SETTINGS = tuple(OPTIMIZER_DEFAULTS)
 class ModelConfig(base.ClientTraining):
   """Settings of the deterministic-model algorithms (FedAvg, FedProx, Local, Global).
 
-  `architecture` is "mlp" (`mlp_nets.build_deterministic_mlp`, inputs flattened) or
-  "conv" (`conv_nets.build_deterministic_conv`, VIRTUAL's FEMNIST conv net, on
-  `image_shape` images; `filters` per conv stage). `mu` is FedProx's proximal
+  The network is `model` (the user's, `tfbfl.models`: a checked `ModelTemplate`,
+  or a `MODULE:FUNCTION` string or builder from library callers) or, unset, the
+  built-in `architecture`: "mlp" (`builders.MLP`, `Flatten` for image-shaped
+  examples) or "conv" (`builders.ConvNet`, VIRTUAL's FEMNIST conv net, on
+  `image_shape` images; `filters` per conv stage); `network_template` makes it
+  (module docstring, "Models"). `mu` is FedProx's proximal
   strength (0 = FedAvg); the server step is `server_lr` (None: 1.0, plain model
   averaging) with `server_optimizer` ("sgd" with `server_momentum`, or "adam" with
   `server_beta_1`, `server_beta_2`, `server_epsilon`; `server_optimizer_fn`);
@@ -209,7 +242,8 @@ class ModelConfig(base.ClientTraining):
     for name in ("input_dim", "num_classes"):
       if getattr(self, name) < 1:
         raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}.")
-    self.check_architecture(ARCHITECTURES, "the deterministic baselines")
+    if self.model is None:  # a user's model replaces the architecture
+      self.check_architecture(ARCHITECTURES, "the deterministic baselines")
     self.resolve_image_shape(self.example_shape)
     options.Option("float", "mu", low=0.0, high=options.MAX_WEIGHT).check(self.mu, "mu")
     check_optimizers({name: getattr(self, name) for name in OPTIMIZER_SETTINGS})
@@ -294,6 +328,57 @@ def _as_model_weights(weights) -> tff.learning.models.ModelWeights:
   return tff.learning.models.ModelWeights(list(weights.trainable), list(weights.non_trainable))
 
 
+def network_template(cfg: ModelConfig) -> "models.ModelTemplate":
+  """The checked template of the network `cfg` trains (`builders.template_for`): the
+  user's `cfg.model`, else the built-in `cfg.architecture` on the examples' own
+  shape (`cfg.example_shape`) with the size settings."""
+  return builders.template_for(cfg.model,
+                               architecture=cfg.architecture,
+                               input_shape=cfg.example_shape,
+                               num_classes=cfg.num_classes,
+                               hidden_units=tuple(cfg.hidden_units),
+                               image_shape=cfg.image_shape,
+                               filters=tuple(cfg.filters),
+                               activation=cfg.activation)
+
+
+# What an algorithm does with the model's non-trainable weights (`weight_problem`).
+AVERAGED = "averaged"  # FedAvg family: the server takes their weighted mean
+PER_MODEL = "per_model"  # Local, Global: each trained model keeps its own
+FROZEN_ONLY = "frozen_only"  # FOLA family: only those of frozen layers (never updated)
+
+
+def weight_problem(model, label: str, who: str, non_trainable: str) -> Optional[str]:
+  """Why `model` (a built Keras model of the `--model` labelled `label`) cannot be
+  trained by `who`, or None. Trainable weights must be float32 (the algorithms'
+  TFF types); non-trainable ones (e.g. BatchNormalization's moving statistics),
+  by `non_trainable`: `AVERAGED` and `PER_MODEL` take any floating dtype;
+  `FROZEN_ONLY` takes only the weights of layers with `trainable=False` (which
+  training never changes), since the algorithm carries the trainable weights alone
+  and rebuilds the rest from the seed."""
+  flag = f"{models.MODEL_FLAG}={label}"
+  for w in model.trainable_weights:
+    if w.dtype != tf.float32:
+      return (f"{flag}: {who} trains float32 weights; the trainable weight {w.name!r} is "
+              f"{w.dtype.name}.")
+  if non_trainable == FROZEN_ONLY:
+    for layer in model.submodules:
+      if (isinstance(layer, tf.keras.layers.Layer) and layer.trainable and
+          not isinstance(layer, tf.keras.Model) and layer.non_trainable_weights):
+        return (f"{flag}: {who} carries only the trainable weights (its Gaussians and "
+                f"Fisher are over them), but the trainable layer {layer.name!r} "
+                f"({type(layer).__name__}) holds non-trainable weights that training may "
+                "update (such as BatchNormalization's moving statistics); use a model without "
+                "them (e.g. LayerNormalization), freeze the layer (trainable=False), or train "
+                "it with fedavg, which averages them.")
+    return None
+  for w in model.non_trainable_weights:
+    if not w.dtype.is_floating:
+      return (f"{flag}: {who} averages or keeps the non-trainable weights as floats; "
+              f"{w.name!r} is {w.dtype.name}.")
+  return None
+
+
 def increment_round():
   """`tff.tensorflow.computation(int32) -> int32`: the round counter's `r + 1`."""
   return tff.tensorflow.computation(lambda r: r + 1, tff.TensorType(np.int32))
@@ -314,9 +399,11 @@ class ModelComputations:
   """TF computations over the deterministic model shared by FedAvg, FedProx, Local, Global.
 
   Attributes:
+    template: the `tfbfl.models.ModelTemplate` of the network (`network_template`);
+      every Keras model here is `template.build(config.seed)`, built inside the
+      TFF computation that uses it.
     initial_weights: `tff.learning.models.ModelWeights` of numpy arrays, the
-      seeded initial model (`mlp_nets.build_deterministic_mlp(seed=config.seed)`,
-      or the conv net).
+      seeded initial model (trainable and non-trainable weights).
     weights_type, seed_type, data_type: TFF types of the arguments below.
     eval_data_type: the evaluations' data: `data_type`, or with
       `temperature_scaling` `(x, y, x_calibration, y_calibration)`.
@@ -339,16 +426,25 @@ class ModelComputations:
   and drop rule, `update` = `delta_fn(w^(t), iterate means per epoch)`.
   """
 
-  def __init__(self, config: ModelConfig, check_norm: bool = True):
+  def __init__(self,
+               config: ModelConfig,
+               check_norm: bool = True,
+               who: str = "fedavg",
+               non_trainable: str = AVERAGED):
     self.config = cfg = config
     self.check_norm = check_norm
+    self.template = network_template(cfg)
+    problems = []
 
     @tff.tensorflow.computation
     def initial_weights_fn():
       model = self._model()
+      problems.append(weight_problem(model, self.template.label, who, non_trainable))
       return tff.learning.models.ModelWeights(list(model.trainable_weights),
                                               list(model.non_trainable_weights))
 
+    if problems and problems[0]:
+      raise models.ModelError(problems[0])
     self.initial_weights = _as_model_weights(initial_weights_fn())
     self.weights_type = tff.to_type(
         tff.learning.models.ModelWeights(
@@ -408,27 +504,9 @@ class ModelComputations:
 
   # --------------------------------------------------------------- helpers
   def _model(self) -> tf.keras.Model:
-    c = self.config
-    if c.architecture == "conv":
-      return conv_nets.build_deterministic_conv(input_shape=tuple(c.image_shape or
-                                                                      c.example_shape),
-                                                    num_classes=c.num_classes,
-                                                    hidden_units=tuple(c.hidden_units),
-                                                    seed=c.seed,
-                                                    filters=tuple(c.filters),
-                                                    activation=c.activation,
-                                                    data_shape=c.example_shape)
-    return mlp_nets.build_deterministic_mlp(c.input_dim,
-                                          c.num_classes,
-                                          tuple(c.hidden_units),
-                                          activation=c.activation,
-                                          seed=c.seed)
-
-  def _flat(self, x):
-    """MLP inputs are flattened; the conv net reshapes `example_shape` itself."""
-    if self.config.architecture == "mlp":
-      return tf.reshape(x, [tf.shape(x)[0], self.config.input_dim])
-    return x
+    """A new Keras model of the network, seeded by the run (it reads the examples
+    as the data hold them: the presets flatten or reshape them themselves)."""
+    return self.template.build(self.config.seed)
 
   @staticmethod
   def _assign(model, weights):
@@ -440,7 +518,6 @@ class ModelComputations:
   def _train(self, weights, seed, x, y, delta_fn=None):
     cfg = self.config
     model = self._model()
-    x = self._flat(x)
 
     @tf.function(autograph=False)
     def train():
@@ -522,7 +599,6 @@ class ModelComputations:
     """The model with `weights` applied to `x` (a fresh Keras model; `tf.function`
     orders the assignments before the call in TFF's graph)."""
     model = self._model()
-    x = self._flat(x)
 
     @tf.function(autograph=False)
     def run():
@@ -624,14 +700,14 @@ class ModelComputations:
 
   def predictor(self, weights, info=None, name="model"):
     """`weights` (`ModelWeights`) as a `tfbfl.export` predictor computing what
-    `score` computes: the model's logits on `x` (flattened for the MLP),
+    `score` computes: the model's logits on `x`,
     probabilities `softmax(logits)`, predictions `argmax(logits)`."""
     with predictor_lib.eager_scope():  # Keras functional models (see there)
       model = self._model()
     self._assign(model, _as_model_weights(weights))  # exact copies
 
     def forward(x):
-      logits = model(self._flat(x), training=False)
+      logits = model(x, training=False)
       return tf.nn.softmax(logits), tf.argmax(logits, -1, output_type=tf.int32)
 
     return predictor_lib.make_predictor(forward,
@@ -641,19 +717,20 @@ class ModelComputations:
   def ensemble_predictor(self, weights_list, info=None, name="ensemble"):
     """The uniform ensemble of the models `weights_list` as a `tfbfl.export`
     predictor: `p = (sum_k softmax(f(x; w_k))) / K`, summed in list order (as
-    `numpy.mean` over the list does), predictions `argmax p`. The MLP's K
-    models are stacked (one variable per layer parameter, `[K, ...]`) and
-    applied in a `tf.while_loop` with the ops of Keras' `Dense` (graph size
-    independent of K); other architectures hold K Keras models."""
-    cfg = self.config
+    `numpy.mean` over the list does), predictions `argmax p`. When the network
+    is a `Sequential` stack of `Dense` layers (the MLP, or a user's model of that
+    form; a leading `Flatten` allowed), the K models are stacked (one variable
+    per layer parameter, `[K, ...]`) and applied in a `tf.while_loop` with the
+    ops of Keras' `Dense` (graph size independent of K); other networks hold K
+    Keras models."""
     weights_list = [_as_model_weights(w) for w in weights_list]
     k = len(weights_list)
     if k == 0:
       raise ValueError("an ensemble needs at least one model.")
-    if cfg.architecture == "mlp":
-      with predictor_lib.eager_scope():  # Keras functional models (see there)
-        template = self._model()
-      dense = [l for l in template.layers if isinstance(l, tf.keras.layers.Dense)]
+    with predictor_lib.eager_scope():  # Keras functional models (see there)
+      template = self._model()
+    dense = _dense_stack(template)
+    if dense is not None:
       if len(template.trainable_weights) != 2 * len(dense) or any(
           w.non_trainable for w in weights_list):
         raise ValueError("the stacked ensemble needs a stack of Dense layers.")
@@ -673,7 +750,7 @@ class ModelComputations:
         return h
 
       def forward(x):
-        x = self._flat(x)
+        x = tf.reshape(x, [tf.shape(x)[0], -1])  # the stack's Flatten, if any
         total = tf.nn.softmax(logits_of(x, 0))
         _, total = tf.while_loop(lambda j, _: j < k, lambda j, t:
                                  (j + 1, t + tf.nn.softmax(logits_of(x, j))),
@@ -691,7 +768,6 @@ class ModelComputations:
         members.append(m)
 
       def forward(x):
-        x = self._flat(x)
         total = None
         for m in members:
           p = tf.nn.softmax(m(x, training=False))
@@ -702,6 +778,23 @@ class ModelComputations:
       variables = [v for m in members for v in m.variables]
     info = dict(info or {}, members=k)
     return predictor_lib.make_predictor(forward, variables=variables, **self._export_kwargs(info, name))
+
+
+def _dense_stack(model) -> Optional[list]:
+  """The `Dense` layers of `model` when it is a `Sequential` of `Dense` layers with
+  biases on flat inputs (a leading `Flatten` allowed) and no non-trainable weights;
+  else None."""
+  if not isinstance(model, tf.keras.Sequential) or model.non_trainable_weights:
+    return None
+  layers = list(model.layers)
+  if layers and isinstance(layers[0], tf.keras.layers.Flatten):
+    layers = layers[1:]
+  elif len(model.inputs[0].shape) != 2:
+    return None
+  dense = lambda l: type(l) is tf.keras.layers.Dense  # pylint: disable=unidiomatic-typecheck
+  if not layers or not all(dense(l) and l.use_bias for l in layers):
+    return None
+  return layers
 
 
 class FedAvgAlgorithm:
@@ -735,7 +828,7 @@ class FedAvgAlgorithm:
   def __init__(self, config: ModelConfig, name: str = "fedavg"):
     self.config = config
     self.name = name
-    self.computations = comps = ModelComputations(config)
+    self.computations = comps = ModelComputations(config, who=name)
     weights_type = comps.weights_type
     distributor = tff.learning.templates.build_broadcast_process(weights_type)
     # no_nan_division: a round whose clients were all dropped averages to 0.
@@ -764,6 +857,20 @@ class FedAvgAlgorithm:
     def keep_previous_if_dropped(dropped, new, previous):
       return robust.keep_if(dropped < 0.5, _as_model_weights(new), _as_model_weights(previous))
 
+    # Non-trainable weights (e.g. BatchNormalization's moving statistics): the server
+    # adds the example-weighted mean of the clients' changes (module docstring).
+    average_non_trainable = len(weights_type.non_trainable) > 0
+    if average_non_trainable:
+
+      @tff.tensorflow.computation(weights_type, weights_type)
+      def non_trainable_change(new, start):
+        return [n - w for n, w in zip(new.non_trainable, start.non_trainable)]
+
+      @tff.tensorflow.computation(weights_type, weights_type.non_trainable)
+      def add_non_trainable(weights, change):
+        return tff.learning.models.ModelWeights(
+            list(weights.trainable), [w + d for w, d in zip(weights.non_trainable, change)])
+
     @rounds.round_computation(server_state_type, weights_type, comps.seed_type, comps.data_type)
     def next_fn(server_state, client_states, seeds, data):
       # Every selected client starts from the server model; a dropped one keeps
@@ -778,8 +885,14 @@ class FedAvgAlgorithm:
                                (out.dropped, out.model_weights, client_states))
       agg = aggregation.next(server_state.aggregator_state, out.update, out.num_examples)
       fin = finalizer.next(server_state.finalizer_state, server_state.model_weights, agg.result)
+      new_weights = fin.result  # the optimizer's step on the trainable weights
+      if average_non_trainable:  # a dropped client changed nothing and has weight 0
+        change = tff.federated_map(non_trainable_change, (out.model_weights, dist.result))
+        new_weights = tff.federated_map(
+            add_non_trainable,
+            (new_weights, robust.federated_weighted_mean(change, out.num_examples)))
       new_state = tff.federated_zip(
-          ServerState(fin.result, fin.state, agg.state,
+          ServerState(new_weights, fin.state, agg.state,
                       tff.federated_map(increment_round(), server_state.round_num)))
       metrics = tff.federated_zip(
           collections.OrderedDict(**train_metrics(out),

@@ -107,12 +107,25 @@ all but the top `compress_p` fraction of its uploaded precisions by their mean
 (`tfbfl.compression.top_p_mean`, inside the client computation, so the server
 aggregates what would really be sent) and `round_bytes` counts the CSR encoding.
 
-Models: `build_deterministic_mlp` (`model="mlp"`, the paper's 784-500-300-10 on
-MNIST, 64-500-300-10 on digits through `hidden_units`) or `build_mcmahan_cnn`
-(`model="cnn"`; flat square inputs such as digits' 64 pixels are viewed as
-`8 x 8 x 1` images). Plain SGD on variables, minibatches from stateless
+Models: the user's Keras model (`--model=MODULE:FUNCTION`, or `model=` a
+`model_fn` in Python: `tfbfl.models`; `--architecture` is then neither used nor
+checked) or the built-in `--architecture` (`LaplaceConfig.network`): `mlp`
+(`tfbfl.networks.builders.MLP`, the paper's 784-500-300-10 on MNIST,
+64-500-300-10 on digits through `hidden_units`) or `cnn` (`builders.McMahanCNN`,
+McMahan et al.'s CNN; flat square inputs such as digits' 64 pixels are viewed as
+`8 x 8 x 1` images by its `Reshape`). Either is a `tfbfl.models.ModelTemplate`
+(`network_template`) built by `template.build(--seed)` wherever a Keras model is
+needed, reading the examples as the data hold them; a `--model` spelling the
+MLP preset out is the preset run, metric for metric (`tests/test_own_model.py`).
+The posterior, the Fisher and every upload are over the trainable weights only;
+the weights of frozen layers (`trainable=False`) stay at their seeded initial
+values everywhere. A trainable layer with non-trainable weights that training
+updates (BatchNormalization's moving statistics) would silently keep its initial
+statistics, so it is refused (`tfbfl.models.ModelError` naming --model; FedAvg
+averages such weights). Plain SGD on variables, minibatches from stateless
 shuffles of the per-client seed (`shuffle_order`), so a run is fully
-determined by `--seed`.
+determined by `--seed` (unless the user's model draws random numbers in
+training, e.g. `Dropout`: `tfbfl.algorithms.fedavg`, "Models").
 
 Metrics: S = the server weights `mu_S` on every client's test data; MT = each
 client's last trained weights `mu_n` on its own test data.
@@ -152,6 +165,7 @@ from tfbfl import _lazy
 from tfbfl import options
 from tfbfl import predictor as predictor_lib
 from tfbfl.algorithms import base
+from tfbfl.algorithms import fedavg
 from tfbfl.algorithms import registry
 
 # TensorFlow and the modules built on it load when an algorithm is built (`tfbfl._lazy`).
@@ -162,8 +176,8 @@ communication = _lazy.load("tfbfl.communication")
 compression = _lazy.load("tfbfl.compression")
 gaussian = _lazy.load("tfbfl.gaussian")
 metrics_lib = _lazy.load("tfbfl.metrics")
-conv_nets = _lazy.load("tfbfl.networks.conv")
-mlp_nets = _lazy.load("tfbfl.networks.mlp")
+builders = _lazy.load("tfbfl.networks.builders")
+models = _lazy.load("tfbfl.models")
 client_batch = _lazy.load("tfbfl.algorithms.client_batch")
 robust = _lazy.load("tfbfl.algorithms.robust")
 rounds = _lazy.load("tfbfl.algorithms.rounds")
@@ -231,7 +245,8 @@ class LaplaceConfig(base.ClientTraining):
 
   def __post_init__(self):
     super().__post_init__()
-    self.check_architecture(MODELS, "FOLA/FedCurv")
+    if self.model is None:  # a user's model replaces the architecture
+      self.check_architecture(MODELS, "FOLA/FedCurv")
     if self.laplace_samples > 0 and self.fisher not in ("online", "offline"):
       raise ValueError(f"--laplace_samples needs a Laplace posterior (FOLA, laplace_offline); "
                        f"the Fisher here is {self.fisher!r}.")
@@ -240,15 +255,22 @@ class LaplaceConfig(base.ClientTraining):
     self.resolve_image_shape(self.input_shape)
 
   @property
-  def model(self) -> str:
-    """The network family ("mlp" or "cnn"; `--architecture`)."""
+  def network(self) -> str:
+    """The built-in network family ("mlp" or "cnn"; `--architecture`), used when
+    `model` (the user's network) is None."""
     return self.architecture
 
-  @property
-  def model_input_shape(self):
-    if self.model == "cnn":
-      return self.image_shape
-    return (int(np.prod(self.input_shape)),)
+
+def network_template(config: LaplaceConfig) -> "models.ModelTemplate":
+  """The checked template of the network `config` trains (`builders.template_for`):
+  the user's `config.model`, else the built-in `config.network` on the examples'
+  own shape."""
+  return builders.template_for(config.model,
+                               architecture=config.network,
+                               input_shape=tuple(config.input_shape),
+                               num_classes=config.num_classes,
+                               hidden_units=tuple(config.hidden_units),
+                               image_shape=config.image_shape)
 
 
 def shuffle_order(seed, epochs, num_examples):
@@ -393,28 +415,28 @@ class _LaplaceBase:
   def __init__(self, config: LaplaceConfig):
     self.config = config
     self._init_weights = None
+    self.template = network_template(config)
     self._build_types()
     self._build_computations()
 
   # ------------------------------------------------------------- model
   def _model(self):
-    c = self.config
-    if c.model == "cnn":
-      return conv_nets.build_mcmahan_cnn(c.image_shape, c.num_classes, seed=c.seed)
-    return mlp_nets.build_deterministic_mlp(int(np.prod(c.input_shape)),
-                                          c.num_classes,
-                                          tuple(c.hidden_units),
-                                          seed=c.seed)
-
-  def _reshape(self, x):
-    return tf.reshape(x, [tf.shape(x)[0], *self.config.model_input_shape])
+    """A new Keras model of the network, seeded by the run (it reads the examples
+    as the data hold them)."""
+    return self.template.build(self.config.seed)
 
   def _build_types(self):
+    problems = []
 
     @tff.tensorflow.computation
     def initial_weights():
-      return [tf.identity(v) for v in self._model().trainable_variables]
+      model = self._model()
+      problems.append(
+          fedavg.weight_problem(model, self.template.label, self.name, fedavg.FROZEN_ONLY))
+      return [tf.identity(v) for v in model.trainable_variables]
 
+    if problems and problems[0]:
+      raise models.ModelError(problems[0])
     self._init_weights = [np.asarray(w, np.float32) for w in initial_weights()]
     self.weights_type = tff.to_type(
         [tff.TensorType(np.float32, w.shape) for w in self._init_weights])
@@ -443,7 +465,6 @@ class _LaplaceBase:
     docstring)."""
     c = self.config
     variables = model.trainable_variables
-    x = self._reshape(x)
     use_penalty = prior is not None and penalty_scale > 0
 
     def task_gradient(xb, yb):
@@ -525,7 +546,6 @@ class _LaplaceBase:
     def client_eval(server, state, seed, data):
       model = self._model()
       x, y = data
-      x = self._reshape(x)
 
       @tf.function(autograph=False)
       def run():
@@ -572,7 +592,7 @@ class _LaplaceBase:
   # and `seed` are not used; the server precisions are not exported).
   def _export_predictor(self, weights, info, name):
     """`weights` as a `tfbfl.export` predictor computing what the evaluation
-    computes: the model's logits on `x` reshaped to the model's input,
+    computes: the model's logits on `x`,
     probabilities `softmax(logits)`, predictions `argmax(logits)`."""
     with predictor_lib.eager_scope():  # Keras functional models (see there)
       model = self._model()
@@ -580,7 +600,7 @@ class _LaplaceBase:
       v.assign(w)  # exact copies
 
     def forward(x):
-      logits = model(self._reshape(x), training=False)
+      logits = model(x, training=False)
       return tf.nn.softmax(logits), tf.argmax(logits, -1, output_type=tf.int32)
 
     return predictor_lib.make_predictor(forward,

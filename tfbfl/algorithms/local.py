@@ -1,10 +1,12 @@
 """Local and Global baselines on the deterministic model (VIRTUAL v1, Table 2).
 
 Both use the model and the client training of `tfbfl.algorithms.fedavg`
-(`ModelComputations`: `tfbfl.networks.mlp.build_deterministic_mlp`, or the conv net with
-`--architecture=conv`; E epochs of plain SGD with the stateless per-epoch shuffle
+(`ModelComputations`: the user's `--model` or the built-in MLP / conv net, see
+`fedavg`'s "Models"; E epochs of plain SGD with the stateless per-epoch shuffle
 `fedavg.epoch_permutations`), so the four deterministic baselines differ only in
-who trains which model on what data.
+who trains which model on what data. A model's non-trainable weights (e.g.
+BatchNormalization's moving statistics) stay with the model that trained them:
+each Local client's own, Global's pooled model's.
 
 **Local**: client i owns a model `w_i`, starting from the initial model `w^(0)`
 (the same seeded initial weights as FedAvg's server). Each round every selected
@@ -92,7 +94,10 @@ class LocalAlgorithm:
     if config.mu != 0:
       raise ValueError(f"--mu must be 0 for the Local baseline, got {config.mu}.")
     self.config = config
-    self.computations = comps = fedavg.ModelComputations(config, check_norm=False)
+    self.computations = comps = fedavg.ModelComputations(config,
+                                                         check_norm=False,
+                                                         who="local",
+                                                         non_trainable=fedavg.PER_MODEL)
     client_update, score, predict_proba = comps.client_update, comps.score, comps.predict_proba
 
     @rounds.round_computation(np.int32, comps.weights_type, comps.seed_type, comps.data_type)
@@ -202,7 +207,10 @@ class GlobalAlgorithm:
     if len(y) == 0:
       raise ValueError("the Global baseline needs at least one training example.")
     self.config = config
-    self.computations = fedavg.ModelComputations(config, check_norm=False)
+    self.computations = fedavg.ModelComputations(config,
+                                                 check_norm=False,
+                                                 who="global",
+                                                 non_trainable=fedavg.PER_MODEL)
     self._pooled = (np.asarray(x, np.float32), np.asarray(y, np.int32))
     self._evaluate = self.computations.build_evaluate()
 

@@ -23,6 +23,17 @@ This module holds everything that is not the matching engine:
   mean (downpour SGD baseline).
 * ``match_networks``: the global network from the engine (single or multilayer).
 * ``forward``, ``accuracy``, ``model_size``: numpy evaluation of any ReLU MLP.
+* ``hidden_units_of_model``: the widths of a user's Keras model
+  (``--model=MODULE:FUNCTION``, ``tfbfl.models``), the clients' networks then.
+
+A user's model (the PFNM launchers' ``--model``) must be the network PFNM
+matches: a stack of ``Dense`` layers on flat inputs (a ``Flatten`` first for
+image-shaped examples), ReLU hidden layers with biases and linear logits, any
+depth and widths (``tfbfl.models.dense_widths``); anything else is refused in one
+``tfbfl.models.ModelError`` line naming --model and the first offending layer.
+Only its widths are read: the clients' networks are initialised and trained as
+above (Table 1's initialisation, Adam, L2), so a model spelling the default
+widths out is the default run, to the last digit.
 
 Choices this implementation makes explicit:
 
@@ -102,6 +113,7 @@ __all__ = [
     "cross_entropy",
     "model_size",
     "check_client_data",
+    "hidden_units_of_model",
 ]
 
 # A network is a list of (W (n_in, n_out), b (n_out,)) pairs, input layer first;
@@ -477,6 +489,38 @@ def _client_result(o) -> ClientResult:
                       num_examples=int(round(float(o["num_examples"]))),
                       initial_loss=float(o["initial_loss"]),
                       final_loss=float(o["final_loss"]))
+
+
+# ----------------------------------------------------------------- user's model
+def hidden_units_of_model(model, input_shape, num_classes,
+                          flag: str = "--model") -> Tuple[int, ...]:
+  """The hidden widths of the user's network, for the clients' ``LocalTrainingConfig``.
+
+  Args:
+    model: ``MODULE:FUNCTION``, a zero-argument callable returning an uncompiled
+      Keras model with logits out, or a checked ``tfbfl.models.ModelTemplate``.
+    input_shape, num_classes: the data's example shape and number of classes.
+    flag: the flag named in errors.
+
+  Raises:
+    tfbfl.models.ModelError: (a ValueError) one line naming ``flag``: the model
+      cannot be built or is not a ReLU stack of ``Dense`` layers on flat inputs
+      with at least one hidden layer (module docstring).
+  """
+  from tfbfl import models  # pylint: disable=g-import-not-at-top  (TensorFlow)
+  tmpl = model if isinstance(model, models.ModelTemplate) else models.template(
+      models.resolve_builder(model, flag), input_shape=input_shape, num_classes=num_classes,
+      flag=flag)
+  widths = models.dense_widths(tmpl, "PFNM", flag)
+  for layer in tmpl.build(None).layers:
+    if isinstance(layer, tf.keras.layers.Dense) and len(layer.input_shape) != 2:
+      raise models.ModelError(f"{flag}={tmpl.label}: PFNM matches the neurons of Dense layers on "
+                              f"flat inputs; Dense layer {layer.name!r} reads inputs of shape "
+                              f"{tuple(layer.input_shape[1:])}: put a Flatten before it.")
+  if not widths:
+    raise models.ModelError(f"{flag}={tmpl.label}: PFNM matches hidden neurons; the model has no "
+                            "hidden layer (it needs Dense layers with ReLU before the logits).")
+  return widths
 
 
 # -------------------------------------------------------------------- matching

@@ -60,6 +60,7 @@ __all__ = [
     "define_baseline_flags",
     "settings_from_flags",
     "matching_hparams_from_flags",
+    "model_hidden_units",
     "parse_int_list",
     "parse_float_list",
     "check_at_least_one",
@@ -90,7 +91,10 @@ class ExperimentSettings:
       test set.
     seed: master seed; trial ``t`` of setting ``J`` uses seeds derived from
       ``(seed, J, t)``.
-    hidden_units: hidden widths of the clients' networks.
+    hidden_units: hidden widths of the clients' networks (with ``model``: the
+      model's, ``pfnm.hidden_units_of_model``).
+    model: the user's network as ``--model`` named it (``MODULE:FUNCTION``), or
+      None for ``--hidden_units``; recorded in settings.json.
     training: remaining ``LocalTrainingConfig`` fields (epochs, batch_size,
       learning_rate, l2, init_std, bias_init, shared_init).
     hp: matching hyperparameters.
@@ -112,6 +116,7 @@ class ExperimentSettings:
   test_fraction: float = 0.25
   seed: int = 0
   hidden_units: tuple = (100,)
+  model: Optional[str] = None
   training: Dict[str, Any] = dataclasses.field(default_factory=dict)
   hp: MatchingHyperparams = dataclasses.field(default_factory=MatchingHyperparams)
   small_gamma0: float = 1e-5
@@ -255,6 +260,12 @@ class TrainingOptions:
   hidden_units: Tuple[int, ...] = options.int_list(
       (100,), "Hidden widths of every client network (paper main text: one layer of 100).",
       high=math.inf)
+  model: Optional[str] = options.text(
+      None, "The clients' network as MODULE:FUNCTION (tff.learning's model_fn: a "
+      "zero-argument function returning an uncompiled Keras model with logits out, imported "
+      "from the current directory or PYTHONPATH); it must be a stack of Dense layers with "
+      "ReLU and linear logits, whose widths and depth replace --hidden_units (PFNM's own "
+      "initialisation and training are kept).")
   epochs: int = options.integer(10, "Local epochs (Table 1: 10).", high=None)
   batch_size: int = options.integer(32, _runs.flag_help("batch_size", paper="32, Table 1"),
                                     **_AT_LEAST_1)
@@ -277,7 +288,7 @@ class TrainingOptions:
 
   def local_training(self) -> Dict[str, Any]:
     """``ExperimentSettings.training``: the ``LocalTrainingConfig`` fields but the widths."""
-    fields = [f.name for f in dataclasses.fields(self) if f.name != "hidden_units"]
+    fields = [f.name for f in dataclasses.fields(self) if f.name not in ("hidden_units", "model")]
     return {name: getattr(self, name) for name in fields}
 
 
@@ -522,6 +533,9 @@ def settings_from_flags(FLAGS, methods: Sequence[str]) -> ExperimentSettings:
   if not data.output_dir:
     raise ValueError("--output_dir is required")
   local = options_from_flags(TrainingOptions, FLAGS)
+  hidden_units = local.hidden_units
+  if local.model is not None:
+    hidden_units = model_hidden_units(data, local.model, _given(TrainingOptions, FLAGS))
   if data.dataset == "cifar10":  # Table 1's CIFAR-10 column unless given explicitly
     given = _given(TrainingOptions, FLAGS)
     local = dataclasses.replace(local,
@@ -534,7 +548,8 @@ def settings_from_flags(FLAGS, methods: Sequence[str]) -> ExperimentSettings:
                             alpha=data.alpha,
                             min_size=data.min_size,
                             seed=data.seed,
-                            hidden_units=local.hidden_units,
+                            hidden_units=hidden_units,
+                            model=local.model,
                             training=local.local_training(),
                             hp=matching_hparams_from_flags(FLAGS, seed=data.seed),
                             small_gamma0=base.small_gamma0,
@@ -546,6 +561,24 @@ def settings_from_flags(FLAGS, methods: Sequence[str]) -> ExperimentSettings:
                             dsgd_epochs_per_round=base.dsgd_epochs_per_round,
                             dsgd_server_lr=base.dsgd_server_lr,
                             methods=_check_methods(base.methods, methods))
+
+
+def model_hidden_units(data: DataOptions, model: str, given: Collection[str] = ()) -> tuple:
+  """The hidden widths of ``--model`` on the examples of ``data.dataset``
+  (``pfnm.hidden_units_of_model``; the data are loaded once, unpartitioned, for
+  their shapes).
+
+  Raises:
+    ValueError: ``--hidden_units`` is also given, or (``tfbfl.models.ModelError``)
+      the model is not a ReLU ``Dense`` stack PFNM can match; one line naming
+      --model.
+  """
+  if "hidden_units" in given:
+    raise ValueError(f"--model={model} brings its own layers; --hidden_units describes a "
+                     "built-in network: leave it unset.")
+  fd = data_lib.load_federated(data.dataset, data_dir=data.data_dir, partition="homogeneous",
+                               num_clients=1, seed=data.seed)
+  return tuple(pfnm.hidden_units_of_model(model, fd.input_shape, fd.num_classes))
 
 
 def matching_hparams_from_flags(FLAGS, seed: Optional[int] = None) -> MatchingHyperparams:

@@ -11,20 +11,22 @@
   server network's shapes, for FedAvg/FedProx/FOLA (`--architecture=conv`).
 * `build_mcmahan_cnn`: the CNN of McMahan et al. (2017) of FOLA's CIFAR-10
   experiments (`--architecture=cnn`).
+
+The two Keras models are the built-in builders of `tfbfl.networks.builders`
+(`ConvNet`, `McMahanCNN`) built through their templates, seeded by the rule of
+`tfbfl.models`: one definition, the one the algorithms train.
 """
 
 import numpy as np
 import tensorflow as tf
 
 from tfbfl.layers import BayesianConv2D
-from tfbfl.layers.base import check_positive_int, check_seed, derive_seed, is_int
+from tfbfl.layers.base import check_positive_int, check_seed, is_int
 from tfbfl.layers.conv import conv_output_size
+from tfbfl.networks import builders
 from tfbfl.networks.base import (
-    MCMAHAN_CNN,
-    SERVER,
     LateralNetworks,
     dense_plan,
-    deterministic_dense_layers,
     initial_private_weights_of,
     initial_shared_posterior_from_plan,
     lateral_connection,
@@ -394,13 +396,14 @@ def build_deterministic_conv(
   `Conv2D(activation) -> MaxPool2D`, `Flatten`, the dense hidden layers and a linear
   logits layer. `data_shape` is the shape of one example as the dataset stores it
   (e.g. `(64,)` for the flattened 8x8 digits); it must have as many entries as the
-  image. Glorot-normal kernels seeded from `seed` (Keras stateless initializers,
-  deterministic in `seed`), zero biases; `model.weights` are in the order and shapes
+  image. Glorot-normal kernels seeded from `seed` (`builders.ConvNet` through its
+  template, seeded by the rule of `tfbfl.models`: deterministic in `seed`), zero
+  biases; `model.weights` are in the order and shapes
   of `VirtualConvNetworks.shared_posterior()`. Build it where it is used (inside the
   TFF computation when it is used there: see the `_assert_built_as_v1` pitfall in
   the SPEC).
   """
-  image, filters, kernel_size, pool_size, padding, stages, _ = _conv_geometry(
+  image, filters, kernel_size, pool_size, padding, _, _ = _conv_geometry(
       input_shape, filters, kernel_size, pool_size, padding)
   num_classes = check_positive_int("num_classes", num_classes)
   hidden = positive_ints("hidden_units", hidden_units)
@@ -408,23 +411,12 @@ def build_deterministic_conv(
   data_shape = image if data_shape is None else tuple(data_shape)
   if int(np.prod(data_shape)) != int(np.prod(image)):
     raise ValueError(f"`data_shape` {data_shape} must have as many entries as the image {image}.")
-  glorot = lambda l: tf.keras.initializers.GlorotNormal(seed=derive_seed(seed, SERVER, l))
-  layers = [tf.keras.Input(shape=data_shape), tf.keras.layers.Reshape(image)]
-  for l, (_, _, (_, _, f)) in enumerate(stages):
-    layers.append(
-        tf.keras.layers.Conv2D(
-            f,
-            kernel_size,
-            padding=padding,
-            activation=activation,
-            kernel_initializer=glorot(l),
-            name=f"conv_{l}",
-        ))
-    layers.append(tf.keras.layers.MaxPool2D(pool_size, name=f"pool_{l}"))
-  layers.append(tf.keras.layers.Flatten())
-  widths = list(hidden) + [num_classes]
-  layers += deterministic_dense_layers(widths, len(stages), activation, seed)
-  return tf.keras.Sequential(layers, name="deterministic_conv")
+  builder = builders.ConvNet(data_shape, image, num_classes, filters, kernel_size, pool_size,
+                             padding, hidden_units=hidden, activation=activation)
+  return builders.template_for(builder,
+                               architecture="conv",
+                               input_shape=data_shape,
+                               num_classes=num_classes).build(seed)
 
 
 # -- FOLA's McMahan et al. CNN ------------------------------------------------------
@@ -435,7 +427,7 @@ def build_mcmahan_cnn(input_shape, num_classes, seed=0):
 
   A plain (point-estimate) convolutional network, the model FOLA and its
   baselines train on CIFAR-10; the flag value naming it is `--architecture=cnn`
-  (`tfbfl.algorithms.fola`'s `model="cnn"`), distinct from `--architecture=conv`
+  (`tfbfl.algorithms.fola`'s `network == "cnn"`), distinct from `--architecture=conv`
   (`build_deterministic_conv`, VIRTUAL's FEMNIST geometry).
 
   ```none
@@ -444,8 +436,10 @@ def build_mcmahan_cnn(input_shape, num_classes, seed=0):
   flatten -> dense 512, ReLU -> dense num_classes (logits)
   ```
 
-  Glorot-normal kernels seeded from `seed` (deterministic, one derived seed per
-  layer), zero biases. Trainable variables come in the order
+  Glorot-normal kernels seeded from `seed` by the rule of `tfbfl.models`
+  (`builders.McMahanCNN` through its template: layer `k` as VIRTUAL's server layer
+  `k`; before the builders it used its own salt, so the weights of a seed
+  changed then), zero biases. Trainable variables come in the order
   `[conv1 kernel, conv1 bias, conv2 kernel, conv2 bias, dense kernel, dense bias,
   logits kernel, logits bias]`. As for `build_deterministic_mlp`, build it where
   it is used (inside the TFF computation when it is used there).
@@ -485,29 +479,8 @@ def build_mcmahan_cnn(input_shape, num_classes, seed=0):
     shape.append(1)
   num_classes = check_positive_int("num_classes", num_classes)
   seed = check_seed(seed)
-  init = lambda l: tf.keras.initializers.GlorotNormal(seed=derive_seed(seed, MCMAHAN_CNN, l))
-  conv = lambda l, filters: tf.keras.layers.Conv2D(filters,
-                                                   5,
-                                                   padding="same",
-                                                   activation="relu",
-                                                   kernel_initializer=init(l),
-                                                   bias_initializer="zeros",
-                                                   name=f"conv_{l}")
-  layers = [
-      tf.keras.Input(shape=tuple(shape)),
-      conv(0, 32),
-      tf.keras.layers.MaxPool2D(2, padding="same", name="pool_0"),
-      conv(1, 64),
-      tf.keras.layers.MaxPool2D(2, padding="same", name="pool_1"),
-      tf.keras.layers.Flatten(name="flatten"),
-      tf.keras.layers.Dense(512,
-                            activation="relu",
-                            kernel_initializer=init(2),
-                            bias_initializer="zeros",
-                            name="dense_0"),
-      tf.keras.layers.Dense(num_classes,
-                            kernel_initializer=init(3),
-                            bias_initializer="zeros",
-                            name="logits"),
-  ]
-  return tf.keras.Sequential(layers, name="mcmahan_cnn")
+  return builders.template_for(None,
+                               architecture="cnn",
+                               input_shape=tuple(shape),
+                               image_shape=tuple(shape),
+                               num_classes=num_classes).build(seed)

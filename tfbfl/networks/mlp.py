@@ -9,7 +9,9 @@
   seeds and shapes of the unbuilt layers), so a driver can make initial server and
   client states anywhere, deterministically in `seed`.
 * `build_deterministic_mlp`: the point-estimate counterpart (FedAvg, FedProx, FOLA,
-  local and global baselines), with the server network's layer shapes.
+  local and global baselines), with the server network's layer shapes: the
+  built-in `tfbfl.networks.builders.MLP` through its template (one definition; the
+  algorithms build it the same way, `builders.template_for(...).build(seed)`).
 
 The machinery every laterally connected family shares (layer plans, their initial
 values, the `LateralNetworks` base class) is in `tfbfl.networks.base`.
@@ -19,10 +21,10 @@ import numpy as np
 import tensorflow as tf
 
 from tfbfl.layers.base import check_positive_int, check_seed
+from tfbfl.networks import builders
 from tfbfl.networks.base import (
     LateralNetworks,
     dense_plan,
-    deterministic_dense_layers,
     initial_private_weights_of,
     initial_shared_posterior_from_plan,
 )
@@ -217,14 +219,19 @@ def build_deterministic_mlp(input_dim,
                             seed=0):
   """The point-estimate MLP with the server network's shapes (logits output).
 
-  Glorot-normal kernels seeded from `seed` (Keras stateless initializers, so the
-  model is deterministic in `seed`), zero biases. The returned
-  `tf.keras.Sequential` starts with an `Input`, so its weights exist on return.
-  Build it where it is used (inside the TFF computation when it is used there:
-  see the `_assert_built_as_v1` pitfall in the SPEC).
+  `builders.template_for(None, architecture="mlp", ...).build(seed)`: the built-in
+  `builders.MLP` on `(input_dim,)` inputs, Glorot-normal kernels seeded from `seed`
+  by the rule of `tfbfl.models` (the `k`-th Dense layer as VIRTUAL's server layer
+  `k`: deterministic in `seed`), zero biases. The returned `tf.keras.Sequential`
+  starts with an `Input`, so its weights exist on return. Build it where it is
+  used (inside the TFF computation when it is used there: see the
+  `_assert_built_as_v1` pitfall in the SPEC).
   """
   inputs, widths = _layer_widths(input_dim, num_classes, hidden_units)
   seed = check_seed(seed)
-  layers = [tf.keras.Input(shape=(inputs[0],))]
-  layers += deterministic_dense_layers(widths, 0, activation, seed)
-  return tf.keras.Sequential(layers, name="deterministic_mlp")
+  return builders.template_for(None,
+                               architecture="mlp",
+                               input_shape=(inputs[0],),
+                               num_classes=widths[-1],
+                               hidden_units=tuple(widths[:-1]),
+                               activation=activation).build(seed)

@@ -92,6 +92,10 @@ def subclassed():
   return Mine()
 
 
+def with_dropout():
+  return tf.keras.Sequential([tf.keras.Input((64,)), L.Dense(16), L.Dropout(0.2), L.Dense(10)])
+
+
 def batchnorm_and_frozen():
   """BatchNormalization (moving statistics: non-trainable, updated in training) and
   a frozen Dense layer (non-trainable, never updated)."""
@@ -192,11 +196,12 @@ def test_a_user_conv_net_trains_with_every_deterministic_algorithm(tff_runtime, 
 @pytest.mark.parametrize("spec, says", [
     ("nosuchmodule:build", "cannot import module 'nosuchmodule'"),
     ("mymodels:missing", "has no attribute 'missing'"),
-    ("mymodels:NOT_CALLABLE", "not a callable"),
+    ("mymodels:NOT_CALLABLE", "is not callable"),
     ("mymodels:not_a_model", "must return a tf.keras.Model"),
     ("mymodels:seven_logits", "expected 10 logits"),
     ("mymodels:wrong_input", "examples have shape (64,)"),
     ("mymodels:subclassed", "subclassed Keras model"),
+    ("mymodels:with_dropout", "(Dropout) draws noise in training"),
     ("mymodels", "MODULE:FUNCTION"),
 ])
 def test_a_bad_model_is_one_line_naming_the_flag(mymodels, spec, says):

@@ -95,8 +95,8 @@ def import_builder(spec: str, flag: str = MODEL_FLAG) -> Callable[[], Any]:
       raise ModelError(f"{flag}={spec}: module {module_name!r} has no attribute {attr!r}.")
     obj = getattr(obj, part)
   if not callable(obj):
-    raise ModelError(f"{flag}={spec}: {attr!r} is a {type(obj).__name__}, not a callable "
-                     "returning a Keras model.")
+    raise ModelError(f"{flag}={spec}: {attr!r} is not callable (it is of type "
+                     f"{type(obj).__name__}); name a function returning a Keras model.")
   return obj
 
 
@@ -214,6 +214,11 @@ class ModelTemplate:
     return hashlib.sha256(json.dumps(entries).encode()).hexdigest()[:16]
 
 
+# Layers that draw random numbers in training from TensorFlow's global generator.
+_UNSEEDED_NOISE = (tf.keras.layers.Dropout, tf.keras.layers.GaussianNoise,
+                   tf.keras.layers.GaussianDropout, tf.keras.layers.AlphaDropout)
+
+
 def _is_chain_or_sequential(model) -> bool:
   return isinstance(model, tf.keras.Sequential) or getattr(model, "_is_graph_network", False)
 
@@ -246,8 +251,10 @@ def template(builder: Callable[[], Any],
   except Exception as e:  # pylint: disable=broad-except  (the user's code)
     raise ModelError(f"{flag}={label}: calling it raised {type(e).__name__}: {e}") from e
   if not isinstance(model, tf.keras.Model):
+    hint = (" (a tff.learning model: return the Keras model you wrapped, tfbfl wraps it)"
+            if type(model).__module__.startswith("tensorflow_federated") else "")
     raise ModelError(f"{flag}={label} must return a tf.keras.Model (uncompiled, logits out), "
-                     f"got {type(model).__name__}.")
+                     f"got {type(model).__name__}{hint}.")
   if not _is_chain_or_sequential(model):
     raise ModelError(f"{flag}={label} returned a subclassed Keras model "
                      f"({type(model).__name__}); tfbfl rebuilds models from their config, so it "
@@ -266,6 +273,12 @@ def template(builder: Callable[[], Any],
   if len(out) != 2 or out[-1] != int(num_classes):
     raise ModelError(f"{flag}={label} outputs shape {out[1:]} per example; expected "
                      f"{int(num_classes)} logits, one per class of the data.")
+  for layer in model.layers:
+    if isinstance(layer, _UNSEEDED_NOISE):
+      raise ModelError(f"{flag}={label}: layer {layer.name!r} ({type(layer).__name__}) draws "
+                       "noise in training from a generator the run's --seed cannot fix, so "
+                       "runs would not repeat; remove it (VIRTUAL's Bayesian layers bring "
+                       "their own seeded noise).")
   custom = {}
   for layer in model.layers:
     cls = type(layer)

@@ -70,10 +70,9 @@ net with its `Reshape`); a run with `--model` spelling a preset out (e.g.
 `Dense(100, "relu", kernel_initializer="glorot_normal")` twice, then the logits) is
 the preset run, weight for weight and metric for metric (`tests/test_own_model.py`).
 `--architecture` is not used (nor checked) with `--model`. Layers that draw random
-numbers in training (`Dropout`, `GaussianNoise`, ...) are not seeded by `--seed`
-(`tfbfl.models` seeds the initializers only): such a run trains, but is not
-reproducible (measured: a 2-round FedAvg run with `Dropout(0.2)`, same seed,
-final S 0.213 vs 0.222 in two runs, also with the layer's own `seed=`).
+numbers in training (`Dropout`, `GaussianNoise`, ...) are refused by
+`tfbfl.models.template`: `--seed` cannot fix their noise (two same-seed FedAvg runs
+with `Dropout(0.2)` ended at different S, also with the layer's own `seed=`).
 
 Non-trainable weights (e.g. `BatchNormalization`'s moving statistics, or the
 weights of a layer with `trainable=False`) travel with the trainable ones in
@@ -332,14 +331,7 @@ def network_template(cfg: ModelConfig) -> "models.ModelTemplate":
   """The checked template of the network `cfg` trains (`builders.template_for`): the
   user's `cfg.model`, else the built-in `cfg.architecture` on the examples' own
   shape (`cfg.example_shape`) with the size settings."""
-  return builders.template_for(cfg.model,
-                               architecture=cfg.architecture,
-                               input_shape=cfg.example_shape,
-                               num_classes=cfg.num_classes,
-                               hidden_units=tuple(cfg.hidden_units),
-                               image_shape=cfg.image_shape,
-                               filters=tuple(cfg.filters),
-                               activation=cfg.activation)
+  return builders.config_template(cfg)
 
 
 # What an algorithm does with the model's non-trainable weights (`weight_problem`).

@@ -124,8 +124,8 @@ updates (BatchNormalization's moving statistics) would silently keep its initial
 statistics, so it is refused (`tfbfl.models.ModelError` naming --model; FedAvg
 averages such weights). Plain SGD on variables, minibatches from stateless
 shuffles of the per-client seed (`shuffle_order`), so a run is fully
-determined by `--seed` (unless the user's model draws random numbers in
-training, e.g. `Dropout`: `tfbfl.algorithms.fedavg`, "Models").
+determined by `--seed` (a model that draws random numbers in training, e.g. with
+`Dropout`, is refused: `tfbfl.models`).
 
 Metrics: S = the server weights `mu_S` on every client's test data; MT = each
 client's last trained weights `mu_n` on its own test data.
@@ -255,6 +255,11 @@ class LaplaceConfig(base.ClientTraining):
     self.resolve_image_shape(self.input_shape)
 
   @property
+  def example_shape(self):
+    """The shape of one example (`input_shape`), as the other configs name it."""
+    return tuple(self.input_shape)
+
+  @property
   def network(self) -> str:
     """The built-in network family ("mlp" or "cnn"; `--architecture`), used when
     `model` (the user's network) is None."""
@@ -265,12 +270,7 @@ def network_template(config: LaplaceConfig) -> "models.ModelTemplate":
   """The checked template of the network `config` trains (`builders.template_for`):
   the user's `config.model`, else the built-in `config.network` on the examples'
   own shape."""
-  return builders.template_for(config.model,
-                               architecture=config.network,
-                               input_shape=tuple(config.input_shape),
-                               num_classes=config.num_classes,
-                               hidden_units=tuple(config.hidden_units),
-                               image_shape=config.image_shape)
+  return builders.config_template(config)
 
 
 def shuffle_order(seed, epochs, num_examples):

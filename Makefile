@@ -24,7 +24,7 @@ RUFF := ruff==0.8.6
 lint: install
 	@$(PY) -m ruff --version 2>/dev/null | grep -q "$(subst ==, ,$(RUFF))" || \
 	  $(PY) -m pip install -q --disable-pip-version-check $(RUFF)
-	$(PY) -m ruff check tfbfl launchers benchmarks tests
+	$(PY) -m ruff check tfbfl reproduction launchers benchmarks tests
 
 # Two pytest-xdist workers, one test module each at a time (module fixtures run once),
 # each TensorFlow (and every launcher it starts) with one intra-op and one inter-op

@@ -9,7 +9,7 @@ hits both; a side's time is the median over its runs of the mean wall time of th
 rounds after the first (the first traces the computations). Printed: each side's
 seconds a round and the ratio model / preset (target <= 1.05; issue 64).
 
-  mnist_mlp   the paper's MNIST protocol (`tfbfl.presets` "mnist": 100 clients x
+  mnist_mlp   the paper's MNIST protocol (`reproduction.presets` "mnist": 100 clients x
               600, C = 10, B = 20, MLP 784-100-100-10), `--epochs` a round; the
               model: `Input((28, 28)), Flatten, Dense(100) x 2, Dense(10)`.
   femnist_conv the FEMNIST-conv protocol (preset "femnist_conv", 100 writers of

@@ -2,7 +2,7 @@
 
 import os
 
-from tfbfl import presets
+from reproduction import presets
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_MNIST_DIR = os.path.normpath(os.path.join(_REPO, "..", "shared", "data", "mnist"))

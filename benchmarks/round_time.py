@@ -7,7 +7,7 @@ r"""Per-round wall time of VIRTUAL and FedAvg, side by side, on digits and MNIST
 Datasets (training-only rounds: nothing is evaluated inside a timed round):
   digits  the bundled stand-in: 10 clients, all of them every round, E = 20, B = 20,
           MLP 64-100-100-10;
-  mnist   the paper's protocol (VIRTUAL Sec. IV, `tfbfl.presets`'s "mnist"): 100
+  mnist   the paper's protocol (VIRTUAL Sec. IV, `reproduction.presets`'s "mnist"): 100
           clients x 600 examples (homogeneous), C = 10 a round, E = 20, B = 20, MLP
           784-100-100-10; read from `--data_dir` (default `../shared/data/mnist` beside
           the repository; the dataset is skipped, with the reason, where the files are

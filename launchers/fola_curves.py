@@ -22,8 +22,8 @@ from absl import app
 from absl import flags
 
 from tfbfl.algorithms import fola
-from tfbfl.experiments import _runs
-from tfbfl.experiments import fola_figures
+from reproduction import _runs
+from reproduction import fola_figures
 from tfbfl import flags as tfbfl_flags
 from tfbfl import driver
 

@@ -17,8 +17,8 @@ one line):
 
 from absl import flags
 
-from tfbfl.experiments import pfnm_figures as px
-from tfbfl.experiments import pfnm_options as po
+from reproduction import pfnm_figures as px
+from reproduction import pfnm_options as po
 from tfbfl import flags as tfbfl_flags
 
 FLAGS = flags.FLAGS

@@ -9,8 +9,8 @@ other PFNM launchers' user network) is refused here.
 
 from absl import flags
 
-from tfbfl.experiments import pfnm_figures as px
-from tfbfl.experiments import pfnm_options as po
+from reproduction import pfnm_figures as px
+from reproduction import pfnm_options as po
 from tfbfl import flags as tfbfl_flags
 
 FLAGS = flags.FLAGS

@@ -18,7 +18,7 @@ stops the invocation and writes no record. The real data are read from `--data_r
 it). After running, and with `--report` alone, the report is
 rebuilt from the records: `<results_dir>/REPORT.md`, `<results_dir>/figures/*.png`
 and the block between the reproduction markers of `--readme`. See
-`tfbfl/experiments/reproduce.py` for the cells, `records.py` for the records and
+`reproduction/reproduce.py` for the cells, `records.py` for the records and
 `runner.py` for the runs.
 """
 
@@ -28,10 +28,10 @@ from absl import app
 from absl import flags
 
 from tfbfl import flags as tfbfl_flags
-from tfbfl.experiments import records as records_lib
-from tfbfl.experiments import reproduce
-from tfbfl.experiments import reproduction_report
-from tfbfl.experiments import runner
+from reproduction import records as records_lib
+from reproduction import reproduce
+from reproduction import reproduction_report
+from reproduction import runner
 
 F = flags.FLAGS
 flags.DEFINE_list("cells", ["*"], "Cell names as `--list` prints them, or shell patterns, "

@@ -13,7 +13,7 @@ with the Table II report. Same grid machinery as `launchers.virtual_table2`.
 from absl import flags
 
 from launchers import virtual_table2
-from tfbfl.experiments import table2
+from reproduction import table2
 from tfbfl import flags as tfbfl_flags
 
 flags.FLAGS.set_default("datasets", ["digits_dirichlet"])

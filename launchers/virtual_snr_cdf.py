@@ -14,7 +14,7 @@ variant. Writes `fig4_snr_cdf.png`, `fig4_snr_cdf.csv` (the curves) and
 from absl import app
 from absl import flags
 
-from tfbfl.experiments import virtual_tables as vx
+from reproduction import virtual_tables as vx
 from tfbfl import flags as tfbfl_flags
 from tfbfl import runtime
 

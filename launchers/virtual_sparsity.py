@@ -19,7 +19,7 @@ data and `tfbfl.driver`'s settings.
 from absl import app
 from absl import flags
 
-from tfbfl.experiments import virtual_tables as vx
+from reproduction import virtual_tables as vx
 from tfbfl import flags as tfbfl_flags
 from tfbfl import runtime
 

@@ -8,7 +8,7 @@ r"""VIRTUAL Table II and Figs. 2-3: the hyperparameter grid per dataset and algo
 Runs every cell (dataset x algorithm x hyperparameters x seed) that has no result
 yet under `--output_dir`, then writes `table2.md` (with the paper's claims judged
 "held" / "not held" below the table), `table2.csv`, `fig3.png` and `fig2.png`
-there (see `tfbfl/experiments/table2.py`). Re-running resumes an interrupted grid.
+there (see `reproduction/table2.py`). Re-running resumes an interrupted grid.
 
 VIRTUAL runs twice: `virtual` ("VIRTUAL (w_S=1)": the server network's own loss
 added to the client loss) and `virtual_eq3` ("VIRTUAL eq. 3 (w_S=0)": the paper's
@@ -24,8 +24,8 @@ on a quiet 2-core machine. Any flag given explicitly still overrides.
 from absl import app
 from absl import flags
 
-from tfbfl.experiments import _runs
-from tfbfl.experiments import table2
+from reproduction import _runs
+from reproduction import table2
 from tfbfl import flags as tfbfl_flags
 
 F = flags.FLAGS

@@ -5,9 +5,9 @@ import time
 import numpy as np
 
 from tfbfl import metrics
-from tfbfl.experiments import calibration_report
-from tfbfl.experiments import reproduce
-from tfbfl.experiments import runner
+from reproduction import calibration_report
+from reproduction import reproduce
+from reproduction import runner
 
 
 def _calibration(rng, client_nll, confidence):

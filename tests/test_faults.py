@@ -34,9 +34,9 @@ from tfbfl import round_loop
 from tfbfl import run_directory
 from tfbfl import runtime
 from tfbfl import state_files
-from tfbfl.experiments import records as records_lib
-from tfbfl.experiments import reproduce
-from tfbfl.experiments import runner as runner_lib
+from reproduction import records as records_lib
+from reproduction import reproduce
+from reproduction import runner as runner_lib
 import launcher_helpers
 from test_outputs import FLAGS
 from test_outputs import _Counter

@@ -24,9 +24,9 @@ import pytest
 
 from tfbfl import checkpoint
 from tfbfl import faults
-from tfbfl.experiments import records as records_lib
-from tfbfl.experiments import reproduce
-from tfbfl.experiments import runner
+from reproduction import records as records_lib
+from reproduction import reproduce
+from reproduction import runner
 import launcher_helpers
 from test_faults import _fill
 from test_faults import _tmpfs

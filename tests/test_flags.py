@@ -96,7 +96,7 @@ def test_algorithms_import_no_tensorflow():
   assert out.returncode == 0, out.stderr[-2000:]
 
 
-_DRIVER = ("tfbfl.driver", "tfbfl.round_loop", "tfbfl.experiments", "tfbfl.runtime",
+_DRIVER = ("tfbfl.driver", "tfbfl.round_loop", "reproduction", "tfbfl.runtime",
            "tfbfl.flags", "tfbfl.data", "tfbfl.export", "tfbfl.restore", "tfbfl.checkpoint", "absl")
 
 

@@ -23,7 +23,7 @@ from tfbfl import round_loop  # noqa: E402
 from tfbfl import gaussian  # noqa: E402
 from tfbfl import driver  # noqa: E402
 from tfbfl.algorithms import fola  # noqa: E402
-from tfbfl.experiments import fola_figures  # noqa: E402
+from reproduction import fola_figures  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("tff_runtime")
 

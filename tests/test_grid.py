@@ -9,7 +9,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from tfbfl.experiments import table2 as grid  # noqa: E402
+from reproduction import table2 as grid  # noqa: E402
 
 _SPEC = grid.GridSpec(client_lrs=(0.01, 0.1),
                       server_lrs=(0.5, 1.0),

@@ -26,7 +26,7 @@ from tfbfl import run_directory
 from tfbfl import state_files
 from tfbfl import driver
 from tfbfl.data import from_client_arrays
-from tfbfl.experiments import _runs
+from reproduction import _runs
 from launcher_helpers import as_terminal_job
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -9,7 +9,7 @@ import pytest
 from launcher_helpers import run_launchers_in_parallel
 from absl import flags
 
-from tfbfl.experiments import pfnm_options as po
+from reproduction import pfnm_options as po
 
 TINY = ["--trials=1", "--epochs=1", "--seed=1"]
 LAUNCHERS = {

@@ -1,5 +1,5 @@
 """The PFNM launchers' settings as `tfbfl.options` fields: flags made from the option
-dataclasses of `tfbfl.experiments.pfnm_options`, parsed back into them, bad values named."""
+dataclasses of `reproduction.pfnm_options`, parsed back into them, bad values named."""
 
 import dataclasses
 import math
@@ -9,7 +9,7 @@ from absl import flags
 
 from launcher_helpers import run_launcher
 from tfbfl import options
-from tfbfl.experiments import pfnm_options as po
+from reproduction import pfnm_options as po
 
 OWN = (po.BatchesOptions, po.DepthOptions, po.StreamingOptions, po.SensitivityOptions)
 SHARED = (po.DataOptions, po.TrainingOptions, po.MatchingOptions, po.BaselineOptions)

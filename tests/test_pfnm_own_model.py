@@ -11,8 +11,8 @@ import pytest
 from absl import flags
 
 from tfbfl import models
-from tfbfl.experiments import pfnm_figures as px
-from tfbfl.experiments import pfnm_options as po
+from reproduction import pfnm_figures as px
+from reproduction import pfnm_options as po
 
 from launcher_helpers import ROOT, run_launchers_in_parallel
 

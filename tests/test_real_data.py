@@ -26,7 +26,7 @@ import pytest
 
 from datafiles import real_data_dir
 from tfbfl import data
-from tfbfl import presets
+from reproduction import presets
 from tfbfl.data import femnist
 from tfbfl.data import mnist
 from tfbfl.data import official_split

@@ -16,11 +16,11 @@ import pytest
 from tfbfl import data as data_lib
 from tfbfl import round_loop
 from tfbfl import state_files
-from tfbfl.experiments import records as records_lib
-from tfbfl.experiments import reproduce
-from tfbfl.experiments import reproduction_report
-from tfbfl.experiments import runner
-from tfbfl.experiments import virtual_report
+from reproduction import records as records_lib
+from reproduction import reproduce
+from reproduction import reproduction_report
+from reproduction import runner
+from reproduction import virtual_report
 
 from launcher_helpers import ROOT
 

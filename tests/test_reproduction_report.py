@@ -7,14 +7,14 @@ import time
 
 import pytest
 
-from tfbfl.experiments import fola_report
-from tfbfl.experiments import pfnm_report
-from tfbfl.experiments import records as records_lib
-from tfbfl.experiments import reproduce
-from tfbfl.experiments import reproduction_report as report
-from tfbfl.experiments import runner
-from tfbfl.experiments import virtual_report
-from tfbfl.experiments import virtual_tables
+from reproduction import fola_report
+from reproduction import pfnm_report
+from reproduction import records as records_lib
+from reproduction import reproduce
+from reproduction import reproduction_report as report
+from reproduction import runner
+from reproduction import virtual_report
+from reproduction import virtual_tables
 
 from launcher_helpers import ROOT
 

@@ -14,7 +14,7 @@ import pytest
 from launcher_helpers import run_launchers_in_parallel
 
 from tfbfl import gaussian
-from tfbfl.experiments import virtual_tables as vx
+from reproduction import virtual_tables as vx
 
 TINY = [
     "--rounds=1", "--epochs_per_round=1", "--num_clients=3", "--clients_per_round=3",

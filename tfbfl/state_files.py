@@ -100,7 +100,8 @@ MOVED_MODULES = {"tfbfl.experiment": "tfbfl.round_loop", "tfbfl.training": "tfbf
                  "tfbfl.learning": "tfbfl.tff_learning", "tfbfl.state_io": "tfbfl.state_files",
                  "tfbfl.run_dir": "tfbfl.run_directory",
                  "tfbfl.matching.pfnm": "tfbfl.matching.single_layer",
-                 "tfbfl.experiments.pfnm": "tfbfl.experiments.pfnm_figures"}
+                 "tfbfl.experiments.pfnm": "reproduction.pfnm_figures",
+                 "tfbfl.experiments.pfnm_figures": "reproduction.pfnm_figures"}
 
 
 def _namedtuple_type(name: str, fields: Tuple[str, ...]) -> type:

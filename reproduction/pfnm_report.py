@@ -14,9 +14,9 @@ from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
 import numpy as np
 
-from tfbfl.experiments import _runs
-from tfbfl.experiments import report_common as common
-from tfbfl.experiments import reproduce as rp
+from reproduction import _runs
+from reproduction import report_common as common
+from reproduction import reproduce as rp
 
 _anchor = _runs.anchor
 _label = _runs.label_axes

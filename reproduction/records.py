@@ -1,8 +1,8 @@
 """The campaign's records: what one holds, reading them, and values read off them.
 
 A *record* is the small JSON file `<results_dir>/<cell name>.json` that the runner
-(`tfbfl.experiments.runner`) writes when a cell of the catalogue
-(`tfbfl.experiments.reproduce`) finishes: the cell, its flags and command, the commit,
+(`reproduction.runner`) writes when a cell of the catalogue
+(`reproduction.reproduce`) finishes: the cell, its flags and command, the commit,
 wall time, machine, and the result. The result is what a collector (`COLLECTORS`, one
 per launcher) keeps of the launcher's own output files: per-round S/MT accuracy, NLL,
 ECE and bytes for training cells (`collect_train`); per-method accuracies for PFNM and
@@ -31,7 +31,7 @@ import os
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from tfbfl import files
-from tfbfl.experiments import _runs
+from reproduction import _runs
 
 RECORD_VERSION = 1  # `runner.make_record` writes it; `read_records` passes over others
 CHECKSUM = "sha256"  # a record file's checksum of the rest of it (`record_text`)

@@ -1,6 +1,6 @@
 """The reproduction report: the papers' tables, claims and figures, and a coverage
-table, rebuilt from the campaign's records alone (`tfbfl.experiments.records`) of the
-catalogue's cells (`tfbfl.experiments.reproduce`).
+table, rebuilt from the campaign's records alone (`reproduction.records`) of the
+catalogue's cells (`reproduction.reproduce`).
 
 The sections come one module a paper: `virtual_report` (VIRTUAL and its v1),
 `pfnm_report`, `fola_report`, and `calibration_report` (ours, issue 34); here they
@@ -20,14 +20,14 @@ from typing import Any, Callable, Iterable, List, Mapping, Optional, Sequence, T
 
 from tfbfl import round_loop
 from tfbfl import run_directory
-from tfbfl.experiments import _runs
-from tfbfl.experiments import calibration_report
-from tfbfl.experiments import fola_report
-from tfbfl.experiments import pfnm_report
-from tfbfl.experiments import records as records_lib
-from tfbfl.experiments import reproduce as rp
-from tfbfl.experiments import runner
-from tfbfl.experiments import virtual_report
+from reproduction import _runs
+from reproduction import calibration_report
+from reproduction import fola_report
+from reproduction import pfnm_report
+from reproduction import records as records_lib
+from reproduction import reproduce as rp
+from reproduction import runner
+from reproduction import virtual_report
 
 
 # ------------------------------------------------------------------ coverage

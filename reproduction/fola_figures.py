@@ -25,7 +25,7 @@ from tfbfl import round_loop
 from tfbfl import runtime
 from tfbfl.algorithms import registry
 from tfbfl.algorithms.fola import FolaAlgorithm
-from tfbfl.experiments import _runs
+from reproduction import _runs
 
 
 def _product_identity(data, p):

@@ -15,10 +15,10 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from tfbfl.experiments import _runs
-from tfbfl.experiments import records as records_lib
-from tfbfl.experiments import report_common as common
-from tfbfl.experiments import reproduce as rp
+from reproduction import _runs
+from reproduction import records as records_lib
+from reproduction import report_common as common
+from reproduction import reproduce as rp
 
 _mean_std = _runs.mean_std
 _finals = records_lib.final_values

@@ -20,7 +20,7 @@ global networks come from ``tfbfl.matching``, and the baselines from
 ``tfbfl.algorithms.oneshot_baselines``.
 
 The settings, their flags and the launchers' ``main`` are in
-``tfbfl.experiments.pfnm_options``.
+``reproduction.pfnm_options``.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ import numpy as np
 from tfbfl import round_loop
 from tfbfl.algorithms import oneshot_baselines as baselines
 from tfbfl.algorithms import pfnm
-from tfbfl.experiments import _runs
-from tfbfl.experiments.pfnm_options import (CONSTRAINED_METHODS, DEPTH_METHODS, EXTRA_METHODS,
+from reproduction import _runs
+from reproduction.pfnm_options import (CONSTRAINED_METHODS, DEPTH_METHODS, EXTRA_METHODS,
                                            ONESHOT_METHODS, STREAMING_METHODS,
                                            ExperimentSettings, check_at_least_one)
 from tfbfl.matching import StreamingPFNM

@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from tfbfl.experiments import _runs
+from reproduction import _runs
 
 
 def pm(values: Sequence[float], scale: float = 100.0, digits: int = 1) -> str:

@@ -29,7 +29,7 @@ A *cell* is one run: (dataset spec, algorithm, hyperparameters, seed). It runs v
 `<output_dir>/<dataset>/<algorithm>/<cell key>/` and its result (the run's flags,
 summary and per-round S/MT loss and accuracy curves) is written atomically to
 `result.json` there. A cell whose `result.json` exists with the same flags is
-not run again (`tfbfl.experiments._runs.finished_run`: flags that only say where
+not run again (`reproduction._runs.finished_run`: flags that only say where
 or how a run is written do not count), so an interrupted grid resumes where it
 stopped (a cell cut off mid-run starts over). One progress line per finished cell (cell i/N, dataset,
 algorithm, hyperparameters and seed, best S and MT, seconds, ETA); the first
@@ -66,7 +66,7 @@ VIRTUAL (~40-60 s each on a quiet 2-core machine) and 9 FedAvg (~3 s): about
 13-19 minutes. Explicit flags still override.
 
 Dataset specs: `name[:partition][:key=value...]` with `name` a preset of
-`tfbfl.presets` (`digits_dirichlet`, `femnist_mlp`, ...) or a dataset of
+`reproduction.presets` (`digits_dirichlet`, `femnist_mlp`, ...) or a dataset of
 `tfbfl.data.DATASETS`, e.g. `digits:class_dirichlet`, `digits:class_dirichlet:alpha=0.1`,
 `npz:data_dir=/data/clients.npz`; keys are `tfbfl.driver` flags. A cell's flags:
 the preset, overridden by the launcher's shared flags (`--rounds`, `--fixed`, ...),
@@ -86,10 +86,10 @@ import numpy as np
 
 from tfbfl import data as data_lib
 from tfbfl import driver
-from tfbfl import presets
+from reproduction import presets
 from tfbfl import round_loop
 from tfbfl.algorithms import virtual
-from tfbfl.experiments import _runs
+from reproduction import _runs
 
 RESULT_FILE = "result.json"
 DEFAULT_DATASETS = ("digits:homogeneous", "digits:class_dirichlet", "digits:permuted")
@@ -240,7 +240,7 @@ def parse_assignments(items: Iterable[str], flag: str = "fixed") -> Dict[str, An
 def parse_dataset_spec(spec: str) -> Tuple[Dict[str, Any], Dict[str, Any]]:
   """`name[:partition][:key=value...]` -> (base, overrides), both training params.
 
-  `base` is the preset `name` of `tfbfl.presets` (e.g. `digits_dirichlet`,
+  `base` is the preset `name` of `reproduction.presets` (e.g. `digits_dirichlet`,
   `femnist_mlp`) or `{dataset: name}` for a dataset of `tfbfl.data.DATASETS`;
   `overrides` holds the partition and the `key=value` parts. A cell's flags are
   `base`, then the shared `--fixed` flags, then `overrides` (module docstring).

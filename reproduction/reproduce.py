@@ -5,7 +5,7 @@ algorithm, setting, seed), named `paper/experiment/row/algorithm/setting/seedN`,
 e.g. `virtual/table2/mnist/fedavg/tuned/seed1` or `pfnm/j_sweep/homogeneous/all/J=10/seed0`.
 The catalogue (`catalogue`) holds every cell of the campaign:
 
-* VIRTUAL Table II on MNIST, PMNIST and FEMNIST-MLP (`tfbfl.presets`: K = 100
+* VIRTUAL Table II on MNIST, PMNIST and FEMNIST-MLP (`reproduction.presets`: K = 100
   clients, C = 10, E = 20, B = 20, MLP 2 x 100) for VIRTUAL, FedAvg, FedProx and
   FedPA. First *tuning* cells at seed 0 on a validation split of the clients'
   training data (`--validation_fraction`; the test data are not read), then the
@@ -19,9 +19,9 @@ The catalogue (`catalogue`) holds every cell of the campaign:
   (its Fig. 2a) and its learning curves at N = 20, alpha = 0.01, E = 5, lr = 0.01
   (Fig. 3a).
 
-Each cell is run by `tfbfl.experiments.runner`, which writes its record;
-`tfbfl.experiments.records` reads the records (the tuned cells' settings are chosen
-from their values here), and `tfbfl.experiments.reproduction_report` rebuilds the
+Each cell is run by `reproduction.runner`, which writes its record;
+`reproduction.records` reads the records (the tuned cells' settings are chosen
+from their values here), and `reproduction.reproduction_report` rebuilds the
 report from the records alone.
 
 This module imports neither TensorFlow nor absl.
@@ -37,10 +37,10 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from tfbfl import presets
+from reproduction import presets
 from tfbfl.algorithms.virtual import config as virtual_config
-from tfbfl.experiments import _runs
-from tfbfl.experiments import records as records_lib
+from reproduction import _runs
+from reproduction import records as records_lib
 
 DATA_ROOT_TOKEN = "<data_root>"  # data paths are stored relative to --data_root
 

@@ -1,5 +1,5 @@
 """The PFNM experiments' settings, their flags and the launchers' ``main``
-(``tfbfl.experiments.pfnm_figures`` runs the experiments).
+(``reproduction.pfnm_figures`` runs the experiments).
 
 Every launcher setting is declared once, as a ``tfbfl.options`` field (flag name,
 default, help text, rule) of ``DataOptions``, ``TrainingOptions``,
@@ -32,7 +32,7 @@ from tfbfl import options
 from tfbfl import driver
 from tfbfl import runtime
 from tfbfl.algorithms import pfnm
-from tfbfl.experiments import _runs
+from reproduction import _runs
 from tfbfl.matching import MatchingHyperparams
 
 __all__ = [

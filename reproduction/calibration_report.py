@@ -26,9 +26,9 @@ from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from tfbfl.experiments import _runs
-from tfbfl.experiments import records as records_lib
-from tfbfl.experiments import reproduce as rp
+from reproduction import _runs
+from reproduction import records as records_lib
+from reproduction import reproduce as rp
 
 EXPERIMENT = "calibration"
 ANCHOR = "virtual-calibration"

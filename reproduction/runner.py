@@ -1,6 +1,6 @@
 """Runs the catalogue's cells, each as its own launcher process, and writes their records.
 
-Each cell (`tfbfl.experiments.reproduce.Cell`) runs its launcher as a child process
+Each cell (`reproduction.reproduce.Cell`) runs its launcher as a child process
 (`python -m launchers.<name>`) in a scratch directory; when it exits 0, `run_cell` reads
 the launcher's own output files (`records.COLLECTORS`) and writes the cell's record
 (`make_record`) atomically to `<results_dir>/<cell name>.json`. A cell is done when its
@@ -32,10 +32,10 @@ import numpy as np
 from tfbfl import checkpoint
 from tfbfl import round_loop
 from tfbfl import run_directory
-from tfbfl.experiments import _runs
-from tfbfl.experiments import records as records_lib
-from tfbfl.experiments.reproduce import Cell
-from tfbfl.experiments.reproduce import RESUMABLE_LAUNCHERS
+from reproduction import _runs
+from reproduction import records as records_lib
+from reproduction.reproduce import Cell
+from reproduction.reproduce import RESUMABLE_LAUNCHERS
 
 
 # -------------------------------------------------------- cells' records

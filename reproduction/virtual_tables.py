@@ -21,7 +21,7 @@ Every run goes through `tfbfl.driver.run_training` into its own directory
 `<output_dir>/<method>_p<percentile>` (`fedprox` for the reference) and always
 checkpoints its final round, so both launchers can share an `--output_dir`: the
 SNR launcher reuses the table's unpruned runs. A run whose `summary.json` exists
-with the same flags (`tfbfl.experiments._runs.same_flags`) is skipped, one whose
+with the same flags (`reproduction._runs.same_flags`) is skipped, one whose
 checkpoint holds fewer rounds than asked is resumed, so re-running an interrupted
 table finishes it.
 """
@@ -40,7 +40,7 @@ from tfbfl import client_store
 from tfbfl import round_loop
 from tfbfl import state_files
 from tfbfl import driver
-from tfbfl.experiments import _runs
+from reproduction import _runs
 
 __all__ = [
     "VARIANTS",

@@ -1,5 +1,6 @@
-"""`--precision_step` through the launcher (issue 21): at the shipped training defaults
-on digits (the run writes no SavedModels: tests/test_export.py covers them) the
+"""`--precision_step` through the launcher's flags (issue 21; parsed as `launchers.train`
+parses them and trained in the test's process, `train_in_process`): at the shipped
+training defaults on digits (the run writes no SavedModels: tests/test_export.py covers them) the
 natural-gradient precision step makes the shared precisions learn, no client update
 is dropped by the robust-round rule, and the server model learns.
 
@@ -14,28 +15,29 @@ import os
 
 import pytest
 
-from launcher_helpers import run_launcher
+import train_in_process
 
 _ROUNDS = 3
 _INIT_LOG_PRECISION = 5.9915  # log(1 / init_scale^2), init_scale = 0.05
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def run(tmp_path_factory, tff_runtime):
+  del tff_runtime
   out = tmp_path_factory.mktemp("precision_step")
-  proc = run_launcher("train", "--algorithm=virtual", f"--rounds={_ROUNDS}", "--seed=0",
-                      "--precision_step=0.05", "--export=false", f"--output_dir={out}")
-  assert proc.returncode == 0, proc.stderr[-3000:]
+  _, stdout = train_in_process.train("--algorithm=virtual", f"--rounds={_ROUNDS}", "--seed=0",
+                                     "--precision_step=0.05", "--export=false",
+                                     f"--output_dir={out}")
   with open(os.path.join(out, "metrics.csv")) as f:
     rows = [{k: float(v) for k, v in r.items() if v != ""} for r in csv.DictReader(f)]
-  return proc, rows
+  return stdout, rows
 
 
 def test_no_client_is_dropped(run):
-  proc, rows = run
+  stdout, rows = run
   assert [r["round"] for r in rows] == list(range(1, _ROUNDS + 1))
   assert [r["clients_dropped"] for r in rows] == [0.0] * _ROUNDS
-  assert "dropped 0/10" in proc.stdout and "were dropped" not in proc.stdout
+  assert "dropped 0/10" in stdout and "were dropped" not in stdout
   # Measured (seed 0): update_ratio_max 0.253, 0.111, 0.056: far below the default 100.
   assert all(r["update_ratio_max"] < 1.0 for r in rows)
 

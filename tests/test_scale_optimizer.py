@@ -1,4 +1,7 @@
-"""Issue 34's VIRTUAL knobs through the launcher, at the shipped defaults on digits.
+"""Issue 34's VIRTUAL knobs through the launcher's flags, at the shipped defaults on
+digits (parsed as `launchers.train` parses them, trained in the test's process:
+`train_in_process`; the launcher program's own behaviour is tested as a subprocess
+elsewhere, e.g. tests/test_flags.py).
 
 * `--scale_optimizer=adam`: the variance trajectories (`log_prec_*` in metrics.csv) move
   away from the initial scale, which under the paper's plain SGD they do not, and the
@@ -13,7 +16,7 @@ import os
 
 import pytest
 
-from launcher_helpers import run_launcher
+import train_in_process
 from tfbfl import driver
 
 _ROUNDS = 3
@@ -21,9 +24,8 @@ _INIT_LOG_PRECISION = 5.9915  # log(1 / init_scale^2), init_scale = 0.05
 
 
 def _rows(out, *flags):
-  proc = run_launcher("train", "--algorithm=virtual", f"--rounds={_ROUNDS}", "--seed=0",
-                      "--export=false", f"--output_dir={out}", *flags)
-  assert proc.returncode == 0, proc.stderr[-3000:]
+  train_in_process.train("--algorithm=virtual", f"--rounds={_ROUNDS}", "--seed=0",
+                         "--export=false", f"--output_dir={out}", *flags)
   with open(os.path.join(out, "metrics.csv")) as f:
     return [{k: float(v) for k, v in r.items() if v != ""} for r in csv.DictReader(f)]
 
@@ -34,13 +36,15 @@ def _flags(out):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, tff_runtime):
+  del tff_runtime
   return (_rows(tmp_path_factory.mktemp("sgd")),
           _rows(tmp_path_factory.mktemp("adam"), "--scale_optimizer=adam", "--scale_lr=1e-3"))
 
 
 @pytest.fixture(scope="module")
-def private_kl_run(tmp_path_factory):
+def private_kl_run(tmp_path_factory, tff_runtime):
+  del tff_runtime
   out = tmp_path_factory.mktemp("private_kl")
   return _rows(out, "--private_kl_weight=1"), _flags(out)
 

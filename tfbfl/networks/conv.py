@@ -12,27 +12,19 @@
 * `build_mcmahan_cnn`: the CNN of McMahan et al. (2017) of FOLA's CIFAR-10
   experiments (`--architecture=cnn`).
 
+`VirtualConvNetworks` is `tfbfl.networks.progressive.ProgressiveNetworks` of the
+built-in conv net (`builders.ConvNet`), the construction a user's `--model` takes.
 The two Keras models are the built-in builders of `tfbfl.networks.builders`
 (`ConvNet`, `McMahanCNN`) built through their templates, seeded by the rule of
 `tfbfl.models`: one definition, the one the algorithms train.
 """
 
 import numpy as np
-import tensorflow as tf
 
-from tfbfl.layers import BayesianConv2D
 from tfbfl.layers.base import check_positive_int, check_seed, is_int
 from tfbfl.layers.conv import conv_output_size
-from tfbfl.networks import builders
-from tfbfl.networks.base import (
-    LateralNetworks,
-    dense_plan,
-    initial_private_weights_of,
-    initial_shared_posterior_from_plan,
-    lateral_connection,
-    plan_depth,
-    positive_ints,
-)
+from tfbfl.networks import builders, progressive
+from tfbfl.networks.base import positive_ints
 
 __all__ = [
     "VirtualConvNetworks",
@@ -82,61 +74,21 @@ def _conv_geometry(input_shape, filters, kernel_size, pool_size, padding):
   return image, filters, kernel_size, pool_size, padding.lower(), stages, h * w * c
 
 
-def _conv_plan(
-    input_shape,
-    num_classes,
-    filters,
-    kernel_size,
-    pool_size,
-    padding,
-    hidden_units,
-    activation,
-    prior_scale,
-    init_scale,
-    adapter_units,
-    gate_init,
-    seed,
-):
-  """Unbuilt layers and their input shapes, per depth (conv stages, then dense)."""
-  _, filters, kernel_size, _, padding, stages, flat = _conv_geometry(input_shape, filters,
-                                                                     kernel_size, pool_size,
-                                                                     padding)
-  num_classes = check_positive_int("num_classes", num_classes)
-  hidden = positive_ints("hidden_units", hidden_units)
-  if adapter_units is not None:
-    adapter_units = check_positive_int("adapter_units", adapter_units)
-  seed = check_seed(seed)
-  common = dict(prior_scale=prior_scale, init_scale=init_scale)
-  plan = []
-  for l, ((h, w, c), (ch, cw, f), _) in enumerate(stages):
-    lateral = lateral_connection(f, adapter_units, activation, gate_init, seed, l, common)
-    plan.append(
-        plan_depth(
-            l,
-            seed,
-            BayesianConv2D,
-            (None, h, w, c),
-            (lateral, (None, ch, cw, f)),
-            server_kwargs=dict(activation=activation),
-            filters=f,
-            kernel_size=kernel_size,
-            padding=padding,
-            **common,
-        ))
-  plan += dense_plan(
-      [flat] + list(hidden),
-      list(hidden) + [num_classes],
-      len(stages),
-      activation,
-      adapter_units,
-      gate_init,
-      seed,
-      common,
-  )
-  return plan
+def _template(input_shape, num_classes, filters, kernel_size, pool_size, padding, hidden_units,
+              activation="relu"):
+  """The built-in conv net's template reading images of `input_shape` (flattened
+  examples with as many entries work too: the template starts with a `Reshape`)."""
+  image, filters, kernel_size, pool_size, padding, _, _ = _conv_geometry(
+      input_shape, filters, kernel_size, pool_size, padding)
+  builder = builders.ConvNet(image, image, check_positive_int("num_classes", num_classes),
+                             filters, kernel_size, pool_size, padding,
+                             hidden_units=positive_ints("hidden_units", hidden_units),
+                             activation=activation)
+  return builders.template_for(builder, architecture="conv", input_shape=image,
+                               num_classes=builder.num_classes)
 
 
-class VirtualConvNetworks(LateralNetworks):
+class VirtualConvNetworks(progressive.ProgressiveNetworks):
   """VIRTUAL's convolutional server network and one client's laterally fed network.
 
   With `C = len(filters)` convolutional stages, `D = len(hidden_units) + 1` dense
@@ -245,79 +197,20 @@ class VirtualConvNetworks(LateralNetworks):
       seed=0,
       name=None,
   ):
-    super().__init__(name=name)
-    image, filters, _, pool_size, _, stages, flat = _conv_geometry(input_shape, filters,
-                                                                   kernel_size, pool_size, padding)
-    plan = _conv_plan(
-        input_shape,
-        num_classes,
-        filters,
-        kernel_size,
-        pool_size,
-        padding,
-        hidden_units,
-        activation,
-        prior_scale,
-        init_scale,
-        adapter_units,
-        gate_init,
-        seed,
-    )
-    self.input_shape = image
-    self.num_classes = int(num_classes)
-    self.filters = filters
-    self.hidden_units = tuple(hidden_units)
-    self.activation = tf.keras.activations.get(activation)
-    self._pool_size = pool_size
-    self._num_conv = len(stages)
-    self._flat_dim = flat
-    self._build_plan(plan)
-
-  def _images(self, x):
-    x = tf.convert_to_tensor(x)
-    if not x.dtype.is_floating:
-      x = tf.cast(x, tf.float32)
-    return tf.reshape(x, [-1, *self.input_shape])
-
-  def _pool(self, h):
-    p = self._pool_size
-    return tf.nn.max_pool2d(h, ksize=p, strides=p, padding="VALID")
-
-  def _flatten_maps(self, h):
-    return tf.reshape(h, [-1, self._flat_dim])
-
-  def forward(self, x, seed=None):
-    """`(server_logits, client_logits)` from one pass; see the class docstring."""
-    seeds = self._layer_seeds(seed)
-    depth = self._depth
-    h_s = h_c = self._images(x)
-    if self._num_conv == 0:
-      h_s = h_c = self._flatten_maps(h_s)
-    for l in range(depth):
-      a_s = self.server_layers[l](h_s, seed=seeds[l])
-      pre = self.client_layers[l](h_c, seed=seeds[depth + l]) + self.laterals[l](
-          a_s, seed=seeds[2 * depth + l])
-      if l < self._num_conv:
-        h_s, h_c = self._pool(a_s), self._pool(self.activation(pre))
-        if l == self._num_conv - 1:
-          h_s, h_c = self._flatten_maps(h_s), self._flatten_maps(h_c)
-      else:
-        h_s, h_c = a_s, (pre if l == depth - 1 else self.activation(pre))
-    return h_s, h_c
-
-  def server_logits(self, x, seed=None):
-    """The server network alone (metric S); equals `forward(x, seed)[0]`."""
-    seeds = self._layer_seeds(seed)
-    h_s = self._images(x)
-    if self._num_conv == 0:
-      h_s = self._flatten_maps(h_s)
-    for l, layer in enumerate(self.server_layers):
-      h_s = layer(h_s, seed=seeds[l])
-      if l < self._num_conv:
-        h_s = self._pool(h_s)
-        if l == self._num_conv - 1:
-          h_s = self._flatten_maps(h_s)
-    return h_s
+    if adapter_units is not None:
+      adapter_units = check_positive_int("adapter_units", adapter_units)
+    tmpl = _template(input_shape, num_classes, filters, kernel_size, pool_size, padding,
+                     hidden_units, activation)
+    super().__init__(tmpl,
+                     activation=activation,
+                     prior_scale=prior_scale,
+                     init_scale=init_scale,
+                     adapter_units=adapter_units,
+                     gate_init=gate_init,
+                     seed=check_seed(seed),
+                     name=name)
+    self.filters = tuple(int(f) for f in filters)
+    self.hidden_units = tuple(int(h) for h in hidden_units)
 
 
 def initial_shared_posterior_conv(
@@ -336,22 +229,9 @@ def initial_shared_posterior_conv(
   Stateless ops only: deterministic in `seed`, usable eagerly or in a graph/TFF
   computation. Returns a `NaturalGaussian` of float32 tensors.
   """
-  plan = _conv_plan(
-      input_shape,
-      num_classes,
-      filters,
-      kernel_size,
-      pool_size,
-      padding,
-      hidden_units,
-      "relu",
-      1.0,
-      init_scale,
-      None,
-      1.0,
-      seed,
-  )
-  return initial_shared_posterior_from_plan(plan)
+  tmpl = _template(input_shape, num_classes, filters, kernel_size, pool_size, padding,
+                   hidden_units)
+  return progressive.initial_shared_posterior_of(tmpl, init_scale, check_seed(seed))
 
 
 def initial_private_weights_conv(
@@ -372,10 +252,10 @@ def initial_private_weights_conv(
   Stateless ops only, deterministic in `seed`; numpy arrays when executing
   eagerly, tensors inside a graph.
   """
-  args = (
-      input_shape, num_classes, filters, kernel_size, pool_size, padding, hidden_units, "relu", 1.0,
-      init_scale, adapter_units, gate_init)
-  return initial_private_weights_of(_conv_plan, args, seed)
+  tmpl = _template(input_shape, num_classes, filters, kernel_size, pool_size, padding,
+                   hidden_units)
+  return progressive.initial_private_weights_of_template(tmpl, init_scale, adapter_units,
+                                                         gate_init, seed)
 
 
 def build_deterministic_conv(

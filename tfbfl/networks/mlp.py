@@ -13,21 +13,17 @@
   built-in `tfbfl.networks.builders.MLP` through its template (one definition; the
   algorithms build it the same way, `builders.template_for(...).build(seed)`).
 
-The machinery every laterally connected family shares (layer plans, their initial
-values, the `LateralNetworks` base class) is in `tfbfl.networks.base`.
+`VirtualNetworks` is `tfbfl.networks.progressive.ProgressiveNetworks` of the
+built-in MLP (`builders.MLP`): the construction a user's `--model` takes, with the
+MLP's constructor arguments. The machinery every laterally connected family shares
+(layer plans, their initial values, the `LateralNetworks` base class) is in
+`tfbfl.networks.base`.
 """
 
 import numpy as np
-import tensorflow as tf
 
 from tfbfl.layers.base import check_positive_int, check_seed
-from tfbfl.networks import builders
-from tfbfl.networks.base import (
-    LateralNetworks,
-    dense_plan,
-    initial_private_weights_of,
-    initial_shared_posterior_from_plan,
-)
+from tfbfl.networks import builders, progressive
 
 __all__ = [
     "VirtualNetworks",
@@ -49,27 +45,15 @@ def _layer_widths(input_dim, num_classes, hidden_units):
   return inputs, widths
 
 
-def _mlp_plan(
-    input_dim,
-    num_classes,
-    hidden_units,
-    activation,
-    prior_scale,
-    init_scale,
-    adapter_units,
-    gate_init,
-    seed,
-):
-  """Unbuilt `BayesianDense` server and client layers and laterals, per depth."""
+def _template(input_dim, num_classes, hidden_units, activation="relu"):
+  """The built-in MLP's template on `(input_dim,)` inputs (`builders.MLP`)."""
   inputs, widths = _layer_widths(input_dim, num_classes, hidden_units)
-  if adapter_units is not None:
-    adapter_units = check_positive_int("adapter_units", adapter_units)
-  seed = check_seed(seed)
-  common = dict(prior_scale=prior_scale, init_scale=init_scale)
-  return dense_plan(inputs, widths, 0, activation, adapter_units, gate_init, seed, common)
+  return builders.template_for(None, architecture="mlp", input_shape=(inputs[0],),
+                               num_classes=widths[-1], hidden_units=tuple(widths[:-1]),
+                               activation=activation)
 
 
-class VirtualNetworks(LateralNetworks):
+class VirtualNetworks(progressive.ProgressiveNetworks):
   """VIRTUAL's server network and one client's private network, laterally connected.
 
   With depth `L = len(hidden_units) + 1` and `h^0 = x`:
@@ -151,28 +135,18 @@ class VirtualNetworks(LateralNetworks):
       seed=0,
       name=None,
   ):
-    super().__init__(name=name)
-    inputs, widths = _layer_widths(input_dim, num_classes, hidden_units)
-    with self.name_scope:
-      plan = _mlp_plan(
-          inputs[0],
-          widths[-1],
-          widths[:-1],
-          activation,
-          prior_scale,
-          init_scale,
-          adapter_units,
-          gate_init,
-          seed,
-      )
-    self.input_dim = inputs[0]
-    self.num_classes = widths[-1]
-    self.hidden_units = tuple(widths[:-1])
-    self.activation = tf.keras.activations.get(activation)
-    self._build_plan(plan)
-
-  def client_output(self, depth, pre):
-    return pre if depth == self._depth - 1 else self.activation(pre)
+    if adapter_units is not None:
+      adapter_units = check_positive_int("adapter_units", adapter_units)
+    super().__init__(_template(input_dim, num_classes, hidden_units, activation),
+                     activation=activation,
+                     prior_scale=prior_scale,
+                     init_scale=init_scale,
+                     adapter_units=adapter_units,
+                     gate_init=gate_init,
+                     seed=check_seed(seed),
+                     name=name)
+    self.input_dim = int(input_dim)
+    self.hidden_units = tuple(int(h) for h in hidden_units)
 
   def _parameter_layout(self):
     return "[kernel, bias]"
@@ -189,8 +163,8 @@ def initial_shared_posterior(input_dim,
   graph/TFF computation. Returns a `NaturalGaussian` of float32 tensors over
   `[k_1, b_1, ..., k_L, b_L]`.
   """
-  plan = _mlp_plan(input_dim, num_classes, hidden_units, "relu", 1.0, init_scale, None, 1.0, seed)
-  return initial_shared_posterior_from_plan(plan)
+  return progressive.initial_shared_posterior_of(_template(input_dim, num_classes, hidden_units),
+                                                 init_scale, check_seed(seed))
 
 
 def initial_private_weights(
@@ -207,9 +181,8 @@ def initial_private_weights(
   Stateless ops only, deterministic in `seed`; numpy arrays when executing
   eagerly, tensors inside a graph.
   """
-  args = (
-      input_dim, num_classes, hidden_units, "relu", 1.0, init_scale, adapter_units, gate_init)
-  return initial_private_weights_of(_mlp_plan, args, seed)
+  return progressive.initial_private_weights_of_template(
+      _template(input_dim, num_classes, hidden_units), init_scale, adapter_units, gate_init, seed)
 
 
 def build_deterministic_mlp(input_dim,

@@ -50,6 +50,38 @@ def femnist_dir():
   return real_data_dir("femnist")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def files_read_once():
+  """Each real file is read once for the module. Every FEMNIST load (the 104 writers
+  of `femnist_all`, the 100 of each FEMNIST preset smoke) parses LEAF's ~80 MB of
+  train JSON twice (the writers' counts, then their examples): seven passes of
+  several seconds each became one. Every MNIST load (checksums, the fixtures, the
+  two MNIST preset smokes) decompresses the same four `.gz` files. The loaders run
+  unchanged on the parsed objects and bytes (nothing they do mutates them); the
+  tests' own readings of the files (`_raw_idx`, `_leaf_writers`) stay independent."""
+  from tfbfl.data import _files  # pylint: disable=g-import-not-at-top
+  from tfbfl.data import leaf  # pylint: disable=g-import-not-at-top
+
+  def once(read):
+    cache = {}
+
+    def cached(path):
+      if path not in cache:
+        cache[path] = read(path)
+      return cache[path]
+
+    return cache, cached
+
+  json_cache, read_json = once(leaf.read_json)
+  bytes_cache, read_bytes = once(_files.read_bytes)
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(leaf, "read_json", read_json)
+    patch.setattr(_files, "read_bytes", read_bytes)
+    yield
+  json_cache.clear()
+  bytes_cache.clear()
+
+
 # -------------------------------------------------------------------- MNIST
 @pytest.fixture(scope="module")
 def mnist_arrays(mnist_dir):

@@ -60,6 +60,14 @@ def fd():
   return driver.load_data(_params())
 
 
+@pytest.fixture(scope="module")
+def plain(tff_runtime, fd):
+  """Plain FedAvg (server_lr 1), the reference whose round reads off `Delta`; built
+  once for the module's tests that use it (an algorithm holds no run's state)."""
+  del tff_runtime
+  return driver.build_algorithm(fd, _params(server_lr=1.0))
+
+
 def _flat(weights):
   return np.concatenate([np.asarray(w, np.float64).ravel() for w in weights.trainable])
 
@@ -99,10 +107,9 @@ def test_server_momentum_closed_form_with_a_constant_delta(tff_runtime, fd):
     np.testing.assert_allclose(np.asarray(got), m * d, rtol=1e-5, atol=1e-5)
 
 
-def test_server_momentum_rounds_follow_the_recursion(tff_runtime, fd):
+def test_server_momentum_rounds_follow_the_recursion(tff_runtime, fd, plain):
   lr, beta = 0.5, 0.9
   algo = driver.build_algorithm(fd, _params(server_lr=lr, server_momentum=beta))
-  plain = driver.build_algorithm(fd, _params(server_lr=1.0))
   state = algo.initial_server_state()
   w, m = _flat(state.model_weights), 0.0
   for r in (1, 2, 3):
@@ -119,10 +126,9 @@ def test_server_momentum_rounds_follow_the_recursion(tff_runtime, fd):
                              atol=2e-5)
 
 
-def test_adam_first_step_is_about_lr_times_sign_of_delta(tff_runtime, fd):
+def test_adam_first_step_is_about_lr_times_sign_of_delta(tff_runtime, fd, plain):
   lr, eps, beta_2 = 0.01, 1e-7, 0.999
   algo = driver.build_algorithm(fd, _params(server_optimizer="adam", server_lr=lr))
-  plain = driver.build_algorithm(fd, _params(server_lr=1.0))
   state = algo.initial_server_state()
   w0 = _flat(state.model_weights)
   delta = _mean_delta(plain, state.model_weights, fd, 1)

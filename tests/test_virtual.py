@@ -77,10 +77,19 @@ def _seeds(r, idx):
   return [np.array([0, 1000 * r + i], np.int64) for i in idx]
 
 
-def test_exact_global_posterior_all_clients(tff_runtime):
+@pytest.fixture(scope="module")
+def exact_linear_algorithm(tff_runtime):
+  """`VirtualAlgorithm(_linear_config(4))` (the exact local solver, alpha = 1), built
+  once for the two exact-EP tests: its TFF computations are traced at construction,
+  and an algorithm holds no run's state (each round gets the states passed in)."""
+  del tff_runtime
+  return virtual.VirtualAlgorithm(_linear_config(4))
+
+
+def test_exact_global_posterior_all_clients(exact_linear_algorithm):
   clients = _orthogonal_regression_clients(4, 3, 0.5, seed=1)
   want_mean, want_prec = _closed_form_posterior(clients, 2.0, 0.5)
-  alg = virtual.VirtualAlgorithm(_linear_config(4))
+  alg = exact_linear_algorithm
   server = alg.initial_server_state()
   states = [alg.initial_client_state(i) for i in range(4)]
   for r in range(3):
@@ -92,10 +101,10 @@ def test_exact_global_posterior_all_clients(tff_runtime):
     np.testing.assert_allclose(prec, want_prec, rtol=1e-4)
 
 
-def test_exact_fixed_point_with_partial_participation(tff_runtime):
+def test_exact_fixed_point_with_partial_participation(exact_linear_algorithm):
   clients = _orthogonal_regression_clients(4, 3, 0.5, seed=2)
   want_mean, want_prec = _closed_form_posterior(clients, 2.0, 0.5)
-  alg = virtual.VirtualAlgorithm(_linear_config(4))
+  alg = exact_linear_algorithm
   server = alg.initial_server_state()
   states = {i: alg.initial_client_state(i) for i in range(4)}
   rng = np.random.default_rng(0)

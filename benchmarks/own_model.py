@@ -89,7 +89,8 @@ def _seconds_a_round(params, model=None):
   """Mean wall time of a run's rounds after the first (the round hook runs as each
   round's outputs are written)."""
   times = []
-  driver.run_training(dict(params, rounds=_ROUNDS.value, eval_samples=0, verbose=False),
+  driver.run_training(dict(params, rounds=_ROUNDS.value, eval_samples=0, export=False,
+                           verbose=False),
                       model=model,
                       round_hook=lambda r, row: times.append(time.perf_counter()))
   return (times[-1] - times[0]) / (len(times) - 1)

@@ -1,5 +1,6 @@
 """Running launchers as subprocesses, as a user does (shared by the launcher tests)."""
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -141,3 +142,18 @@ def stop_worker(proc, timeout_s=30.0):
     except subprocess.TimeoutExpired:
       proc.kill()
   return proc.wait(timeout=timeout_s)
+
+
+@contextlib.contextmanager
+def importable_module(directory, text, name="mymodels"):
+  """Writes `text` as `<directory>/<name>.py`, a user's module (`--model=name:...`), and
+  makes it importable in this process for the context, as a launcher imports it from
+  its current directory."""
+  (directory / f"{name}.py").write_text(text)
+  sys.path.insert(0, str(directory))
+  sys.modules.pop(name, None)
+  try:
+    yield directory
+  finally:
+    sys.path.remove(str(directory))
+    sys.modules.pop(name, None)

@@ -30,7 +30,8 @@ from tfbfl import data as data_lib
 from tfbfl import driver, models, tff_learning
 from tfbfl.algorithms import base, fedavg, fola
 
-from launcher_helpers import ROOT, assert_one_fatal_line_before_tensorflow, run_launcher
+from launcher_helpers import (ROOT, assert_one_fatal_line_before_tensorflow, importable_module,
+                              run_launcher)
 from test_export import _check_reproduces
 
 _SMALL = dict(rounds=2, epochs_per_round=1, num_clients=4, clients_per_round=2, seed=3)
@@ -120,13 +121,8 @@ def frozen_only():
 @pytest.fixture(scope="module")
 def mymodels(tmp_path_factory):
   """The directory holding `mymodels.py`, importable in-process for the module."""
-  where = tmp_path_factory.mktemp("user")
-  (where / "mymodels.py").write_text(_MYMODELS)
-  sys.path.insert(0, str(where))
-  sys.modules.pop("mymodels", None)
-  yield where
-  sys.path.remove(str(where))
-  sys.modules.pop("mymodels", None)
+  with importable_module(tmp_path_factory.mktemp("user"), _MYMODELS) as where:
+    yield where
 
 
 def _metrics(output_dir):

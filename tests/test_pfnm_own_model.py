@@ -5,7 +5,6 @@ one line naming --model."""
 import csv
 import json
 import os
-import sys
 
 import pytest
 from absl import flags
@@ -14,7 +13,7 @@ from tfbfl import models
 from reproduction import pfnm_figures as px
 from reproduction import pfnm_options as po
 
-from launcher_helpers import ROOT, run_launchers_in_parallel
+from launcher_helpers import ROOT, importable_module, run_launchers_in_parallel
 
 _MYMODELS = '''
 import tensorflow as tf
@@ -59,13 +58,9 @@ _METHODS = "--methods=pfnm,local,fedavg_shared"
 
 @pytest.fixture(scope="module")
 def mymodels(tmp_path_factory):
-  where = tmp_path_factory.mktemp("user")
-  (where / "mymodels.py").write_text(_MYMODELS)
-  sys.path.insert(0, str(where))
-  sys.modules.pop("mymodels", None)
-  yield where
-  sys.path.remove(str(where))
-  sys.modules.pop("mymodels", None)
+  """The directory holding `mymodels.py`, importable in-process for the module."""
+  with importable_module(tmp_path_factory.mktemp("user"), _MYMODELS) as where:
+    yield where
 
 
 def _settings(*args):

@@ -28,7 +28,8 @@ import tensorflow as tf
 from absl import app, flags
 
 from benchmarks.protocols import DEFAULT_MNIST_DIR, dataset_params, mnist_missing
-from tfbfl import driver, presets
+from reproduction import presets
+from tfbfl import driver
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_FEMNIST_DIR = os.path.normpath(os.path.join(_REPO, "..", "shared", "data", "femnist"))

@@ -4,8 +4,10 @@ A run's `export/server` and `export/clients/<id>` SavedModels, loaded with plain
 `tf.saved_model.load`, reproduce the run's final S and MT accuracies of
 `summary.json` exactly (the same count of correct predictions), for VIRTUAL,
 FedAvg, FOLA and Local; `python -m launchers.export` rewrites the same models from
-the run's checkpoint; VIRTUAL's Monte Carlo server predictive is deterministic in its
-seed and replays an evaluation; docs/library.md's serving snippet runs as written.
+the run's checkpoint; VIRTUAL's Monte Carlo predictives are deterministic in their
+seed, are the evaluation's, and give the summary's S on the pooled test set in any
+batch size (the user's check on real MNIST: tests/test_export_predictive.py);
+docs/library.md's serving snippet runs as written.
 """
 
 import dataclasses
@@ -200,8 +202,7 @@ def _check_reproduces(out, pooled_server=False):
 @pytest.fixture(scope="module")
 def virtual_run(tmp_path_factory):
   out = tmp_path_factory.mktemp("virtual")
-  # at the posterior means, whose export reproduces the summary exactly; the Monte Carlo
-  # predictive (the default) reproduces it through `predict_seeded` (below)
+  # at the posterior means (the Monte Carlo predictive, the default: below)
   _train(dict(SMALL, algorithm="virtual", checkpoint_every=1, eval_samples=0), out)
   return str(out)
 
@@ -315,15 +316,17 @@ def test_monte_carlo_server_predictive(virtual_run, tmp_path):
   np.testing.assert_array_equal(same(x).numpy(), first)
   other = algorithm.server_predictor(state, samples=samples, seed=seed + 1)
   assert not np.array_equal(other(x).numpy(), first)
-  # `predict_seeded` with an evaluation's seed replays S of an evaluation with
-  # eval_samples = 4 (`virtual.evaluate_server_client`, plain TF here).
+  # `predict_seeded` at the evaluation's seed (the server network's, `[run seed, 0]`:
+  # `virtual.evaluation.predictive_seed`) is S of an evaluation with eval_samples = 4
+  # (`virtual.evaluate_server_client`, plain TF here), whatever seed the driver passes.
   seeded = loaded.signatures["predict_seeded"]
   cfg = dataclasses.replace(algorithm.config, eval_samples=samples)
+  assert cfg.seed == 0
   for i, cid in enumerate(run.data.client_ids):
     x, y = run.data.test[cid]
-    eval_seed = np.array([0, 12345 + i], np.int64)
-    got = seeded(x=tf.constant(x), seed=tf.constant(eval_seed))
-    sums = virtual.evaluate_server_client(cfg, state.posterior, np.int32(i), eval_seed, x, y)
+    got = seeded(x=tf.constant(x), seed=tf.constant([0, 0], tf.int64))
+    sums = virtual.evaluate_server_client(cfg, state.posterior, np.int32(i),
+                                          np.array([0, 12345 + i], np.int64), x, y)
     assert float(np.sum(got["predictions"].numpy() == y)) == float(sums["server_correct"])
     p = got["probabilities"].numpy()
     np.testing.assert_allclose(-np.sum(np.log(p[np.arange(len(y)), y] + 1e-12)),
@@ -331,11 +334,12 @@ def test_monte_carlo_server_predictive(virtual_run, tmp_path):
                                rtol=1e-5)
 
 
-def test_monte_carlo_exports_replay_the_evaluation(tmp_path):
-  """With eval_samples > 0 S and MT are Monte Carlo predictives seeded per client
-  (`evaluation_seed`); `predict_seeded` with those seeds gives the summary's accuracies."""
+def test_monte_carlo_exports_give_the_summary_in_any_batch(tmp_path):
+  """With eval_samples > 0 S and MT are Monte Carlo predictives whose noise is keyed
+  by the example, at the exported models' seeds ([seed, 0] for the server, [seed, i + 1]
+  for client i): `serving_default` gives the summary's accuracies client by client, on
+  the pooled test set, and in batches of any size."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from tfbfl.algorithms.base import evaluation_seed  # pylint: disable=g-import-not-at-top
 
   _train(
       dict(algorithm="virtual",
@@ -350,20 +354,26 @@ def test_monte_carlo_exports_replay_the_evaluation(tmp_path):
   assert manifest["server"]["samples"] == 3 and manifest["server"]["mc_seed"] == [0, 0]
   assert [c["mc_seed"] for c in manifest["clients"]] == [[0, i + 1] for i in range(4)]
   load = lambda path: tf.saved_model.load(os.path.join(directory, path)).signatures
-  server = load("server")
-  s_correct = mt_correct = n = 0
+  server = load("server")["serving_default"]
+  predict = lambda fn, x, b: np.concatenate(
+      [fn(x=tf.constant(x[i:i + b]))["predictions"].numpy() for i in range(0, len(x), b)])
+  s_correct = mt_correct = mt_small = n = 0
   for entry in manifest["clients"]:
     x, y = fd.test[entry["client_id"]]
-    seed = tf.constant(evaluation_seed(0, entry["client_index"]))
-    client = load(entry["path"])
-    s_correct += int(np.sum(server["predict_seeded"](x=x, seed=seed)["predictions"].numpy() == y))
-    mt_correct += int(np.sum(client["predict_seeded"](x=x, seed=seed)["predictions"].numpy() == y))
+    client = load(entry["path"])["serving_default"]
+    s_correct += int(np.sum(predict(server, x, len(x)) == y))
+    mt_correct += int(np.sum(predict(client, x, len(x)) == y))
+    mt_small += int(np.sum(predict(client, x, 7) == y))
     n += len(y)
-    p = client["serving_default"](x=x)["probabilities"].numpy()  # fixed seed [0, i + 1]
-    np.testing.assert_array_equal(p, client["serving_default"](x=x)["probabilities"].numpy())
+    p = client(x=x)["probabilities"].numpy()  # fixed seed [0, i + 1]
+    np.testing.assert_array_equal(p, client(x=x)["probabilities"].numpy())
     np.testing.assert_allclose(p.sum(-1), 1.0, atol=1e-5)
   assert float(s_correct) / n == summary["final_server_accuracy"]
-  assert float(mt_correct) / n == summary["final_mt_accuracy"]
+  assert float(mt_correct) / n == float(mt_small) / n == summary["final_mt_accuracy"]
+  x, y = fd.pooled("test")
+  for batch in (len(y), 64, 5):  # the pooled test set, as a user serves it
+    assert abs(float(np.mean(predict(server, x, batch) == y)) -
+               summary["final_server_accuracy"]) <= 0.002, batch
 
 
 def test_load_and_readme_snippet_serve_the_export(virtual_run, virtual_outputs, tmp_path):

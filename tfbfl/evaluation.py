@@ -5,7 +5,9 @@ MT = each client's own model on its own test data (its last deployed model; a
      client never selected yet is evaluated with its initial model),
 
 both weighted by client test-set size (`aggregate_evaluation`). Client k's
-evaluation seed is `evaluation_seed(seed, k)` at every round.
+evaluation seed is `evaluation_seed(seed, k)` at every round (VIRTUAL's Monte Carlo
+predictive does not read it: its noise is its exported models', keyed by the
+example, `tfbfl.algorithms.virtual.evaluation`).
 
 An algorithm with `base.SupportsStreamedEvaluation` is evaluated `chunk` clients
 per call: S from the server state and the clients' test data alone; MT from each

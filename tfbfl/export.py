@@ -57,7 +57,8 @@ hooks compute exactly what their `evaluate` computes):
   forward passes (the default 10; `samples > 0` here asks for that many), at the
   server posterior's means with `eval_samples == 0`; client = the client network (its
   posterior q_i and its private weights, with the lateral connections), the same way,
-  as MT evaluates it.
+  as MT evaluates it. Both run the evaluation's function
+  (`virtual.evaluation.predictive`).
 * FedAvg, FedProx, FedPA: server = the server weights; client = the client's
   deployed weights (after its last local training; the initial model if never
   selected).
@@ -68,12 +69,16 @@ hooks compute exactly what their `evaluate` computes):
   hook every client's state). Global: server = every client = the pooled model.
 
 Monte Carlo predictives draw their noise from a seed: `serving_default` uses a fixed
-seed (recorded in the manifest, from `seed`: `[seed, 0]` for the server, `[seed, i + 1]`
-for client i), so equal input batches give equal outputs; the signature
-`predict_seeded(x, seed)` (seed int64 [2]) takes it as an input, e.g. the
-evaluation's `evaluation_seed(run seed, i)` to replay an evaluation exactly.
-The noise is drawn per batch (local reparameterization), so an example's output
-depends on its batch.
+seed (recorded in the manifest as `mc_seed`, from `seed`: `[seed, 0]` for the server,
+`[seed, i + 1]` for client i), the seed the evaluation draws S and MT from
+(`virtual.evaluation.predictive_seed`); the signature `predict_seeded(x, seed)` (seed
+int64 [2]) takes it as an input. The noise is keyed by the example
+(`tfbfl.layers.base.example_keyed_noise`): an example's noise in each pass is a
+function of the seed, the pass and the example's features, not of its place in a
+batch, so an example's probabilities do not depend on the batch it comes in (up to
+float rounding of the batch's matrix products), and the server model on the pooled
+test set, in any batch size, gives the S of `summary.json`, each client model on its
+test set its MT (measured: docs/library.md, "Deploying a trained model").
 
 Every SavedModel is written to a temporary directory next to its destination
 (`.tmp-export-*`) and renamed into place, so an interrupted export never leaves a

@@ -13,9 +13,16 @@ The helpers `initial_loc`, `initial_untransformed_scale` and `scale_from_untrans
 are public so that initial values can be computed without building a layer (the
 federated driver needs initial server and client states outside any Keras model);
 they are the functions the layers themselves use, so both agree bit for bit.
+
+`example_keyed_noise(keys)` is an evaluation option: inside it a sampled pass draws
+each example's noise from its own key (`example_keys` of its features) instead of
+one draw over the batch, so the pass is a function of (weights, seed, example)
+whatever else is in the batch. Training never enters it.
 """
 
+import contextlib
 import importlib
+import threading
 import types
 
 import numpy as np
@@ -33,10 +40,13 @@ __all__ = [
     "check_seed",
     "derive_seed",
     "deserialize_divergence_fn",
+    "example_keyed_noise",
+    "example_keys",
     "fresh_seed",
     "initial_loc",
     "is_int",
     "initial_untransformed_scale",
+    "keyed_normal",
     "scale_from_untransformed",
     "serialize_divergence_fn",
 ]
@@ -219,6 +229,100 @@ def deserialize_divergence_fn(config):
   return tf.keras.saving.deserialize_keras_object(config)
 
 
+# -- example-keyed noise (an evaluation option) -------------------------------------
+#
+# A sampled pass normally draws `stateless_normal(shape, seed)` over the whole batch,
+# so an example's noise depends on its row and on the batch's size. Inside
+# `example_keyed_noise(keys)` row b's noise is a function of (seed, keys[b], the
+# element's index within the row) alone: a counter-based hash (the `lowbias32`
+# mixer, C. Wellons' hash-prospector, a bijection of uint32) gives 23 uniform bits
+# per element, turned into a normal by the inverse CDF (`tf.math.ndtri`; |e| < 5.3).
+# Integer ops up to the last step, and each element on its own: exact whatever the batch.
+
+_MIX1, _MIX2 = 0x7FEB352D, 0x846CA68B  # lowbias32's multipliers
+_GOLDEN = 0x9E3779B9  # odd: `i * _GOLDEN` is a bijection of uint32
+_KEY_SALTS = (0x2545F491, 0x61C88647)  # the two words of an example's key
+_KEYS = threading.local()
+
+
+def _u32(value):
+  return tf.constant(value & 0xFFFFFFFF, tf.uint32)
+
+
+def _mix32(h):
+  """lowbias32: `h ^= h >> 16; h *= M1; h ^= h >> 15; h *= M2; h ^= h >> 16` (uint32)."""
+  shift = lambda h, n: tf.bitwise.bitwise_xor(h, tf.bitwise.right_shift(h, _u32(n)))
+  h = shift(h, 16) * _u32(_MIX1)
+  h = shift(h, 15) * _u32(_MIX2)
+  return shift(h, 16)
+
+
+def example_keys(x):
+  """Each example's key, uint32 `[n, 2]`: two hashes of the bits of row `x[b]` (its
+  features, any shape after the batch axis; floats as float32 bits, with -0.0 read
+  as 0.0; integers as int32). Equal rows have equal keys; a row's key does not
+  depend on the other rows."""
+  x = tf.convert_to_tensor(x)
+  if x.dtype.is_floating:
+    x = tf.cast(x, tf.float32)
+    x = tf.where(tf.equal(x, 0.0), tf.zeros_like(x), x)  # -0.0 and 0.0: one key
+    bits = tf.bitcast(x, tf.uint32)
+  else:
+    bits = tf.bitcast(tf.cast(x, tf.int32), tf.uint32)
+  bits = tf.reshape(bits, [tf.shape(x)[0], -1])
+  position = tf.cast(tf.range(tf.shape(bits)[1]), tf.uint32) * _u32(_GOLDEN)
+  # Each feature mixed with its position, then two sums (mod 2^32) of the results:
+  # plain, and weighted by an odd multiplier per position.
+  mixed = _mix32(tf.bitwise.bitwise_xor(bits, _mix32(position + _u32(_KEY_SALTS[0]))))
+  weights = tf.bitwise.bitwise_or(_mix32(position + _u32(_KEY_SALTS[1])), _u32(1))
+  sums = (tf.reduce_sum(mixed, axis=1), tf.reduce_sum(mixed * weights, axis=1))
+  return tf.stack([_mix32(h + _u32(salt)) for h, salt in zip(sums, _KEY_SALTS)], axis=1)
+
+
+def keyed_normal(shape, seed, keys, dtype=tf.float32):
+  """Standard normals of `shape` (`[n, ...]`) whose row b is a function of `seed`
+  (a `[2]` integer tensor), `keys[b]` (`example_keys`) and the position within the
+  row only: the same example gets the same noise in any batch."""
+  shape = tf.convert_to_tensor(shape, tf.int32)
+  # Two random words from the seed (Philox, full-range uint32) into each row's key
+  # (keys are already mixed: `example_keys`); then two rounds per element.
+  words = tf.random.stateless_uniform([2], seed=seed, minval=None, maxval=None, dtype=tf.uint32)
+  row = tf.bitwise.bitwise_xor(tf.convert_to_tensor(keys, tf.uint32), words[None, :])
+  index = tf.cast(tf.range(tf.reduce_prod(shape[1:])), tf.uint32) * _u32(_GOLDEN)
+  h = _mix32(tf.bitwise.bitwise_xor(index[None, :], row[:, :1]))
+  h = _mix32(h + row[:, 1:])
+  return tf.cast(tf.reshape(tf.math.ndtri(_open_unit_interval(h)), shape), dtype)
+
+
+def _open_unit_interval(h):
+  """float32 uniforms in (0, 1) from uint32 hashes: the top 23 bits `k` as
+  `(k + 0.5) / 2^23`, exact in float32, so 0 and 1 (`ndtri` = -inf, inf) never occur."""
+  return (tf.cast(tf.bitwise.right_shift(h, _u32(9)), tf.float32) + 0.5) * (2.0**-23)
+
+
+def _active_example_keys():
+  stack = getattr(_KEYS, "stack", None)
+  return stack[-1] if stack else None
+
+
+@contextlib.contextmanager
+def example_keyed_noise(keys):
+  """Within this scope (while a pass is traced or run eagerly), every sampled
+  local-reparameterization pass draws its noise with `keyed_normal(shape, seed,
+  keys)`: row b's from (its seed, `keys[b]`) alone, so an example's sampled output
+  does not depend on its batch. `keys`: `example_keys` of the batch the pass
+  reads (one per row of every layer's output). Passes at the posterior means and
+  `BayesianLSTM`'s weight draws (one per pass, shared by every row: already
+  independent of the batch) are unchanged; outside the scope (training) nothing
+  changes."""
+  previous = getattr(_KEYS, "stack", None) or []
+  _KEYS.stack = previous + [keys]
+  try:
+    yield
+  finally:
+    _KEYS.stack = previous
+
+
 _MAX_SEED = 2**31 - 1
 
 
@@ -391,13 +495,19 @@ class MeanFieldGaussianLayer(tf.keras.layers.Layer):
     `square_inputs=False`, for inputs that are their own squares, such as lookups);
     with `variances` set, one draw
     `mean + sqrt(variance + variance_epsilon) * e`, `e ~ N(0, I)` from
-    `tf.random.stateless_normal(seed)`, is returned, otherwise the mean.
+    `tf.random.stateless_normal(seed)`, is returned, otherwise the mean. Inside
+    `example_keyed_noise(keys)` `e` is `keyed_normal(shape, seed, keys)` instead:
+    row b's noise from (seed, keys[b]) alone.
     """
     mean = linear(inputs, locs)
     if variances is None:
       return mean
     variance = linear(tf.square(inputs) if square_inputs else inputs, variances)
-    noise = tf.random.stateless_normal(tf.shape(mean), seed=seed, dtype=mean.dtype)
+    keys = _active_example_keys()
+    if keys is None:  # training, and any pass outside `example_keyed_noise`
+      noise = tf.random.stateless_normal(tf.shape(mean), seed=seed, dtype=mean.dtype)
+    else:
+      noise = keyed_normal(tf.shape(mean), seed, keys, dtype=mean.dtype)
     return mean + tf.sqrt(variance + self.variance_epsilon) * noise
 
   def call(self, inputs, seed=None, training=None):

@@ -9,6 +9,16 @@ negative log-likelihood of `log(p + 1e-12)`, correct `argmax` predictions and,
 for a categorical likelihood, the calibration sums. With `--temperature_scaling` the
 evaluation data also hold each client's calibration split, and S and MT each carry the
 grids that fit one temperature over the clients (`tfbfl.temperature`).
+
+The Monte Carlo predictive is the exported model's (`predictive`, which
+`VirtualAlgorithm`'s export hooks call): its noise is keyed by the example
+(`tfbfl.layers.base.example_keyed_noise`), so each example's probabilities are a
+function of (the posterior, the model's seed, the example) and do not depend on
+the batch; the model's seed is `predictive_seed` (the server network `[seed, 0]`,
+client i's `[seed, i + 1]`, the export's `mc_seed`), the same at every evaluation
+and for every client's data. The per-client evaluation seed the driver passes
+(`evaluation_seed`) is not read. So S of the pooled test set in any batch size,
+through the export, is the S evaluated client by client (docs/library.md).
 """
 
 from __future__ import annotations
@@ -23,31 +33,54 @@ from tfbfl.algorithms.virtual.model import flatten_for_mlp
 
 # TensorFlow and the modules built on it load when an algorithm is built (`tfbfl._lazy`).
 tf = _lazy.load("tensorflow")
+layers_base = _lazy.load("tfbfl.layers.base")
 metrics_lib = _lazy.load("tfbfl.metrics")
 temperature = _lazy.load("tfbfl.temperature")
 
 
-def _predictive(cfg: VirtualConfig, net, head, seed, x):
-  """The predictive of head 0 (the server network, S) or 1 (the client network, MT)
-  with the network's current shared posterior and private weights: the network at the
-  posterior means (`eval_samples == 0`), or the average of `eval_samples` forward
-  passes seeded from `seed`; probabilities for a categorical likelihood, else means.
-  Runs in the caller's `tf.function`."""
-  to_prob = tf.nn.softmax if cfg.likelihood == "categorical" else tf.identity
+def predictive_seed(seed: int, client_index=None):
+  """The seed of a model's Monte Carlo passes (int64 `[2]`): `[seed, 0]` for the
+  server network (S), `[seed, client_index + 1]` for client `client_index`'s
+  network (MT); the export's `mc_seed`. `seed` is the run's."""
+  if client_index is None:
+    return tf.constant([int(seed), 0], tf.int64)
+  return tf.stack([tf.constant(int(seed), tf.int64), tf.cast(client_index, tf.int64) + 1])
+
+
+def predictive(net, head, x, samples, seed, num_classes, to_prob=None):
+  """The predictive of head 0 (the server network) or 1 (the client network) with
+  the network's current shared posterior and private weights on features `x` (as
+  the network reads them): the network at the posterior means (`samples == 0`), or
+  the average of `samples` forward passes, pass `s` seeded by
+  `stateless_fold_in(seed, s)`, each example's noise keyed by the example
+  (`example_keyed_noise(example_keys(x))`: independent of the batch).
+  Probabilities (`to_prob`, default softmax). The evaluation and the export run
+  this one function."""
+  to_prob = tf.nn.softmax if to_prob is None else to_prob
   # server_logits(x, s) equals forward(x, s)[0] and reads no private weight.
   out = (lambda s: net.server_logits(x, seed=s)) if head == 0 else (
       lambda s: net.forward(x, seed=s)[head])
-  if cfg.eval_samples == 0:
+  if samples == 0:
     return to_prob(out(None))
+
   # An explicit loop: tfbfl's tf.functions are built without autograph
   # (docs/performance.md, "Start-up").
   def add_sample(s, avg):
     p = to_prob(out(tf.random.experimental.stateless_fold_in(seed, s)))
-    return s + 1, avg + p / cfg.eval_samples
+    return s + 1, avg + p / samples
 
-  _, avg = tf.while_loop(lambda s, _: s < cfg.eval_samples, add_sample,
-                         (tf.constant(0), tf.zeros([tf.shape(x)[0], cfg.num_classes])))
+  with layers_base.example_keyed_noise(layers_base.example_keys(x)):
+    _, avg = tf.while_loop(lambda s, _: s < samples, add_sample,
+                           (tf.constant(0), tf.zeros([tf.shape(x)[0], num_classes])))
   return avg
+
+
+def _predictive(cfg: VirtualConfig, net, head, seed, x):
+  """`predictive` of the configured `eval_samples` passes seeded from `seed` (the
+  model's, `predictive_seed`); probabilities for a categorical likelihood, else
+  means. Runs in the caller's `tf.function`."""
+  to_prob = tf.nn.softmax if cfg.likelihood == "categorical" else tf.identity
+  return predictive(net, head, x, cfg.eval_samples, seed, cfg.num_classes, to_prob)
 
 
 def _predictive_sums(cfg: VirtualConfig, net, posterior, head, seed, data, prefix):
@@ -103,20 +136,21 @@ def _flat_data(cfg: VirtualConfig, data):
 def evaluate_client(cfg: VirtualConfig, server_posterior, state: ClientState, seed, *data):
   """Per-client sums {server_loss, server_correct, mt_loss, mt_correct,
   num_examples, client_index[, server_calibration, mt_calibration, temperature grids]}:
-  S and MT in
-  one call (`VirtualAlgorithm.evaluate`; the driver's streamed path uses
-  `evaluate_server_client` and `evaluate_own_client`, which compute the same)."""
+  S and MT in one call (`VirtualAlgorithm.evaluate`; the driver's streamed path uses
+  `evaluate_server_client` and `evaluate_own_client`, which compute the same).
+  `seed` (the driver's `evaluation_seed`) is not read: the passes are seeded by
+  `predictive_seed`."""
   net = build_networks(cfg)
   data = _flat_data(cfg, data)
 
   @tf.function(autograph=False)
   def run():
     net.set_private_weights(state.private)
-    s = _predictive_sums(cfg, net, server_posterior, 0, seed, data, "server")
+    s = _predictive_sums(cfg, net, server_posterior, 0, predictive_seed(cfg.seed), data, "server")
     # MT: the client's own q_i, which for a client never trained is its initial
     # model (s^(0) and its seeded private network), as for every algorithm.
-    m = _predictive_sums(cfg, net, state.shared_posterior, 1 if cfg.private else 0, seed, data,
-                         "mt")
+    m = _predictive_sums(cfg, net, state.shared_posterior, 1 if cfg.private else 0,
+                         predictive_seed(cfg.seed, state.client_index), data, "mt")
     return _order_sums(s, m, tf.cast(tf.shape(data[1])[0], tf.float32), state.client_index)
 
   return run()
@@ -124,13 +158,15 @@ def evaluate_client(cfg: VirtualConfig, server_posterior, state: ClientState, se
 
 def evaluate_server_client(cfg: VirtualConfig, server_posterior, client_index, seed, *data):
   """S of one client: {server_loss, server_correct, num_examples, client_index[,
-  server_calibration, its grids]} from the server posterior alone (no client state)."""
+  server_calibration, its grids]} from the server posterior alone (no client state).
+  `seed` (the driver's `evaluation_seed`) is not read: the passes are seeded by
+  `predictive_seed`."""
   net = build_networks(cfg)
   data = _flat_data(cfg, data)
 
   @tf.function(autograph=False)
   def run():
-    s = _predictive_sums(cfg, net, server_posterior, 0, seed, data, "server")
+    s = _predictive_sums(cfg, net, server_posterior, 0, predictive_seed(cfg.seed), data, "server")
     return _order_sums(s, {}, tf.cast(tf.shape(data[1])[0], tf.float32), client_index)
 
   return run()
@@ -141,14 +177,16 @@ def evaluate_own_client(cfg: VirtualConfig, shared_posterior, private, client_in
   mt_calibration, its grids]} from what of its state MT reads: its shared posterior
   q_i (a `NaturalGaussian`) and its private weights. Its shared factor is not an
   input: the streamed evaluation sends each client only these (the factor would double
-  what travels per client)."""
+  what travels per client). `seed` (the driver's `evaluation_seed`) is not read: the
+  passes are seeded by `predictive_seed`."""
   net = build_networks(cfg)
   data = _flat_data(cfg, data)
 
   @tf.function(autograph=False)
   def run():
     net.set_private_weights(private)
-    m = _predictive_sums(cfg, net, shared_posterior, 1 if cfg.private else 0, seed, data, "mt")
+    m = _predictive_sums(cfg, net, shared_posterior, 1 if cfg.private else 0,
+                         predictive_seed(cfg.seed, client_index), data, "mt")
     return _order_sums({}, m, tf.cast(tf.shape(data[1])[0], tf.float32), client_index)
 
   return run()

@@ -20,6 +20,7 @@ import numpy as np
 
 from tfbfl import _lazy
 from tfbfl import predictor as predictor_lib
+from tfbfl.algorithms.virtual import evaluation
 from tfbfl.algorithms.virtual.client import client_update
 from tfbfl.algorithms.virtual.client import client_update_batch
 from tfbfl.algorithms.virtual.config import batched
@@ -367,7 +368,7 @@ class VirtualAlgorithm:
 
   # ------------------------------------------- streamed evaluation protocol
   # MT is a function of the client's state alone: at the posterior means, or with
-  # Monte Carlo passes drawn from the client's evaluation seed, which no round changes.
+  # Monte Carlo passes drawn from the client's model seed, which no round changes.
   mt_cacheable = True
 
   def evaluate_server(self, server_state, client_indices, seeds, test_data):
@@ -585,21 +586,10 @@ class VirtualAlgorithm:
     net.set_shared_posterior(
         gaussian.NaturalGaussian(as_tensors(posterior.eta1), as_tensors(posterior.eta2)))
 
-    def out(x, s):
-      return net.server_logits(x, seed=s) if head == 0 else net.forward(x, seed=s)[head]
-
     def predictive(x, seed):
-      x = flatten_for_mlp(cfg, x)
-      if samples == 0:
-        avg = tf.nn.softmax(out(x, None))
-      else:
-
-        def body(s, avg):
-          p = tf.nn.softmax(out(x, tf.random.experimental.stateless_fold_in(seed, s)))
-          return s + 1, avg + p / samples
-
-        _, avg = tf.while_loop(lambda s, _: s < samples, body,
-                               (tf.constant(0), tf.zeros([tf.shape(x)[0], cfg.num_classes])))
+      # The evaluation's function (example-keyed noise: independent of the batch).
+      avg = evaluation.predictive(net, head, flatten_for_mlp(cfg, x), samples, seed,
+                                  cfg.num_classes)
       pred = metrics_lib.log_probabilities(avg)
       return avg, tf.argmax(pred, -1, output_type=tf.int32)
 

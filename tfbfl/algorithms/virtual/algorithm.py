@@ -23,13 +23,13 @@ from tfbfl import predictor as predictor_lib
 from tfbfl.algorithms.virtual import evaluation
 from tfbfl.algorithms.virtual.client import client_update
 from tfbfl.algorithms.virtual.client import client_update_batch
-from tfbfl.algorithms.virtual.config import batched
 from tfbfl.algorithms.virtual.config import ClientState
 from tfbfl.algorithms.virtual.config import ServerState
 from tfbfl.algorithms.virtual.config import VirtualConfig
 from tfbfl.algorithms.virtual.evaluation import evaluate_client
 from tfbfl.algorithms.virtual.evaluation import evaluate_own_client
 from tfbfl.algorithms.virtual.evaluation import evaluate_server_client
+from tfbfl.algorithms.virtual.model import batched
 from tfbfl.algorithms.virtual.model import build_networks
 from tfbfl.algorithms.virtual.model import flatten_for_mlp
 from tfbfl.algorithms.virtual.model import initial_client_state
@@ -123,6 +123,10 @@ class VirtualAlgorithm:
     self._plain_sum = isinstance(self._aggregator.value_sum_factory, tff.aggregators.SumFactory)
     if self._aggregator.weighted:
       raise ValueError("VIRTUAL needs an unweighted GaussianProductFactory (a product of deltas).")
+    if config.scale_optimizer != "sgd" and not batched(config):
+      raise ValueError(f"--scale_optimizer={config.scale_optimizer} runs in the lean step, which "
+                       "needs a stack of Dense layers (the MLP, or a --model of Dense layers), "
+                       "lean_step and local_solver='sgd'.")
     self._init_posterior = initial_posterior(config)
     self._init_factor = initial_factor(config, self._init_posterior)
     self._build_computations()

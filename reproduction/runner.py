@@ -383,7 +383,8 @@ def _tail(path: str, n: int) -> str:
 
 
 def _repo_root() -> str:
-  return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  """The repository's root: the folder holding `reproduction/` and `launchers/`."""
+  return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def measured_seconds(cell: Cell, records: Mapping[str, Mapping[str, Any]]) -> float:

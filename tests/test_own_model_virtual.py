@@ -6,7 +6,8 @@
   `VirtualNetworks` / `VirtualConvNetworks`, tensor for tensor.
 * The README's conv net, which no preset has (average pooling), trains from
   `launchers.train --model=mymodels:build`, its export reproduces the run's final S
-  and MT, and `--resume` with another model is refused in one line naming both.
+  (on the pooled test set) and MT at the default predictive, and `--resume` with
+  another model is refused in one line naming both.
 """
 
 import csv
@@ -23,6 +24,7 @@ from tfbfl import driver, models, networks
 from tfbfl.networks import builders, progressive
 
 from launcher_helpers import ROOT
+from test_export import _check_reproduces
 
 _SMALL = dict(algorithm="virtual", rounds=2, epochs_per_round=1, num_clients=4,
               clients_per_round=2, seed=3, eval_samples=0)
@@ -189,7 +191,9 @@ def test_a_user_conv_net_trains_exports_and_guards_its_checkpoint(tmp_path):
   assert summary["flags"]["init_scale"] == 0.005  # a conv model takes the conv default
   # Above chance (0.1) on digits after 3 rounds.
   assert summary["best_server_accuracy"] > 0.2 and summary["best_mt_accuracy"] > 0.2
-  assert (out / "export" / "server").is_dir()
+  # Its SavedModels give the run's final S (pooled test set) and MT, at the default
+  # Monte Carlo predictive.
+  _check_reproduces(str(out), pooled_server=True)
 
   # Another model, same name: its fingerprint differs and --resume is refused.
   (tmp_path / "mymodels.py").write_text(README_SNIPPET_OWN_MODEL.replace("Dense(32", "Dense(24"))

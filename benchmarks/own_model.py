@@ -24,10 +24,10 @@ import statistics
 import sys
 import time
 
-import tensorflow as tf
 from absl import app, flags
 
-from benchmarks.protocols import DEFAULT_MNIST_DIR, dataset_params, mnist_missing
+from benchmarks.protocols import (DEFAULT_MNIST_DIR, dataset_params, mnist_missing,
+                                  user_femnist_conv, user_mlp)
 from reproduction import presets
 from tfbfl import driver
 
@@ -42,31 +42,6 @@ _MNIST = flags.DEFINE_string("mnist_dir", DEFAULT_MNIST_DIR, "MNIST idx files (.
 _FEMNIST = flags.DEFINE_string("femnist_dir", DEFAULT_FEMNIST_DIR, "LEAF FEMNIST JSON.")
 
 
-def mnist_mlp(input_shape=(28, 28)):
-  """The preset MNIST MLP as a user writes it."""
-  return tf.keras.Sequential([
-      tf.keras.Input(input_shape),
-      tf.keras.layers.Flatten(),
-      tf.keras.layers.Dense(100, activation="relu", kernel_initializer="glorot_normal"),
-      tf.keras.layers.Dense(100, activation="relu", kernel_initializer="glorot_normal"),
-      tf.keras.layers.Dense(10, kernel_initializer="glorot_normal"),
-  ])
-
-
-def femnist_conv(input_shape=(28, 28)):
-  """VIRTUAL's FEMNIST conv net (Sec. IV-B) as a user writes it."""
-  layers = [tf.keras.Input(input_shape), tf.keras.layers.Reshape((28, 28, 1))]
-  for f in (32, 64):
-    layers += [tf.keras.layers.Conv2D(f, 5, padding="same", activation="relu",
-                                      kernel_initializer="glorot_normal"),
-               tf.keras.layers.MaxPool2D(2)]
-  layers += [tf.keras.layers.Flatten(),
-             tf.keras.layers.Dense(100, activation="relu", kernel_initializer="glorot_normal"),
-             tf.keras.layers.Dense(100, activation="relu", kernel_initializer="glorot_normal"),
-             tf.keras.layers.Dense(10, kernel_initializer="glorot_normal")]
-  return tf.keras.Sequential(layers)
-
-
 def _legs():
   """name -> (params, user model builder) or the reason it is skipped."""
   femnist_missing = None if os.path.isdir(_FEMNIST.value) else (
@@ -76,11 +51,11 @@ def _legs():
     if name == "mnist_mlp":
       reason = mnist_missing(_MNIST.value)
       params = dataset_params("mnist", _MNIST.value, _EPOCHS.value)
-      out[name] = reason or (params, mnist_mlp)
+      out[name] = reason or (params, user_mlp((28, 28), (100, 100), 10))
     elif name == "femnist_conv":
       params = dict(presets.preset("femnist_conv"), data_dir=_FEMNIST.value,
                     epochs_per_round=_EPOCHS.value)
-      out[name] = femnist_missing or (params, femnist_conv)
+      out[name] = femnist_missing or (params, user_femnist_conv)
     else:
       raise app.UsageError(f"--legs: mnist_mlp or femnist_conv, got {name!r}.")
   return out

@@ -1,6 +1,9 @@
-"""The benchmarks' data protocols: digits and the paper's MNIST (no flags here)."""
+"""The benchmarks' data protocols (digits, the paper's MNIST) and the user-written
+Keras models that spell out the presets' networks (no flags here)."""
 
 import os
+
+import tensorflow as tf
 
 from reproduction import presets
 
@@ -30,3 +33,31 @@ def dataset_params(name, data_dir=DEFAULT_MNIST_DIR, epochs=20):
   if name == "mnist":
     return dict(presets.preset("mnist"), data_dir=data_dir, epochs_per_round=epochs)
   raise ValueError(f"--dataset: digits or mnist, got {name!r}.")
+
+
+def user_mlp(input_shape, hidden_units, num_classes):
+  """A builder of the preset MLP as a user writes it: `Flatten` (for an image) and
+  `Dense` layers, Glorot-normal kernels."""
+  def build():
+    layers = [tf.keras.Input(tuple(input_shape))]
+    if len(input_shape) != 1:
+      layers.append(tf.keras.layers.Flatten())
+    layers += [tf.keras.layers.Dense(w, activation="relu", kernel_initializer="glorot_normal")
+               for w in hidden_units]
+    layers.append(tf.keras.layers.Dense(num_classes, kernel_initializer="glorot_normal"))
+    return tf.keras.Sequential(layers)
+  return build
+
+
+def user_femnist_conv(input_shape=(28, 28)):
+  """VIRTUAL's FEMNIST conv net (Sec. IV-B) as a user writes it."""
+  layers = [tf.keras.Input(tuple(input_shape)), tf.keras.layers.Reshape((28, 28, 1))]
+  for f in (32, 64):
+    layers += [tf.keras.layers.Conv2D(f, 5, padding="same", activation="relu",
+                                      kernel_initializer="glorot_normal"),
+               tf.keras.layers.MaxPool2D(2)]
+  layers += [tf.keras.layers.Flatten(),
+             tf.keras.layers.Dense(100, activation="relu", kernel_initializer="glorot_normal"),
+             tf.keras.layers.Dense(100, activation="relu", kernel_initializer="glorot_normal"),
+             tf.keras.layers.Dense(10, kernel_initializer="glorot_normal")]
+  return tf.keras.Sequential(layers)

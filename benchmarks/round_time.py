@@ -26,6 +26,11 @@ Measured in one process per dataset, in this order:
   (a) VIRTUAL rounds through TFF (`VirtualAlgorithm.next`, owned local runtime),
       once per `--clients_per_group` (1: one TFF client computation per client;
       more: that many clients stacked and trained batched, `client_batch`);
+  (u) VIRTUAL rounds through TFF of the same network written by a user as a Keras
+      model (`--model`'s path, `benchmarks.protocols.user_mlp`), alternated with
+      (a)'s preset at one client per group, `--own_model_repeats` times each: the
+      ratio of the medians (target <= 1.05, issue 64; `benchmarks.own_model` has the
+      FEMNIST conv net's pair);
   (c) FedAvg rounds through TFF on the paper's network (the server network);
   (e) VIRTUAL's evaluation, timed apart from the rounds: S (`evaluate_server`, every
       client's test data) and MT (`evaluate_clients`, every client's state, and the
@@ -64,7 +69,7 @@ import numpy as np
 import tensorflow as tf
 
 from benchmarks import profile_virtual
-from benchmarks.protocols import DEFAULT_MNIST_DIR, dataset_params, mnist_missing
+from benchmarks.protocols import DEFAULT_MNIST_DIR, dataset_params, mnist_missing, user_mlp
 
 from tfbfl import communication
 from tfbfl import gaussian
@@ -91,6 +96,9 @@ _REFERENCE = flags.DEFINE_bool(
     "reference_leg", True, "Also time VIRTUAL via TFF with the reference step "
     "(`virtual_step.sgd_step`, the lean step before issue 22's fused one).")
 _PLAIN = flags.DEFINE_bool("plain_leg", True, "Time (b): client_update in plain TensorFlow.")
+_OWN_MODEL = flags.DEFINE_integer(
+    "own_model_repeats", 2,
+    "(u): timings of each side (the preset, the user's Keras model), alternated; 0 skips.")
 _EVAL = flags.DEFINE_bool("eval", True, "Time VIRTUAL's S and MT evaluation (e).")
 _PROFILE = flags.DEFINE_bool("profile", True,
                              "Print the per-op profile of one VIRTUAL client update.")
@@ -124,6 +132,37 @@ def _timed(fn, rounds):
     fn(r)
     times.append(time.perf_counter() - t)
   return float(np.median(times))
+
+
+def _round_fn(alg, num, selected, seeds, data, servers=None):
+  """A function of `r` running round `r` of `alg` from its initial states (the
+  server state after it kept in `servers[r]`)."""
+  server = alg.initial_server_state()
+  client_states = [alg.initial_client_state(i) for i in range(num)]
+
+  def tff_round(r):
+    out = alg.next(server, [client_states[i] for i in selected(r)], seeds(r), data(r))[0]
+    if servers is not None:
+      servers[r] = out
+  return tff_round
+
+
+def own_model_leg(params, fd, cfg, rounds, round_fn):
+  """(u): seconds a round of VIRTUAL on the preset network and on the same network
+  given as a user's Keras model, alternated; None with --own_model_repeats=0."""
+  if not _OWN_MODEL.value:
+    return None
+  template = driver.model_template(
+      dict(params, model="benchmarks.protocols:user_mlp"), fd,
+      model=user_mlp(fd.input_shape, cfg.hidden_units, cfg.num_classes))
+  algs = {"preset": virtual.VirtualAlgorithm(cfg),
+          "model": virtual.VirtualAlgorithm(
+              registry.get("virtual").make_config(params, fd, model=template))}
+  times = {k: [] for k in algs}
+  for _ in range(_OWN_MODEL.value):
+    for side, alg in algs.items():
+      times[side].append(_timed(round_fn(alg), rounds))
+  return {k: float(np.median(v)) for k, v in times.items()}, times
 
 
 def _gflops(run, flops):
@@ -263,14 +302,8 @@ def run_dataset(name, rounds, epochs):
     with reference_step(groups == "reference"):
       alg = virtual.VirtualAlgorithm(dataclasses.replace(cfg, **change))
       server = alg.initial_server_state()
-      client_states = {i: alg.initial_client_state(i) for i in range(num)}
       servers = {}
-
-      def tff_round(r, alg=alg, server=server, client_states=client_states, servers=servers):
-        servers[r] = alg.next(server, [client_states[i] for i in selected(r)], seeds(r),
-                              data(r))[0]
-
-      t_groups[groups] = _timed(tff_round, rounds)
+      t_groups[groups] = _timed(_round_fn(alg, num, selected, seeds, data, servers), rounds)
     if t_plain is not None:
       # Same computation, same seeds: s * (prod_i Delta_i)^alpha from (b) vs (a)'s server.
       total = gaussian.product(*[gaussian.NaturalGaussian(*d) for d in deltas[1]])
@@ -281,6 +314,7 @@ def run_dataset(name, rounds, epochs):
           for g, w in zip(tf.nest.flatten(got), tf.nest.flatten(want)))
       scale = max(float(np.max(np.abs(np.asarray(w)))) for w in tf.nest.flatten(want))
       diffs[groups] = diff / scale
+  t_own = own_model_leg(params, fd, cfg, rounds, lambda a: _round_fn(a, num, selected, seeds, data))
   t_keras = t_groups.pop("keras", None)
   diff_keras = diffs.pop("keras", None)
   t_reference = t_groups.pop("reference", None)
@@ -341,6 +375,12 @@ def run_dataset(name, rounds, epochs):
     print(f"(r) VIRTUAL via TFF, reference step {t_reference:7.3f} s/round (sgd_step, the lean "
           f"step before issue 22){vs}; r/a = {t_reference / t_virtual:.2f}; VIRTUAL / FedAvg "
           f"with it {t_reference / t_fedavg:.2f}")
+  if t_own is not None:
+    (own, runs) = t_own
+    print(f"(u) VIRTUAL via TFF, the network as a user's Keras model {own['model']:7.3f} s/round "
+          f"{[round(t, 3) for t in runs['model']]} against the preset's {own['preset']:.3f} "
+          f"{[round(t, 3) for t in runs['preset']]} (alternated, 1 per group): ratio "
+          f"{own['model'] / own['preset']:.3f} (target <= 1.05)")
   if t_plain is not None:
     print(f"(b) clients one by one, plain TF {t_plain:8.3f} s/round  = {t_plain / floor_v:5.1f}x "
           f"its floor; a/b = {t_virtual / t_plain:.2f}")

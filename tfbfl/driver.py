@@ -108,6 +108,8 @@ def resolve_params(params: Dict[str, Any]) -> Dict[str, Any]:
   p.update(spec.config_cls.derived_defaults(p))
   _check_applicable(p, params, spec)
   _check_temperature_scaling(p, spec)
+  if spec.check_params is not None:
+    spec.check_params(p)
   if p["dataset"] != "npz" and p["clients_per_round"] > p["num_clients"]:  # npz: after loading
     raise ValueError(
         f"--clients_per_round={p['clients_per_round']} exceeds --num_clients={p['num_clients']}.")

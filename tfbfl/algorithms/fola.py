@@ -766,6 +766,12 @@ class FolaAlgorithm(_LaplaceBase):
     self.evaluate = self._build_evaluation()
 
 
+def _refuse_laplace_samples(laplace_samples: int) -> None:
+  if laplace_samples > 0:
+    raise ValueError("--laplace_samples needs a Laplace posterior at the server (FOLA, "
+                     "laplace_offline); FedCurv's server keeps the clients' mean weights.")
+
+
 class FedCurvAlgorithm(_LaplaceBase):
   """FedCurv (Shoham et al. 2019) on the same local loop (module docstring).
 
@@ -776,9 +782,7 @@ class FedCurvAlgorithm(_LaplaceBase):
   name = "fedcurv"
 
   def __init__(self, config: LaplaceConfig):
-    if config.laplace_samples > 0:
-      raise ValueError("--laplace_samples needs a Laplace posterior at the server (FOLA, "
-                       "laplace_offline); FedCurv's server keeps the clients' mean weights.")
+    _refuse_laplace_samples(config.laplace_samples)
     super().__init__(config)
 
   def initial_server_state(self) -> FedCurvServerState:
@@ -884,4 +888,5 @@ registry.register(
     registry.AlgorithmSpec("fedcurv", LaplaceConfig,
                            lambda data, config, run: FedCurvAlgorithm(config),
                            "FedCurv (Shoham et al., 2019): FedAvg with a Fisher-weighted penalty.",
-                           algorithm_cls=FedCurvAlgorithm))
+                           algorithm_cls=FedCurvAlgorithm,
+                           check_params=lambda p: _refuse_laplace_samples(p["laplace_samples"])))

@@ -41,6 +41,9 @@ class AlgorithmSpec:
   # The class `build` returns: its optional hooks are checked at registration
   # (`base.check_hooks`) and listed by `hooks`.
   algorithm_cls: Optional[type] = None
+  # Refusals of flag values this algorithm cannot take (one ValueError naming the
+  # flag), run by `tfbfl.driver.resolve_params` before any data or TFF.
+  check_params: Optional[Callable[[Mapping[str, Any]], None]] = None
 
   @property
   def hooks(self) -> Tuple[type, ...]:

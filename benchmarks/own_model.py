@@ -4,8 +4,8 @@ r"""A user's Keras model against the built-in network it spells out: VIRTUAL's r
     python -m benchmarks.own_model --legs=mnist_mlp --rounds=3
 
 Both sides of a pair are one run each of `tfbfl.driver.run_training` in this
-process, alternated (preset, model, preset, model, ...) so that a change of load
-hits both; a side's time is the median over its runs of the mean wall time of the
+process, in the order preset, model, model, preset, ... (`protocols.abba`) so that a
+drifting load hits both alike; a side's time is the median over its runs of the mean wall time of the
 rounds after the first (the first traces the computations). Printed: each side's
 seconds a round and the ratio model / preset (target <= 1.05; issue 64).
 
@@ -26,7 +26,7 @@ import time
 
 from absl import app, flags
 
-from benchmarks.protocols import (DEFAULT_MNIST_DIR, dataset_params, mnist_missing,
+from benchmarks.protocols import (DEFAULT_MNIST_DIR, abba, dataset_params, mnist_missing,
                                   user_femnist_conv, user_mlp)
 from reproduction import presets
 from tfbfl import driver
@@ -36,7 +36,7 @@ DEFAULT_FEMNIST_DIR = os.path.normpath(os.path.join(_REPO, "..", "shared", "data
 
 _LEGS = flags.DEFINE_list("legs", ["mnist_mlp", "femnist_conv"], "Which pairs to time.")
 _ROUNDS = flags.DEFINE_integer("rounds", 3, "Rounds per run (the first is not timed).")
-_REPEATS = flags.DEFINE_integer("repeats", 2, "Runs per side, alternated.")
+_REPEATS = flags.DEFINE_integer("repeats", 2, "Runs per side, in ABBA order.")
 _EPOCHS = flags.DEFINE_integer("epochs", 2, "Local epochs per round.")
 _MNIST = flags.DEFINE_string("mnist_dir", DEFAULT_MNIST_DIR, "MNIST idx files (.gz).")
 _FEMNIST = flags.DEFINE_string("femnist_dir", DEFAULT_FEMNIST_DIR, "LEAF FEMNIST JSON.")
@@ -87,9 +87,9 @@ def main(argv):
                                                           "image_shape", "filters")}
     sides = {"preset": [], "model": []}
     start = time.time()
-    for _ in range(_REPEATS.value):
-      sides["preset"].append(_seconds_a_round(params))
-      sides["model"].append(_seconds_a_round(user, model))
+    for side in abba(("preset", "model"), _REPEATS.value):
+      sides[side].append(_seconds_a_round(params) if side == "preset" else
+                         _seconds_a_round(user, model))
     preset_s, model_s = (statistics.median(sides[k]) for k in ("preset", "model"))
     print(f"{name}: preset {preset_s:.3f} s/round {sides['preset']}, --model {model_s:.3f} "
           f"s/round {sides['model']}, ratio model/preset {model_s / preset_s:.3f} "

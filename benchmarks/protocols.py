@@ -35,6 +35,16 @@ def dataset_params(name, data_dir=DEFAULT_MNIST_DIR, epochs=20):
   raise ValueError(f"--dataset: digits or mnist, got {name!r}.")
 
 
+def abba(sides, repeats):
+  """`sides` run `repeats` times each in the order A B B A A B ...: a load that drifts
+  steadily over the runs weighs on both sides alike (plain alternation, A B A B, hands
+  the drift to the side that runs second)."""
+  order = []
+  for r in range(repeats):
+    order += list(sides) if r % 2 == 0 else list(reversed(sides))
+  return order
+
+
 def user_mlp(input_shape, hidden_units, num_classes):
   """A builder of the preset MLP as a user writes it: `Flatten` (for an image) and
   `Dense` layers, Glorot-normal kernels."""

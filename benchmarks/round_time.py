@@ -28,8 +28,8 @@ Measured in one process per dataset, in this order:
       more: that many clients stacked and trained batched, `client_batch`);
   (u) VIRTUAL rounds through TFF of the same network written by a user as a Keras
       model (`--model`'s path, `benchmarks.protocols.user_mlp`), alternated with
-      (a)'s preset at one client per group, `--own_model_repeats` times each: the
-      ratio of the medians (target <= 1.05, issue 64; `benchmarks.own_model` has the
+      (a)'s preset (ABBA order, `--own_model_repeats` times each): the ratio of the
+      medians (target <= 1.05, issue 64; `benchmarks.own_model` has the
       FEMNIST conv net's pair);
   (c) FedAvg rounds through TFF on the paper's network (the server network);
   (e) VIRTUAL's evaluation, timed apart from the rounds: S (`evaluate_server`, every
@@ -69,7 +69,7 @@ import numpy as np
 import tensorflow as tf
 
 from benchmarks import profile_virtual
-from benchmarks.protocols import DEFAULT_MNIST_DIR, dataset_params, mnist_missing, user_mlp
+from benchmarks.protocols import DEFAULT_MNIST_DIR, abba, dataset_params, mnist_missing, user_mlp
 
 from tfbfl import communication
 from tfbfl import gaussian
@@ -98,7 +98,7 @@ _REFERENCE = flags.DEFINE_bool(
 _PLAIN = flags.DEFINE_bool("plain_leg", True, "Time (b): client_update in plain TensorFlow.")
 _OWN_MODEL = flags.DEFINE_integer(
     "own_model_repeats", 2,
-    "(u): timings of each side (the preset, the user's Keras model), alternated; 0 skips.")
+    "(u): timings of each side (the preset, the user's Keras model), ABBA order; 0 skips.")
 _EVAL = flags.DEFINE_bool("eval", True, "Time VIRTUAL's S and MT evaluation (e).")
 _PROFILE = flags.DEFINE_bool("profile", True,
                              "Print the per-op profile of one VIRTUAL client update.")
@@ -159,9 +159,8 @@ def own_model_leg(params, fd, cfg, rounds, round_fn):
           "model": virtual.VirtualAlgorithm(
               registry.get("virtual").make_config(params, fd, model=template))}
   times = {k: [] for k in algs}
-  for _ in range(_OWN_MODEL.value):
-    for side, alg in algs.items():
-      times[side].append(_timed(round_fn(alg), rounds))
+  for side in abba(tuple(algs), _OWN_MODEL.value):
+    times[side].append(_timed(round_fn(algs[side]), rounds))
   return {k: float(np.median(v)) for k, v in times.items()}, times
 
 
@@ -379,7 +378,7 @@ def run_dataset(name, rounds, epochs):
     (own, runs) = t_own
     print(f"(u) VIRTUAL via TFF, the network as a user's Keras model {own['model']:7.3f} s/round "
           f"{[round(t, 3) for t in runs['model']]} against the preset's {own['preset']:.3f} "
-          f"{[round(t, 3) for t in runs['preset']]} (alternated, 1 per group): ratio "
+          f"{[round(t, 3) for t in runs['preset']]} (ABBA order): ratio "
           f"{own['model'] / own['preset']:.3f} (target <= 1.05)")
   if t_plain is not None:
     print(f"(b) clients one by one, plain TF {t_plain:8.3f} s/round  = {t_plain / floor_v:5.1f}x "

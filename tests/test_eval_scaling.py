@@ -3,8 +3,9 @@
 * The streamed path (S from the server state alone, MT per client in chunks of
   `eval_chunk`, cached until the client trains again) writes the same
   metrics.csv and client_metrics.csv as the single call with every client's
-  state (`eval_chunk = 0`), for VIRTUAL and FedAvg (with and without fitted
-  temperatures, which need every client's sums before any is read).
+  state (`eval_chunk = 0`), chunks of 3 over 5 clients (a short last one), for
+  VIRTUAL and FedAvg (with and without fitted temperatures, which need every
+  client's sums before any is read).
 * Only clients trained since the last evaluation have their MT recomputed
   (observed by counting the clients each `evaluate_clients` call receives), at
   the posterior means and with the Monte Carlo predictive (`eval_samples > 0`,
@@ -28,10 +29,10 @@ pytestmark = pytest.mark.usefixtures("tff_runtime")
 
 def _params(tmp_path, **kw):
   p = dict(algorithm="virtual",
-           num_clients=8,
-           clients_per_round=3,
+           num_clients=5,
+           clients_per_round=2,
            rounds=3,
-           epochs_per_round=2,
+           epochs_per_round=1,
            hidden_units=(16,),
            seed=5,
            output_dir=str(tmp_path),
@@ -74,7 +75,7 @@ def test_streamed_cached_evaluation_equals_single_call(tmp_path, algorithm, extr
   # with fitted temperatures, the export states them (its models are untempered)
   driver.run_training(_params(one, algorithm=algorithm, eval_chunk=0, **extra,
                               **dict(export=True) if extra else {}))
-  # chunks of 3 over 8 clients (a short last chunk), disk store, cache on
+  # chunks of 3 over 5 clients (a short last chunk), disk store, cache on
   driver.run_training(
       _params(streamed, algorithm=algorithm, eval_chunk=3, client_store="disk", **extra))
   _assert_same_csv(one / "metrics.csv", streamed / "metrics.csv")
@@ -123,7 +124,7 @@ def _runner(p, eval_chunk):
 
 
 def test_only_trained_clients_recomputed(tmp_path):
-  k, c = 8, 3
+  k, c = 5, 2
   # Which clients are recomputed is the evaluator's choice alone (it never reads
   # eval_samples); the sampled predictive's cached values are checked equal to
   # one call's by test_streamed_cached_evaluation_equals_single_call.
@@ -138,7 +139,7 @@ def test_only_trained_clients_recomputed(tmp_path):
   per_eval = (k + 2) // 3  # S calls per evaluation
   assert len(algo.s_calls) == 3 * per_eval
   assert all(len(ids) <= 3 for ids in algo.s_calls + algo.mt_calls)
-  # Evaluation 1 computes every client (cold cache): chunks over 0..7.
+  # Evaluation 1 computes every client (cold cache): chunks over 0..4.
   first = [i for ids in algo.mt_calls[:per_eval] for i in ids]
   assert first == list(range(k))
   rest = algo.mt_calls[per_eval:]

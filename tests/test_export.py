@@ -51,7 +51,7 @@ own = client.signatures["serving_default"](tf.constant(x))["probabilities"]
 print(probabilities.numpy().argmax(-1), own.numpy().argmax(-1))  # predicted classes
 """
 
-SMALL = dict(rounds=3, epochs_per_round=2, num_clients=5, clients_per_round=3)
+SMALL = dict(rounds=3, epochs_per_round=2, num_clients=3, clients_per_round=2)
 EXPORT_TIMES = {}
 
 
@@ -222,7 +222,7 @@ def test_virtual_export_reproduces_summary(virtual_run, virtual_outputs):
   assert manifest["server"]["samples"] == 0 and "mc_seed" not in manifest["server"]
   assert {c["metric"] for c in manifest["clients"]} == {"MT"}
   trained = [c["trained"] for c in manifest["clients"]]
-  assert any(trained), trained  # 3 rounds of 3 of 5 clients
+  assert any(trained), trained  # 3 rounds of 2 of 3 clients
   # No temporaries left; every model a complete SavedModel.
   for root, dirs, files in os.walk(os.path.join(virtual_run, "export")):
     assert not [n for n in dirs + files if n.startswith(export.TMP_PREFIX)], root
@@ -257,7 +257,8 @@ def test_launcher_rewrites_the_export_from_the_checkpoint(virtual_run, virtual_o
   out = _launch("launchers.export", f"--output_dir={virtual_run}")
   elapsed = time.time() - start
   assert out.returncode == 0, out.stderr[-3000:]
-  assert "virtual: server model and 5 client models (round 3)" in out.stdout, out.stdout
+  assert (f"virtual: server model and {SMALL['num_clients']} client models (round 3)"
+          in out.stdout), out.stdout
   second = os.path.join(virtual_run, "export")
 
   def files(d):
@@ -345,14 +346,14 @@ def test_monte_carlo_exports_give_the_summary_in_any_batch(tmp_path):
       dict(algorithm="virtual",
            rounds=2,
            epochs_per_round=1,
-           num_clients=4,
+           num_clients=3,
            clients_per_round=2,
            eval_samples=3), tmp_path)
   summary, fd = _data(str(tmp_path))
   directory = os.path.join(tmp_path, "export")
   manifest = export.read_manifest(directory)
   assert manifest["server"]["samples"] == 3 and manifest["server"]["mc_seed"] == [0, 0]
-  assert [c["mc_seed"] for c in manifest["clients"]] == [[0, i + 1] for i in range(4)]
+  assert [c["mc_seed"] for c in manifest["clients"]] == [[0, i + 1] for i in range(3)]
   load = lambda path: tf.saved_model.load(os.path.join(directory, path)).signatures
   server = load("server")["serving_default"]
   predict = lambda fn, x, b: np.concatenate(

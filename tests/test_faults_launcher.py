@@ -12,6 +12,9 @@ runner (the in-process cases are in `test_faults.py`):
   runs the cell again from its checkpoint, and the record is the finished run's.
 
 Digits, FedAvg, 4 clients, 8 hidden units, 3 rounds: each launcher costs its start-up.
+The uninterrupted run the resumed ones must reproduce trains in this process
+(`train_in_process`, the same flags parsed as the launcher parses them): what is
+tested is the launchers that were cut, not that one.
 """
 
 import dataclasses
@@ -28,6 +31,7 @@ from reproduction import records as records_lib
 from reproduction import reproduce
 from reproduction import runner
 import launcher_helpers
+import train_in_process
 from test_faults import _fill
 from test_faults import _tmpfs
 from test_outputs import _CPP_LOG
@@ -50,12 +54,13 @@ def _lines(text):
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-  """metrics.csv (without wall times) of the run the others must end up with."""
+def uninterrupted(tmp_path_factory, tff_runtime):
+  """metrics.csv (without wall times) of the run the others must end up with: the
+  same flags, parsed as the launcher parses them, trained uninterrupted in this
+  process (`train_in_process`; what is tested is the interrupted launchers)."""
+  del tff_runtime
   out = tmp_path_factory.mktemp("uninterrupted")
-  status, _, err = _Launcher(*ARGS, "--noexport", f"--output_dir={out}",
-                             env=_env()).finish(timeout=900)
-  assert status == 0, err[-3000:]
+  train_in_process.train(*ARGS, "--noexport", f"--output_dir={out}")
   return _timeless(_csv(out))
 
 
@@ -134,8 +139,10 @@ def test_a_remote_worker_killed_mid_run_is_one_line_and_the_cell_resumes(tmp_pat
   workers = [launcher_helpers.start_worker(p, str(tmp_path)) for p in ports]
   base = reproduce.smoke_cells()[0]
   # VIRTUAL: its per-client results carry their client index (FedAvg's cannot run remote).
+  # Evaluated at the posterior means: the computations each launcher builds and the
+  # workers run are smaller, and the fault is the same.
   flags = dict(base.flag_dict, algorithm="virtual", rounds=3, checkpoint_every=1, num_clients=4,
-               clients_per_round=2, hidden_units=(8,), executor="remote",
+               clients_per_round=2, hidden_units=(8,), eval_samples=0, executor="remote",
                workers=",".join(addresses), call_timeout_s=300.0)
   cell = dataclasses.replace(base, algorithm="virtual", setting="remote",
                              flags=tuple(sorted(flags.items())))

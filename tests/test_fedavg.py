@@ -47,6 +47,18 @@ def fedavg_algo(tff_runtime, fd):
   return driver.build_algorithm(fd, _params(algorithm="fedavg"))
 
 
+_PROX = dict(algorithm="fedprox", mu=0.5, client_momentum=0.0)
+
+
+@pytest.fixture(scope="module")
+def fedprox_algo(tff_runtime, fd):
+  """FedProx at mu 0.5 without client momentum, built once: the reference round's
+  case and the strong proximal term of the mu = 0 test (an algorithm holds no run's
+  state)."""
+  del tff_runtime
+  return driver.build_algorithm(fd, _params(**_PROX))
+
+
 def _tff_dataset(seed, x, y):
   """The minibatches our client loop visits, as a tf.data.Dataset for tff.learning."""
   order = client_batch.epoch_permutations(tf.constant(seed), _E, len(y)).numpy()
@@ -158,28 +170,34 @@ def test_optimizers_match_tff_build_weighted_fed_avg(tff_runtime, fd, fedavg_alg
   for a, b in zip(tf.nest.flatten(tff_state.finalizer), tf.nest.flatten(state.finalizer_state)):
     np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=2e-5)
   assert metrics["update_non_finite"] == 0
-  # Another trajectory than plain FedAvg's.
-  plain_params = _params(algorithm="fedavg", server_lr=p["server_lr"])
-  # At the module's server_lr that is the module's FedAvg: built once.
-  plain = (fedavg_algo if plain_params == _params(algorithm="fedavg") else
-           driver.build_algorithm(fd, plain_params))
-  plain_state = plain.initial_server_state()
+  # Another trajectory than plain FedAvg's (plain SGD on both sides) at the same server_lr:
+  # w <- w - server_lr Delta(w), each round's mean client delta Delta(w) read off a round
+  # of the module's FedAvg (server_lr 0.7: its new model is w - 0.7 Delta(w)).
+  plain_lr = _params(algorithm="fedavg")["server_lr"]
+  plain_state = fedavg_algo.initial_server_state()
   for r in (1, 2, 3):
     seeds = [round_loop.client_seed(p["seed"], r, i) for i in range(3)]
-    plain_state, _, _ = plain.next(plain_state, [plain.initial_client_state(i) for i in range(3)],
-                                   seeds, data)
+    stepped, _, _ = fedavg_algo.next(plain_state,
+                                     [fedavg_algo.initial_client_state(i) for i in range(3)],
+                                     seeds, data)
+    plain_state = plain_state._replace(model_weights=plain_state.model_weights._replace(
+        trainable=[
+            w - p["server_lr"] / plain_lr * (w - np.asarray(n))
+            for w, n in zip(plain_state.model_weights.trainable, stepped.model_weights.trainable)
+        ]),
+                                       round_num=stepped.round_num)
   assert max(
       float(np.max(np.abs(a - b)))
       for a, b in zip(plain_state.model_weights.trainable, state.model_weights.trainable)) > 1e-3
 
 
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
-def test_fedprox_round_matches_reference_sgd(tff_runtime, fd, momentum):
+def test_fedprox_round_matches_reference_sgd(tff_runtime, fd, fedprox_algo, momentum):
   """tff.learning's build_weighted_fed_prox (0.87) adds mu (w^(t) - w) to the gradient,
   the opposite sign of FedProx's term, so the reference here is hand-written."""
   mu = 0.5
   p = _params(algorithm="fedprox", mu=mu, client_momentum=momentum)
-  algo = driver.build_algorithm(fd, p)
+  algo = fedprox_algo if p == _params(**_PROX) else driver.build_algorithm(fd, p)
   state = algo.initial_server_state()
   w0 = list(state.model_weights.trainable)
   data = [fd.train[c] for c in fd.client_ids]
@@ -201,12 +219,10 @@ def test_fedprox_round_matches_reference_sgd(tff_runtime, fd, momentum):
                                atol=1e-5)
 
 
-def test_fedprox_mu0_equals_fedavg(fedavg_algo, fd):
+def test_fedprox_mu0_equals_fedavg(fedavg_algo, fedprox_algo, fd):
   data = [fd.train[c] for c in fd.client_ids]
 
-  def run(**kw):
-    algo = fedavg_algo if kw == dict(
-        algorithm="fedavg") else driver.build_algorithm(fd, _params(**kw))
+  def run(algo):
     state, clients = algo.initial_server_state(), [algo.initial_client_state(i) for i in range(3)]
     history = []
     for r in (1, 2):
@@ -215,13 +231,15 @@ def test_fedprox_mu0_equals_fedavg(fedavg_algo, fd):
       history.append(round_loop._flatten_metrics(metrics))  # pylint: disable=protected-access
     return algo.name, state, history
 
-  name_a, fedavg_state, fedavg_metrics = run(algorithm="fedavg")
-  name_p, prox_state, prox_metrics = run(algorithm="fedprox", mu=0.0)
+  name_a, fedavg_state, fedavg_metrics = run(fedavg_algo)
+  name_p, prox_state, prox_metrics = run(
+      driver.build_algorithm(fd, _params(algorithm="fedprox", mu=0.0)))
   assert (name_a, name_p) == ("fedavg", "fedprox")
   assert fedavg_metrics == prox_metrics
   for a, b in zip(fedavg_state.model_weights.trainable, prox_state.model_weights.trainable):
     np.testing.assert_array_equal(a, b)
-  _, strong_state, _ = run(algorithm="fedprox", mu=1.0)
+  assert fedprox_algo.config.mu == 0.5  # the module's FedProx: a proximal term that acts
+  _, strong_state, _ = run(fedprox_algo)
   assert not np.allclose(strong_state.model_weights.trainable[0],
                          fedavg_state.model_weights.trainable[0])
 
@@ -238,29 +256,23 @@ def _once_selected(num_clients, per_round, rounds):
   raise AssertionError("no seed found")
 
 
-def test_mt_is_each_clients_last_deployed_model(tff_runtime):
+def test_mt_is_each_clients_last_deployed_model(fedavg_algo, fd):
+  """The module's FedAvg on its three clients, two a round, the sampling seed chosen so
+  that one client trains in round 1 only."""
   rounds = 4
-  seed, client, picks = _once_selected(4, 2, rounds)
-  p = _params(algorithm="fedavg",
-              num_clients=4,
-              clients_per_round=2,
-              rounds=rounds,
-              seed=seed,
-              epochs_per_round=1,
-              server_lr=1.0)
-  data = driver.load_data(p)
+  seed, client, picks = _once_selected(len(fd.client_ids), 2, rounds)
   runner = round_loop.ExperimentRunner(
-      driver.build_algorithm(data, p), data,
+      fedavg_algo, fd,
       round_loop.RunConfig(rounds=rounds, clients_per_round=2, seed=seed, verbose=False))
   runner.run()
-  cid = data.client_ids[client]
+  cid = fd.client_ids[client]
   mt = [row[cid] for row in runner.client_rows]
   assert all(a == mt[0] for a in mt), (picks, mt)
   # The server model moves every round, so S-based scores would not stay constant.
   assert len({row["server_loss"] for row in runner.rows}) == rounds
-  never = [i for i in range(4) if all(i not in pk for pk in picks)]
+  never = [i for i in range(len(fd.client_ids)) if all(i not in pk for pk in picks)]
   for i in never:  # never selected: the initial model, whose accuracy is fixed
-    assert len({row[data.client_ids[i]] for row in runner.client_rows}) == 1
+    assert len({row[fd.client_ids[i]] for row in runner.client_rows}) == 1
 
 
 def test_evaluate_uses_client_weights_and_initial_model(fedavg_algo, fd):

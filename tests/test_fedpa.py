@@ -99,18 +99,31 @@ def small():
 
 
 def _rounds(algo, data, rounds):
+  """`(state, clients, metrics)` after each of rounds 1..`rounds` (every client, every
+  round)."""
   train = [data.train[c] for c in data.client_ids]
   state, clients = algo.initial_server_state(), [algo.initial_client_state(i) for i in range(3)]
+  out = []
   for r in range(1, rounds + 1):
     seeds = [round_loop.client_seed(3, r, i) for i in range(3)]
     state, clients, metrics = algo.next(state, clients, seeds, train)
-  return state, clients, metrics
+    out.append((state, clients, metrics))
+  return out
 
 
-def test_server_burn_in_rounds_are_fedavg_rounds(small):
+@pytest.fixture(scope="module")
+def small_rounds(small):
+  """Rounds 1-3 of the module's FedAvg and FedPA (`_rounds`), run once: the burn-in
+  test compares them, the posterior test checks FedPA's round 3 (its first past the
+  server burn-in)."""
   data, fedavg_algo, fedpa_algo = small
-  ref, ref_clients, ref_metrics = _rounds(fedavg_algo, data, 2)
-  got, got_clients, got_metrics = _rounds(fedpa_algo, data, 2)
+  return dict(fedavg=_rounds(fedavg_algo, data, 3), fedpa=_rounds(fedpa_algo, data, 3))
+
+
+def test_server_burn_in_rounds_are_fedavg_rounds(small_rounds):
+  (ref, ref_clients, ref_metrics), (ref3, _, _) = small_rounds["fedavg"][1:]
+  (got, got_clients, got_metrics), (got3, _, metrics3) = small_rounds["fedpa"][1:]
+  # After round 2 (the server burn-in):
   for a, b in zip(ref.model_weights.trainable, got.model_weights.trainable):
     np.testing.assert_allclose(b, a, atol=1e-6, rtol=0)
   for ca, cb in zip(ref_clients, got_clients):
@@ -118,8 +131,6 @@ def test_server_burn_in_rounds_are_fedavg_rounds(small):
       np.testing.assert_allclose(b, a, atol=1e-6, rtol=0)
   assert got_metrics.keys() == ref_metrics.keys()
   # Round 3 is past the burn-in: the uploads, hence the server models, differ.
-  ref3, _, _ = _rounds(fedavg_algo, data, 3)
-  got3, _, metrics3 = _rounds(fedpa_algo, data, 3)
   assert max(
       float(np.max(np.abs(a - b)))
       for a, b in zip(ref3.model_weights.trainable, got3.model_weights.trainable)) > 1e-3
@@ -156,26 +167,37 @@ def _reference_epoch_means(weights, x, y, seed, momentum=0.0):
 
 
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
-def test_posterior_round_matches_reference(small, momentum):
-  """A FedPA round from the initial model = eager SGD (with client momentum: its
-  iterates), per-epoch iterate means, `direct_delta` on the samples after the client
-  burn-in, FedAvg's server step (server momentum's first step is plain SGD's)."""
-  data, _, _ = small
-  algo = fedpa.FedPAAlgorithm(
-      _config(fedpa.FedPAConfig,
-              data,
-              fedpa_burn_in=1,
-              fedpa_shrinkage=0.5,
-              fedpa_server_burn_in=0,
-              client_momentum=momentum,
-              server_momentum=momentum))
-  state = algo.initial_server_state()
+def test_posterior_round_matches_reference(small, small_rounds, momentum):
+  """A FedPA posterior round = eager SGD from the round's server model (with client
+  momentum: its iterates), per-epoch iterate means, `direct_delta` on the samples after
+  the client burn-in, FedAvg's server step. Without momentum: round 3 of the module's
+  FedPA (its first past the server burn-in; plain server SGD keeps no state); with
+  client and server momentum 0.9: round 1 of a FedPA without server burn-in, from the
+  initial model (server momentum's first step is plain SGD's)."""
+  data, _, fedpa_algo = small
+  train = [data.train[c] for c in data.client_ids]
+  if momentum == 0.0:
+    r, algo = 3, fedpa_algo
+    assert (algo.config.client_momentum, algo.config.server_momentum) == (0.0, 0.0)
+    assert algo.config.fedpa_server_burn_in == 2 and algo.config.fedpa_shrinkage == 0.5
+    state = small_rounds["fedpa"][1][0]  # after round 2
+    new_state, clients, _ = small_rounds["fedpa"][2]
+    seeds = [round_loop.client_seed(3, r, i) for i in range(3)]
+  else:
+    r, algo = 1, fedpa.FedPAAlgorithm(
+        _config(fedpa.FedPAConfig,
+                data,
+                fedpa_burn_in=1,
+                fedpa_shrinkage=0.5,
+                fedpa_server_burn_in=0,
+                client_momentum=momentum,
+                server_momentum=momentum))
+    state = algo.initial_server_state()
+    seeds = [round_loop.client_seed(3, r, i) for i in range(3)]
+    new_state, clients, _ = algo.next(state, [algo.initial_client_state(i) for i in range(3)],
+                                      seeds, train)
   w0 = [np.asarray(w) for w in state.model_weights.trainable]
   flat0 = np.concatenate([w.ravel() for w in w0])
-  train = [data.train[c] for c in data.client_ids]
-  seeds = [round_loop.client_seed(3, 1, i) for i in range(3)]
-  new_state, clients, _ = algo.next(state, [algo.initial_client_state(i) for i in range(3)], seeds,
-                                    train)
   deltas, n = [], []
   for seed, (x, y), client in zip(seeds, train, clients):
     means, last = _reference_epoch_means(w0, x, y, seed, momentum)

@@ -245,11 +245,19 @@ def _round(algo, fd, clients, seed=0, round_num=1, state=None, client_states=Non
   return algo.next(state, client_states, seeds, batches), seeds, batches
 
 
-def test_no_penalty_and_equal_precisions_is_a_fedavg_round(digits):
+@pytest.fixture(scope="module")
+def identity_product(digits):
+  """lambda = 0 and unit precisions (the round-1 prior N(0, 0.5 I), which lambda = 0
+  leaves out of every update): built once for the module's tests that compare a round
+  with FedAvg's (an algorithm holds no run's state)."""
+  return fola.FolaAlgorithm(_config(digits, fisher="identity", fola_lambda=0.0, fola_gamma=0.5))
+
+
+def test_no_penalty_and_equal_precisions_is_a_fedavg_round(digits, identity_product):
   """lambda = 0 and unit precisions: the product is FedAvg's weighted average of
   the clients' trained weights (here: an in-test SGD and average, since
   tfbfl.algorithms.fedavg does not exist yet)."""
-  algo = fola.FolaAlgorithm(_config(digits, fisher="identity", fola_lambda=0.0, fola_gamma=0.5))
+  algo = identity_product
   clients = [0, 1, 2, 3]
   (state, _, metrics), seeds, batches = _round(algo, digits, clients)
   trained = [
@@ -304,9 +312,9 @@ def test_diverged_clients_upload_nothing_and_server_keeps_its_weights(digits):
 
 
 # ---------------------------------------------------------------------- FedCurv
-def test_fedcurv_server_sums_and_client_deltas(digits):
-  algo = fola.FedCurvAlgorithm(_config(digits, epochs=1, fedcurv_lambda=0.0))
-  fedavg = fola.FolaAlgorithm(_config(digits, epochs=1, fisher="identity", fola_lambda=0.0))
+def test_fedcurv_server_sums_and_client_deltas(digits, identity_product):
+  algo = fola.FedCurvAlgorithm(_config(digits, fedcurv_lambda=0.0))
+  fedavg = identity_product  # the same training (2 epochs), unit precisions, no penalty
   (state, clients, _), _, batches = _round(algo, digits, [0, 1, 2])
   (ref, _, _), _, _ = _round(fedavg, digits, [0, 1, 2])
   _close(state.model.weights, ref.model.weights)  # lambda = 0: a FedAvg round
@@ -319,7 +327,7 @@ def test_fedcurv_server_sums_and_client_deltas(digits):
 
   # Round 2 with clients 0 and 1 only: client 2's stored contribution stays,
   # 0 and 1 replace theirs (each subtracts its own old factor).
-  curv = fola.FedCurvAlgorithm(_config(digits, epochs=1, fedcurv_lambda=5.0))
+  curv = fola.FedCurvAlgorithm(_config(digits, fedcurv_lambda=5.0))
   (state2, clients2, _), _, _ = _round(curv,
                                        digits, [0, 1],
                                        round_num=2,

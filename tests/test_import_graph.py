@@ -95,8 +95,14 @@ def _cycles(graph):
   return found
 
 
-def test_the_graph_is_drawn_from_every_import():
-  graph = _graph()
+@pytest.fixture(scope="module")
+def graph():
+  """The graph, drawn once for the module (parsing every file of both packages is
+  most of each test's time; no test changes it: the planted ones are copies)."""
+  return _graph()
+
+
+def test_the_graph_is_drawn_from_every_import(graph):
   assert "tfbfl.predictor" in graph["tfbfl.algorithms.fedavg"]
   assert "tfbfl.export" in graph["tfbfl.restore"]
   # A circle planted in a copy of the graph is found (the check can fail).
@@ -104,16 +110,15 @@ def test_the_graph_is_drawn_from_every_import():
   assert any("tfbfl.predictor" in c and "tfbfl.restore" in c for c in _cycles(planted))
 
 
-def test_no_import_circle():
-  assert _cycles(_graph()) == []
+def test_no_import_circle(graph):
+  assert _cycles(graph) == []
 
 
 _ABOVE_THE_ALGORITHMS = ("tfbfl.driver", "tfbfl.round_loop", "tfbfl.export", "tfbfl.restore",
                          "tfbfl.checkpoint", "reproduction")
 
 
-def test_the_library_never_imports_the_campaign():
-  graph = _graph()
+def test_the_library_never_imports_the_campaign(graph):
   assert any(m.startswith("reproduction") for m in graph)  # the campaign is in the graph
   bad = sorted((m, d) for m, deps in graph.items() if m.split(".")[0] == "tfbfl"
                for d in deps if d.split(".")[0] == "reproduction")
@@ -125,7 +130,7 @@ def test_the_library_never_imports_the_campaign():
 
 
 @pytest.mark.parametrize("module", sorted(m for m in _modules() if m.startswith("tfbfl.algorithms")))
-def test_algorithms_import_nothing_above_them(module):
-  bad = sorted(d for d in _graph()[module]
+def test_algorithms_import_nothing_above_them(graph, module):
+  bad = sorted(d for d in graph[module]
                if any(d == a or d.startswith(a + ".") for a in _ABOVE_THE_ALGORITHMS))
   assert not bad, (module, bad)

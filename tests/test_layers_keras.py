@@ -232,18 +232,34 @@ _MODELS = {
 }
 
 
+@pytest.fixture(scope="module")
+def trained_models():
+  """`get(kind, weighting) -> (model, x)`: the model fitted once and shared by both
+  save formats (each test only saves it and reads it: `save`, `predict`, `losses`)."""
+  cache = {}
+
+  def get(kind, weighting):
+    if (kind, weighting) not in cache:
+      make, inputs = _MODELS[kind]
+      kl = dict(kl_weight=0.01) if weighting == "kl_weight" else dict(divergence_fn=doubled_kl)
+      model = make(**kl)
+      x = inputs()
+      model.compile(tf.keras.optimizers.Adam(1e-2), loss=_scce())
+      model.fit(x, np.arange(3) % 3, epochs=2, verbose=0)  # move the weights off their init
+      first = next(l for l in model.layers if hasattr(l, "set_prior"))
+      first.set_prior(first.posterior())  # a non-default prior: it must be saved too
+      cache[kind, weighting] = model, x
+    return cache[kind, weighting]
+
+  return get
+
+
 @pytest.mark.parametrize("fmt", ["keras", "h5"])
 @pytest.mark.parametrize("kind", sorted(_MODELS))
 @pytest.mark.parametrize("weighting", ["kl_weight", "divergence_fn"])
-def test_save_load_round_trip_without_custom_objects(tmp_path, fmt, kind, weighting):
-  make, inputs = _MODELS[kind]
-  kl = dict(kl_weight=0.01) if weighting == "kl_weight" else dict(divergence_fn=doubled_kl)
-  model = make(**kl)
-  x = inputs()
-  model.compile(tf.keras.optimizers.Adam(1e-2), loss=_scce())
-  model.fit(x, np.arange(3) % 3, epochs=2, verbose=0)  # move the weights off their init
-  first = next(l for l in model.layers if hasattr(l, "set_prior"))
-  first.set_prior(first.posterior())  # a non-default prior: it must be saved too
+def test_save_load_round_trip_without_custom_objects(tmp_path, trained_models, fmt, kind,
+                                                     weighting):
+  model, x = trained_models(kind, weighting)
   path = str(tmp_path / f"model.{fmt}")
   model.save(path)
   loaded = tf.keras.models.load_model(path)  # no custom_objects

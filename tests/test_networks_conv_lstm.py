@@ -225,7 +225,7 @@ def test_sgd_steps_reduce_the_loss(a):
         tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
     return ce(server) + ce(client)
 
-  @tf.function
+  @tf.function(autograph=False)  # as the library's own steps (keras_step): plain Python
   def step(seed):
     with tf.GradientTape() as tape:
       loss = data_loss(seed) + 1e-4 * (net.kl_shared() + net.kl_private())

@@ -4,6 +4,7 @@ across an interrupted and resumed run, HParams, curves.png's panels, summary.jso
 provenance, flags.txt replayed through absl, the final checkpoint and the export
 call; and, as a user runs it, the launcher's quiet start and its one-line Ctrl-C."""
 
+import contextlib
 import csv
 import json
 import os
@@ -15,6 +16,7 @@ import time
 
 from absl import flags as absl_flags
 import numpy as np
+import psutil
 import pytest
 
 import tfbfl
@@ -190,10 +192,18 @@ def test_progress_paces_a_session_after_its_first_round(capsys):
   assert capsys.readouterr().out.rstrip().endswith("s/round  ETA 10:00")  # 6 x 100 s
 
 
+@pytest.fixture(scope="module")
+def six_rounds(tmp_path_factory):
+  """The uninterrupted run the stopped and resumed runs below are compared with: 6
+  rounds, evaluated every 2. Returns (its output directory, not to be written, and
+  the summary the run returned)."""
+  want = tmp_path_factory.mktemp("six_rounds") / "want"
+  return want, _run(want, rounds=6, eval_every=2)
+
+
 # --------------------------------------------------------------- TensorBoard
-def test_tensorboard_one_event_per_round_and_tag_across_a_resume(tmp_path):
-  want = tmp_path / "want"
-  _run(want, rounds=6, eval_every=2)
+def test_tensorboard_one_event_per_round_and_tag_across_a_resume(tmp_path, six_rounds):
+  want, _ = six_rounds
   cut = tmp_path / "cut"
   with pytest.raises(round_loop.RunInterrupted) as e:
     _run(cut, algorithm=_Counter(stop_at=5), rounds=6, eval_every=2, checkpoint_every=3)
@@ -228,11 +238,11 @@ def test_tensorboard_one_event_per_round_and_tag_across_a_resume(tmp_path):
 
 
 @pytest.mark.parametrize("asked_in", [1, 3, 5])  # the first, mid-run, the one before the last
-def test_a_stop_asked_in_a_round_ends_the_run_after_it_with_a_checkpoint(tmp_path, asked_in):
+def test_a_stop_asked_in_a_round_ends_the_run_after_it_with_a_checkpoint(tmp_path, asked_in,
+                                                                         six_rounds):
   """The round in flight finishes and is written and checkpointed (no periodic
   checkpoint here); the run resumed from it equals the uninterrupted one."""
-  want, cut = tmp_path / "want", tmp_path / "cut"
-  _run(want, rounds=6, eval_every=2)
+  (want, _), cut = six_rounds, tmp_path / "cut"
   assert round_loop.request_stop() is None  # no run in its rounds: the caller interrupts
   with pytest.raises(round_loop.RunInterrupted) as e:
     _run(cut, algorithm=_Counter(ask_stop_in=asked_in), rounds=6, eval_every=2)
@@ -249,13 +259,13 @@ def test_a_stop_asked_in_a_round_ends_the_run_after_it_with_a_checkpoint(tmp_pat
   assert _timeless_summary(cut) == _timeless_summary(want)
 
 
-def test_a_stop_asked_in_the_last_round_lets_the_run_finish_and_stops_the_next_one(tmp_path):
+def test_a_stop_asked_in_the_last_round_lets_the_run_finish_and_stops_the_next_one(tmp_path,
+                                                                                 six_rounds):
   """In the run's last round a stop leaves only the final outputs to write: the run
   writes them and returns what the uninterrupted run returns. The stop then holds
   for the next run of the process (a launcher of several runs), which raises before
   it writes anything; the run after that runs."""
-  want, cut, after = tmp_path / "want", tmp_path / "cut", tmp_path / "after"
-  whole = _run(want, rounds=6, eval_every=2)
+  (want, whole), cut, after = six_rounds, tmp_path / "cut", tmp_path / "after"
   asked = _run(cut, algorithm=_Counter(ask_stop_in=6), rounds=6, eval_every=2)
   try:
     with pytest.raises(round_loop.RunInterrupted) as e:
@@ -662,6 +672,26 @@ class _Launcher:
       t.join(timeout=30)
     return self.proc.returncode, "".join(self.out), "".join(self.err)
 
+  @contextlib.contextmanager
+  def worker_stopped(self):
+    """The launcher's TFF worker (its `worker_binary`) stopped (SIGSTOP) for the block and
+    continued after it: the round in flight waits for the worker as long as the block
+    lasts, however short its training, at no CPU (a slow worker, as the launcher sees it).
+    """
+    binaries = [p for p in psutil.Process(self.proc.pid).children(recursive=True)
+                if p.name() == "worker_binary"]
+    assert binaries, "the launcher has no worker_binary"
+    for p in binaries:
+      p.send_signal(signal.SIGSTOP)
+    try:
+      yield
+    finally:
+      for p in binaries:
+        try:
+          p.send_signal(signal.SIGCONT)
+        except psutil.NoSuchProcess:
+          pass
+
   def group_alive(self):
     try:
       os.killpg(self.proc.pid, 0)
@@ -681,43 +711,90 @@ class _Launcher:
       raise AssertionError("the launcher left processes of its group behind")
 
 
-@pytest.mark.parametrize("stop", ["ctrl_c", "sigterm", "ctrl_c_twice"])
-def test_launcher_ctrl_c_is_one_line_and_the_flags_file_continues_it(stop, tmp_path):
-  """Ctrl-C (SIGINT to the terminal's process group) and SIGTERM to the launcher alone
-  (`kill`, a scheduler's preemption, the runner): the round in flight finishes and is
-  checkpointed, one line says so, one line names the round and the checkpoint, status
-  130, no process of the launcher's left; a second Ctrl-C stops at once."""
-  out = tmp_path / "run"
-  env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+_LAUNCHER_ENV = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+
+
+def _stopped_launcher(stop, out):
+  """A launcher in its rounds into `out`, stopped in its round 2 as `stop` says: "ctrl_c"
+  (SIGINT to its process group), "sigterm" (to the launcher alone) or "ctrl_c_twice" (a
+  second Ctrl-C once the first was handled). Returns (status, stdout, stderr, the round
+  of the checkpoint it left or None, the rounds of its metrics.csv)."""
   run = _Launcher("--algorithm=fedavg",
                   "--rounds=400",  # more than run before the signal, even on a loaded machine
                   # Off-schedule: a stop's own checkpoint (no periodic one before round 5).
                   f"--checkpoint_every={1 if stop == 'ctrl_c_twice' else 5}",
-                  # Rounds of seconds; the two signals must land in one.
-                  f"--epochs_per_round={1000 if stop == 'ctrl_c_twice' else 200}",
+                  # Rounds of a fraction of a second; the signals land in one because its
+                  # worker is stopped meanwhile (`worker_stopped`).
+                  "--epochs_per_round=20",
                   "--num_clients=4",
                   "--clients_per_round=2",
                   "--hidden_units=16",
                   f"--output_dir={out}",
                   "--noexport",
-                  env=env)
+                  env=_LAUNCHER_ENV)
   try:
     first = run.wait_for_line(r"^\[fedavg\] round 1/400 ", timeout=240)
     assert first, ("".join(run.out) + "".join(run.err))[-3000:]
-    if stop == "sigterm":
-      run.proc.terminate()  # the launcher alone: it must end its TFF worker itself
-    elif stop == "ctrl_c":
-      os.killpg(run.proc.pid, signal.SIGINT)  # Ctrl-C in a terminal: the whole process group
-    else:
-      # Both in round 2: the first past round 1's last output, the second once the
-      # first was handled (two signals before Python runs the handler are one).
-      time.sleep(0.5)
-      os.killpg(run.proc.pid, signal.SIGINT)
+    with run.worker_stopped():  # the round in flight waits for the signals
+      time.sleep(0.5)  # past round 1's last output: in round 2
+      if stop == "sigterm":
+        run.proc.terminate()  # the launcher alone: it must end its TFF worker itself
+      else:
+        os.killpg(run.proc.pid, signal.SIGINT)  # Ctrl-C in a terminal: the whole process group
+      # The second Ctrl-C once the first was handled (two signals before Python runs the
+      # handler are one); the round goes on only after the stop was asked.
       handled = run.wait_for_line(r"^train: stopping after round ", timeout=60, stream="err")
       assert handled, ("".join(run.out) + "".join(run.err))[-3000:]
-      os.killpg(run.proc.pid, signal.SIGINT)
+      if stop == "ctrl_c_twice":
+        os.killpg(run.proc.pid, signal.SIGINT)
+        run.wait_for_line(r"^train: interrupted in round ", timeout=60, stream="err")
   finally:
     status, stdout, err = run.finish(timeout=120)
+  try:
+    saved = state_files.read_meta(str(out / round_loop.CHECKPOINT))["round"]
+  except (OSError, ValueError):
+    saved = None
+  rows = [int(r["round"]) for r in _csv(out)] if (out / "metrics.csv").exists() else []
+  return status, stdout, err, saved, rows
+
+
+@pytest.fixture(scope="module")
+def ctrl_c_run(tmp_path_factory):
+  """The Ctrl-C'd launcher (`_stopped_launcher`), then the command it printed, for one
+  round more, SIGTERMed in that round, its last (after the rounds' computations are
+  built, its worker stopped until the stop was asked). Returns (output dir, what
+  `_stopped_launcher` returned, the second launcher's (status, stdout, stderr), or None
+  if the first left no checkpoint)."""
+  out = tmp_path_factory.mktemp("ctrl_c") / "run"
+  first = _stopped_launcher("ctrl_c", out)
+  saved = first[3]
+  if saved is None:
+    return out, first, None
+  again = _Launcher(f"--flagfile={out}/flags.txt", "--resume", f"--rounds={saved + 1}",
+                    env=_LAUNCHER_ENV)
+  try:
+    if again.wait_for_line(r"building computations", timeout=240):
+      with again.worker_stopped():  # its one round waits for the signal
+        time.sleep(0.5)  # in its rounds
+        again.proc.terminate()
+        again.wait_for_line(r"^train: stopping after round ", timeout=60, stream="err")
+  finally:
+    continued = again.finish(timeout=300)
+  return out, first, continued
+
+
+@pytest.mark.parametrize("stop", ["ctrl_c", "sigterm", "ctrl_c_twice"])
+def test_launcher_ctrl_c_is_one_line_and_the_flags_file_continues_it(stop, tmp_path, request):
+  """Ctrl-C (SIGINT to the terminal's process group) and SIGTERM to the launcher alone
+  (`kill`, a scheduler's preemption, the runner): the round in flight finishes and is
+  checkpointed, one line says so, one line names the round and the checkpoint, status
+  130, no process of the launcher's left; a second Ctrl-C stops at once. After Ctrl-C
+  the printed command continues the run (`ctrl_c_run`)."""
+  if stop == "ctrl_c":
+    out, (status, stdout, err, saved, rows), continued = request.getfixturevalue("ctrl_c_run")
+  else:
+    out = tmp_path / "run"
+    status, stdout, err, saved, rows = _stopped_launcher(stop, out)
   assert status == 130, (stdout[-2000:], err[-3000:])
   assert "loading data" in stdout and "building computations" in stdout
   assert "Traceback" not in err and "Traceback" not in stdout, err[-3000:]
@@ -731,11 +808,9 @@ def test_launcher_ctrl_c_is_one_line_and_the_flags_file_continues_it(stop, tmp_p
                        r"at once \(the last checkpoint stays\)",
                        lines[0])
   assert asked, lines[0]
-  saved = state_files.read_meta(str(out / round_loop.CHECKPOINT))["round"]
-  rows = [int(r["round"]) for r in _csv(out)]
   continue_with = (rf"continue with: python -m launchers.train "
                    rf"--flagfile={re.escape(str(out))}/flags.txt --resume")
-  assert saved == rows[-1], (saved, rows)
+  assert saved is not None and saved == rows[-1], (saved, rows)
   if stop == "ctrl_c_twice":  # at once, in the round in flight; the last checkpoint stays
     assert int(asked.group(1)) == saved + 1, (saved, lines)
     assert re.fullmatch(rf"train: interrupted in round {saved + 1} of 400; the checkpoint "
@@ -749,36 +824,28 @@ def test_launcher_ctrl_c_is_one_line_and_the_flags_file_continues_it(stop, tmp_p
   if stop == "sigterm":
     return  # continuing is the same as after Ctrl-C
   # The printed command continues the run (one round more).
-  again = _Launcher(f"--flagfile={out}/flags.txt", "--resume", f"--rounds={saved + 1}", env=env)
-  status, stdout, err = again.finish(timeout=300)
+  status, stdout, err = continued
   assert status == 0, err[-3000:]
   assert f"resumed from {out}" in stdout
   assert [r["round"] for r in _csv(out)] == [str(r) for r in range(1, saved + 2)]
   assert not _CPP_LOG.search(stdout + err), err[-3000:]
 
 
-def test_launcher_stopped_in_its_last_round_finishes_the_run(tmp_path):
+def test_launcher_stopped_in_its_last_round_finishes_the_run(ctrl_c_run):
   """SIGTERM (what the runner's --max_hours sends) in the last round: the launcher
   says it finishes, writes the run's final outputs and exits 0, so a cell stopped
-  there needs no other invocation."""
-  out = tmp_path / "run"
-  env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
-  run = _Launcher("--algorithm=fedavg", "--rounds=2", "--epochs_per_round=1000",
-                  "--num_clients=4", "--clients_per_round=2", "--hidden_units=16",
-                  f"--output_dir={out}", "--noexport", env=env)
-  try:
-    first = run.wait_for_line(r"^\[fedavg\] round 1/2 ", timeout=240)
-    assert first, ("".join(run.out) + "".join(run.err))[-3000:]
-    time.sleep(0.5)  # past round 1's last output: in round 2
-    run.proc.terminate()
-  finally:
-    status, stdout, err = run.finish(timeout=120)
+  there needs no other invocation. (The launcher: the Ctrl-C'd run's continuation,
+  one round more, `ctrl_c_run`.)"""
+  out, first, continued = ctrl_c_run
+  assert continued is not None, "the Ctrl-C'd launcher left no checkpoint"
+  status, stdout, err = continued
+  last = first[3] + 1
   assert status == 0, (stdout[-2000:], err[-3000:])
   lines = [l for l in err.splitlines() if l.strip() and "absl" not in l]
-  assert lines == ["train: stopping after round 2, the round in flight and the run's last: the "
-                   "run writes its final outputs, and no other run starts; SIGTERM again to "
-                   "stop at once (the last checkpoint stays)"], err[-3000:]
+  assert lines == [f"train: stopping after round {last}, the round in flight and the run's last: "
+                   "the run writes its final outputs, and no other run starts; SIGTERM again "
+                   "to stop at once (the last checkpoint stays)"], err[-3000:]
   assert "Traceback" not in stdout and not _CPP_LOG.search(stdout + err), err[-3000:]
-  assert [int(r["round"]) for r in _csv(out)] == [1, 2]
-  assert state_files.read_meta(str(out / round_loop.CHECKPOINT))["round"] == 2
-  assert json.loads((out / "summary.json").read_text())["rounds"] == 2
+  assert [int(r["round"]) for r in _csv(out)] == list(range(1, last + 1))
+  assert state_files.read_meta(str(out / round_loop.CHECKPOINT))["round"] == last
+  assert json.loads((out / "summary.json").read_text())["rounds"] == last

@@ -1,8 +1,10 @@
 """The deterministic algorithms federate the user's own Keras model (`--model`).
 
 * One path: a Keras model that spells out the preset MLP gives the preset run at
-  the same seed, `metrics.csv` equal in every column but times (FedAvg through
-  `launchers.train --model=mymodels:...`, FOLA in-process).
+  the same seed, `metrics.csv` equal in every column but times (FedAvg from
+  `launchers.train`'s flags `--model=mymodels:...`, parsed as the launcher parses
+  them, FOLA from `run_training`'s params; both in-process: the launcher program's
+  own `--model` run, as a subprocess, is tests/test_own_model_virtual.py's).
 * A conv net no preset has trains with FedAvg, FedProx, FedPA, FOLA and Local to
   above chance on digits (in-process, `run_training(params)` with `--model`'s
   string, imported as the launcher imports it); Local's export (K user models as
@@ -30,11 +32,13 @@ from tfbfl import data as data_lib
 from tfbfl import driver, models, tff_learning
 from tfbfl.algorithms import base, fedavg, fola
 
-from launcher_helpers import (ROOT, assert_one_fatal_line_before_tensorflow, importable_module,
-                              run_launcher)
+import train_in_process
+from launcher_helpers import ROOT, assert_one_fatal_line_before_tensorflow, importable_module
 from test_export import _check_reproduces
 
-_SMALL = dict(rounds=2, epochs_per_round=1, num_clients=4, clients_per_round=2, seed=3)
+# No export where the runs compare their metrics.csv (the conv net's are checked below).
+_SMALL = dict(rounds=2, epochs_per_round=1, num_clients=4, clients_per_round=2, seed=3,
+              export=False)
 
 # The user's module, as a user writes it (imported from PYTHONPATH / sys.path).
 _MYMODELS = '''
@@ -138,18 +142,15 @@ def _user_env(where):
 
 
 # ------------------------------------------------------------- preset equality
-def test_fedavg_with_the_preset_spelled_out_is_the_preset_run(tff_runtime, mymodels, tmp_path,
-                                                             monkeypatch):
-  del tff_runtime
+def test_fedavg_with_the_preset_spelled_out_is_the_preset_run(tff_runtime, mymodels, tmp_path):
+  del tff_runtime, mymodels
   preset = str(tmp_path / "preset")
   driver.run_training(dict(_SMALL, algorithm="fedavg", output_dir=preset))
-  # The launcher's form: the user's module from PYTHONPATH.
-  monkeypatch.setenv("PYTHONPATH", _user_env(mymodels)["PYTHONPATH"])
+  # The launcher's form: its flags, the user's module named by the --model string.
   model = str(tmp_path / "model")
   args = [f"--{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in _SMALL.items()]
-  done = run_launcher("train", "--algorithm=fedavg", "--model=mymodels:spelled_out_mlp",
-                      f"--output_dir={model}", *args)
-  assert done.returncode == 0, done.stderr[-3000:]
+  train_in_process.train("--algorithm=fedavg", "--model=mymodels:spelled_out_mlp",
+                         f"--output_dir={model}", *args)
   assert _metrics(preset) == _metrics(model) and len(_metrics(model)) == 2
   with open(os.path.join(model, "flags.txt")) as f:
     assert "--model=mymodels:spelled_out_mlp" in f.read()
@@ -168,8 +169,8 @@ def test_fola_with_the_preset_spelled_out_is_the_preset_run(tff_runtime, mymodel
 def test_a_user_conv_net_trains_with_every_deterministic_algorithm(tff_runtime, mymodels,
                                                                    tmp_path):
   del tff_runtime, mymodels
-  common = dict(_SMALL, rounds=3, epochs_per_round=2, num_clients=6, clients_per_round=3,
-                client_lr=0.1, model="mymodels:build")
+  common = dict(_SMALL, rounds=3, epochs_per_round=2, num_clients=4, clients_per_round=2,
+                client_lr=0.1, model="mymodels:build", export=True)
   extra = dict(fedprox=dict(mu=0.01),
                fedpa=dict(fedpa_server_burn_in=1, fedpa_burn_in=1, epochs_per_round=3))
   accuracy = {}
@@ -184,7 +185,7 @@ def test_a_user_conv_net_trains_with_every_deterministic_algorithm(tff_runtime, 
   _check_reproduces(str(tmp_path / "local"), pooled_server=True)
   # Chance is 0.1 on digits.
   print(f"\nbest S and MT accuracy of the user conv net: {accuracy}")
-  # (measured: S 0.34-0.44, MT 0.46-0.56 after these 3 short rounds)
+  # (measured: S 0.43-0.52, MT 0.53-0.83 after these 3 short rounds)
   assert all(s > 0.25 and mt > 0.25 for s, mt in accuracy.values()), accuracy
 
 

@@ -17,7 +17,7 @@ import pytest
 
 import train_in_process
 
-_ROUNDS = 3
+_ROUNDS = 2  # round 1's precision jump, then a round that builds on it
 _INIT_LOG_PRECISION = 5.9915  # log(1 / init_scale^2), init_scale = 0.05
 
 
@@ -38,14 +38,14 @@ def test_no_client_is_dropped(run):
   assert [r["round"] for r in rows] == list(range(1, _ROUNDS + 1))
   assert [r["clients_dropped"] for r in rows] == [0.0] * _ROUNDS
   assert "dropped 0/10" in stdout and "were dropped" not in stdout
-  # Measured (seed 0): update_ratio_max 0.253, 0.111, 0.056: far below the default 100.
+  # Measured (seed 0): update_ratio_max 0.253, 0.111: far below the default 100.
   assert all(r["update_ratio_max"] < 1.0 for r in rows)
 
 
 def test_precisions_move(run):
   _, rows = run
   log_prec = [r["mean_shared_log_precision"] for r in rows]
-  # Measured (seed 0): 10.49, 11.66, 12.21; plain SGD stays at 5.992.
+  # Measured (seed 0): 10.49, 11.66; plain SGD stays at 5.992.
   assert log_prec[0] > _INIT_LOG_PRECISION + 2.0
   assert all(b > a for a, b in zip(log_prec, log_prec[1:]))
 
@@ -53,7 +53,7 @@ def test_precisions_move(run):
 def test_server_accuracy_rises(run):
   _, rows = run
   acc = [r["server_accuracy"] for r in rows]
-  # Measured (seed 0): 0.837, 0.895, 0.920 (chance 0.1; all dropped it stayed 0.109).
+  # Measured (seed 0): 0.835, 0.895 (chance 0.1; all dropped it stayed 0.109).
   assert acc[0] > 0.5
   assert acc[-1] > acc[0]
   assert all(r["train_loss"] > 0 for r in rows)

@@ -211,6 +211,9 @@ def test_femnist_pixels_inverted_as_stated(femnist_dir, femnist_all):
 # here ~100).
 # S and MT over every client are evaluated once, after the last round (the FEMNIST
 # evaluation is most of such a run's time); the training loss is there every round.
+# No --output_dir: the driver's rows (each round's training loss, `round_hook`) and its
+# summary (the final S) are read in-process, not from files (checkpoint, curves.png,
+# TensorBoard; their writing is test_outputs.py's and test_state_files.py's).
 SMOKE = dict(rounds=3, clients_per_round=3, export=False, eval_every=3)
 SMOKE_RUNS = {  # preset: (data folder, algorithm, local epochs, evaluation flags)
     "mnist": ("mnist", "virtual", 1, {}),
@@ -224,19 +227,18 @@ SMOKE_RUNS = {  # preset: (data folder, algorithm, local epochs, evaluation flag
 
 
 @pytest.mark.parametrize("name", sorted(SMOKE_RUNS))
-def test_preset_trains_at_its_defaults(name, tmp_path, tff_runtime):
+def test_preset_trains_at_its_defaults(name, tff_runtime):
   from tfbfl import driver  # pylint: disable=g-import-not-at-top
 
   folder, algorithm, epochs, evaluation = SMOKE_RUNS[name]
   directory = real_data_dir(folder)
   params = dict(presets.preset(name), algorithm=algorithm, data_dir=directory)
-  params.update(SMOKE, **evaluation, epochs_per_round=epochs, output_dir=str(tmp_path / name))
-  driver.run_training(params)
-  with open(tmp_path / name / "metrics.csv") as f:
-    header = f.readline().strip().split(",")
-    rows = [dict(zip(header, line.strip().split(","))) for line in f]
+  params.update(SMOKE, **evaluation, epochs_per_round=epochs)
+  rows = []
+  summary = driver.run_training(params, round_hook=lambda r, row: rows.append(dict(row, round=r)))
+  assert [r["round"] for r in rows] == list(range(1, SMOKE["rounds"] + 1))
   loss = [float(r["train_loss"]) for r in rows]
-  accuracy = float(rows[-1]["server_accuracy"])
+  accuracy = float(summary["final_server_accuracy"])  # S after the last round
   assert len(loss) == SMOKE["rounds"] and np.all(np.isfinite(loss))
   assert loss[-1] < 0.9 * loss[0], (name, loss, accuracy)
   if name != "pmnist":  # PMNIST's S: one server model for 100 permutations, ~chance early

@@ -60,11 +60,14 @@ def _run(data, rounds, round_hook=None):
 
 # ------------------------------------------------------ remote VIRTUAL rounds
 def test_remote_rounds_match_local_and_dead_worker_is_named(tff_runtime, tmp_path):
+  """Two rounds on the two workers equal the local run's; then worker 1 is killed and
+  the third round fails at once, naming it."""
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  from tfbfl import round_loop  # pylint: disable=g-import-not-at-top
   from tfbfl.data import load_federated  # pylint: disable=g-import-not-at-top
 
   data = load_federated("digits", num_clients=4, seed=0)
-  local = _run(data, rounds=3)
+  local = _run(data, rounds=2)
 
   ports = [portpicker.pick_unused_port() for _ in range(2)]
   addresses = [f"localhost:{p}" for p in ports]
@@ -78,35 +81,42 @@ def test_remote_rounds_match_local_and_dead_worker_is_named(tff_runtime, tmp_pat
     with runtime.RemoteRuntime(addresses, call_timeout_s=120, connect_timeout_s=30) as rt:
       assert tff.framework.get_context_stack().current is rt.context
       assert runtime.mergeable_context_active()
-      remote = _run(data, rounds=3)
-      assert len(remote.rows) == len(local.rows) == 3
-      for want, got in zip(local.rows, remote.rows):
+      killed_at = []
+
+      # Kill worker 1 (SIGKILL: no clean-up; its binary dies with it) once round 3 trained
+      # (the round hook runs then): its evaluation must fail at once with an error naming
+      # that worker.
+      def kill_in_round_3(round_num, metrics):
+        del metrics
+        if round_num == 3:
+          binaries = _binary_pids(procs[1])
+          procs[1].kill()
+          procs[1].wait(timeout=10)
+          assert _wait_gone(binaries), "worker_binary outlived its killed tfbfl-worker"
+          killed_at.append(time.time())
+
+      config = round_loop.RunConfig(rounds=3, clients_per_round=4, seed=3, verbose=False)
+      remote = round_loop.ExperimentRunner(_tiny_virtual(), data, config,
+                                           round_hook=kill_in_round_3)
+      with pytest.raises(runtime.WorkerError, match=f"TFF worker {addresses[1]} ") as info:
+        remote.run()
+      assert killed_at and time.time() - killed_at[0] < 60, "the dead worker was not detected promptly"
+      assert info.value.worker == addresses[1]
+      assert info.value.status_code == grpc.StatusCode.UNAVAILABLE
+      # The rounds before the kill, as the run kept them (round 3 is not kept).
+      remote_rows, remote_client_rows = remote.state.rows, remote.state.client_rows
+      assert len(remote_rows) == len(local.rows) == 2
+      for want, got in zip(local.rows, remote_rows):
         for key in ("server_accuracy", "server_loss", "mt_accuracy", "mt_loss", "train_loss",
                     "train_accuracy"):
           np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-6, err_msg=key)
       eval_type = remote.algorithm.evaluate.type_signature.result.member
       if "client_index" in tff.structure.name_list(eval_type):
         # Per-client results are re-keyed by client_index (round_loop.evaluate).
-        for want, got in zip(local.client_rows, remote.client_rows):
+        assert len(remote_client_rows) == len(local.client_rows) == 2
+        for want, got in zip(local.client_rows, remote_client_rows):
           for cid in data.client_ids:
             np.testing.assert_allclose(got[cid], want[cid], rtol=1e-5, atol=1e-6)
-
-      # Kill worker 1 (SIGKILL: no clean-up; its binary dies with it) after
-      # round 1: round 2 must fail at once with an error naming that worker.
-      def kill_after_first_round(round_num, metrics):
-        del metrics
-        if round_num == 1:
-          binaries = _binary_pids(procs[1])
-          procs[1].kill()
-          procs[1].wait(timeout=10)
-          assert _wait_gone(binaries), "worker_binary outlived its killed tfbfl-worker"
-
-      t0 = time.time()
-      with pytest.raises(runtime.WorkerError, match=f"TFF worker {addresses[1]} ") as info:
-        _run(data, rounds=2, round_hook=kill_after_first_round)
-      assert time.time() - t0 < 60, "the dead worker was not detected promptly"
-      assert info.value.worker == addresses[1]
-      assert info.value.status_code == grpc.StatusCode.UNAVAILABLE
     # The session's local context is back, and it still works.
     assert tff.framework.get_context_stack().current is tff_runtime.context
     assert not runtime.mergeable_context_active()

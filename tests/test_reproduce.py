@@ -293,7 +293,16 @@ def test_validation_fraction_flag_is_checked():
 
 # ------------------------------------------------------------------ report
 def test_report_judges_the_claims_from_records_alone(tmp_path):
+  """The report's tables and claims come from the records alone. Its figures are drawn
+  by the first and the last `write_report` (each draws every figure its records allow);
+  the steps between read the same text (`report_markdown`) without drawing them again."""
   results = str(tmp_path / "results")
+  # A docs page without the reproduction markers is refused.
+  bare = tmp_path / "bare.md"
+  bare.write_text("# no markers\n")
+  with pytest.raises(ValueError, match="reproduction block"):
+    reproduction_report.write_report(results, readme=str(bare))
+  text_of = lambda: reproduction_report.report_markdown(records_lib.read_records(results), ())
   cells = [c for c in reproduce.catalogue({}) if c.row == "mnist" and c.experiment == "table2"]
   mt = dict(virtual=0.975, fedavg=0.970, fedprox=0.969, fedpa=0.960)
   s = dict(virtual=0.965, fedavg=0.978, fedprox=0.977, fedpa=0.970)
@@ -310,6 +319,11 @@ def test_report_judges_the_claims_from_records_alone(tmp_path):
   assert "- mnist: VIRTUAL's MT above fedavg's: held (MT 97.6 vs 97.1" in text
   assert "- mnist: S comparable to fedavg's (within 1 pp or above): not held (S 96.6 vs 97.9)" in text
   assert "- pmnist, VIRTUAL vs fedavg: pending (0 and 0 of 3 seeds recorded)." in text
+  assert os.path.exists(os.path.join(results, "figures", "table2_curves.png"))
+  assert not os.path.exists(os.path.join(results, "figures", "fola_curves.png"))
+  body = readme.read_text()
+  assert "OLD-BLOCK" not in body and body.endswith("tail\n") and "96.6 ± 0.1" in body
+  assert "](results/figures/table2_curves.png)" in body
   # MT means 0.05 pp apart with a spread of 0.2 pp over the seeds: a tie, not held.
   fem = [c for c in reproduce.catalogue({}) if c.row == "femnist_mlp" and c.experiment == "table2"]
   for c in fem:
@@ -317,25 +331,23 @@ def test_report_judges_the_claims_from_records_alone(tmp_path):
     mt_best = 0.9725 if c.algorithm == "virtual" else 0.972
     _write(results, _record(c, dict(mt_accuracy=[0.5, mt_best + spread],
                                     server_accuracy=[0.5, 0.95])))
-  tie = reproduction_report.write_report(results)
+  tie = text_of()
   assert "- femnist_mlp: VIRTUAL's MT above fedavg's: not held (MT 97.2 vs 97.2" in tie
   assert "difference +0.05 pp, standard error 0.16" in tie
   # One seed recorded: its value, no spread of "± 0.0".
   one = next(c for c in reproduce.catalogue({})
              if c.row == "pmnist" and c.experiment == "table2" and c.algorithm == "fedavg")
   _write(results, _record(one, dict(mt_accuracy=[0.5, 0.861], server_accuracy=[0.3, 0.483])))
-  text = reproduction_report.write_report(results)
+  text = text_of()
   assert "| pmnist | fedavg | 48.3 | 48.3 | 48.3 | 85.9 | 86.1 | 86.1 |" in text
   # Convergence: the last 10 rounds' mean against the 10 before (MT +0.1 pp a round).
   prox = next(c for c in reproduce.catalogue({})
               if c.row == "pmnist" and c.experiment == "table2" and c.algorithm == "fedprox")
   _write(results, _record(prox, dict(mt_accuracy=[0.8 + 0.001 * i for i in range(30)],
                                      server_accuracy=[0.4] * 30)))
-  text = reproduction_report.write_report(results)
+  text = text_of()
   assert "| pmnist | fedprox | 0.00 | 1.00 |" in text
   assert "| pmnist | fedavg | — | — |" in text  # 2 rounds: too short to say
-  assert os.path.exists(os.path.join(results, "figures", "table2_curves.png"))
-  assert not os.path.exists(os.path.join(results, "figures", "fola_curves.png"))
   # FOLA's learning curves (Fig. 3a): a table of the best GA and a figure.
   fola = [c for c in reproduce.catalogue({}) if c.paper == "fola" and c.experiment == "curves"]
   for c in fola[:2]:
@@ -346,13 +358,8 @@ def test_report_judges_the_claims_from_records_alone(tmp_path):
     _write(results, rec)
   text = reproduction_report.write_report(results)
   assert "| fedavg | 61.0 ± 0.0 | 2 |" in text and "| fola | 81.0 ± 0.0 | 2 |" in text
+  assert os.path.exists(os.path.join(results, "figures", "table2_curves.png"))
   assert os.path.exists(os.path.join(results, "figures", "fola_curves.png"))
-  body = readme.read_text()
-  assert "OLD-BLOCK" not in body and body.endswith("tail\n") and "96.6 ± 0.1" in body
-  assert "](results/figures/table2_curves.png)" in body
-  readme.write_text("# no markers\n")
-  with pytest.raises(ValueError, match="reproduction block"):
-    reproduction_report.write_report(results, readme=str(readme))
 
 
 # ----------------------------------------------------- the runner, killed
@@ -485,7 +492,8 @@ def test_the_server_step_stage_tunes_virtuals_step_after_its_grid(tmp_path):
   for c in stage:
     _write(results, _record(c, dict(mt_accuracy=[0.5, 0.95 if c.setting == "server_lr=0.4"
                                                  else 0.5])))
-  assert "**server_lr=0.4: 95.0** †" in reproduction_report.write_report(results)
+  assert "**server_lr=0.4: 95.0** †" in reproduction_report.report_markdown(
+      records_lib.read_records(results), ())  # the report's text (its figures drawn above)
   for c in stage:
     _write(results, _record(c, dict(mt_accuracy=[0.5, 0.5])))
   records = records_lib.read_records(results)
@@ -582,7 +590,7 @@ def test_a_run_the_robust_rounds_stop_is_recorded_and_loses_its_tuning(tmp_path)
   in a row; the cell's record keeps the rounds it ran and the one-line cause, and such
   a setting never wins a grid. Any other failure writes no record."""
   base = reproduce.smoke_cells()[0]
-  flags = dict(base.flag_dict, rounds=5, max_update_ratio=1e-9)
+  flags = dict(base.flag_dict, rounds=5, max_update_ratio=1e-9, num_clients=3, hidden_units="8")
   cell = dataclasses.replace(base, flags=tuple(sorted(flags.items())))
   results = str(tmp_path / "results")
   kw = dict(results_dir=results, work_dir=str(tmp_path / "work"), data_root=str(tmp_path),
@@ -604,19 +612,31 @@ def test_a_run_the_robust_rounds_stop_is_recorded_and_loses_its_tuning(tmp_path)
   assert bad.name not in records_lib.read_records(results)
 
 
-def test_a_crashed_worker_costs_one_more_run_of_the_cell(tmp_path):
-  """A TFF worker that dies mid-run makes the launcher exit `WORKER_EXITED_STATUS` with
-  one line naming the worker; the runner keeps that log and runs the cell once more."""
+def _checkpointing_cell():
+  """The first smoke cell at 4 rounds, checkpointing every round."""
   base = reproduce.smoke_cells()[0]
-  cell = dataclasses.replace(base, flags=tuple(sorted(dict(base.flag_dict, rounds=4).items())))
-  results, work = tmp_path / "results", tmp_path / "work"
+  return dataclasses.replace(
+      base, flags=tuple(sorted(dict(base.flag_dict, rounds=4, checkpoint_every=1).items())))
+
+
+@pytest.fixture(scope="module")
+def crashed_cell(tmp_path_factory):
+  """`_checkpointing_cell()` run by `run_cell` with its launcher's TFF worker killed
+  (SIGSEGV to its `worker_binary`) as the launcher starts its rounds, before their first
+  checkpoint: the runner runs the cell once more, from round 0 to the end, uninterrupted
+  (the stopped cell's test compares its resumed record with this one).
+
+  Returns (record, work_dir, the runner's lines, the pids killed)."""
+  cell = _checkpointing_cell()
+  tmp = tmp_path_factory.mktemp("crashed")
   lines, killed = [], []
 
   def log(line):
-    """Sends SIGSEGV to the first attempt's `worker_binary` after its first round (the
-    launcher's own: this test process may hold a worker of its own too)."""
+    """Kills the first attempt's `worker_binary` when the launcher says it builds its
+    rounds' computations (the launcher's own: this test process may hold a worker of
+    its own too)."""
     lines.append(line)
-    if "round 1/" in line and not killed:
+    if "building computations" in line and not killed:
       launcher, = [p for p in psutil.Process().children()
                    if "launchers.train" in " ".join(p.cmdline())]
       for p in launcher.children(recursive=True):
@@ -624,24 +644,34 @@ def test_a_crashed_worker_costs_one_more_run_of_the_cell(tmp_path):
           p.send_signal(signal.SIGSEGV)
           killed.append(p.pid)
 
-  rec = runner.run_cell(cell, results_dir=str(results), work_dir=str(work),
-                           data_root=str(tmp_path), log=log)
+  rec = runner.run_cell(cell, results_dir=str(tmp / "results"), work_dir=str(tmp / "work"),
+                        data_root=str(tmp), log=log)
+  return rec, tmp / "work", lines, killed
+
+
+def test_a_crashed_worker_costs_one_more_run_of_the_cell(crashed_cell):
+  """A TFF worker that dies mid-run makes the launcher exit `WORKER_EXITED_STATUS` with
+  one line naming the worker; the runner keeps that log and runs the cell once more
+  (here from round 0: the worker died before the first checkpoint)."""
+  rec, work, lines, killed = crashed_cell
+  cell = _checkpointing_cell()
   assert len(killed) == 1, "one worker_binary, killed once"
   crashed = (work / cell.name / "log.crashed.txt").read_text().splitlines()
   assert crashed[-1].startswith("FATAL train: TFF worker"), crashed[-3:]
-  assert [l for l in lines if "its TFF worker crashed or failed" in l and "running it again" in l]
+  again = [l for l in lines if "its TFF worker crashed or failed" in l and "running it again" in l]
+  assert again and not [l for l in again if "from its checkpoint" in l], again
   assert rec["attempts"] == 2 and rec["result"]["curves"]["round"] == [1, 2, 3, 4]
-  assert records_lib.read_records(str(results))[cell.name]["attempts"] == 2
+  assert records_lib.read_records(str(work.parent / "results"))[cell.name]["attempts"] == 2
 
 
-def test_a_stopped_cell_resumes_from_its_checkpoint_and_records_the_same_result(tmp_path):
+def test_a_stopped_cell_resumes_from_its_checkpoint_and_records_the_same_result(
+    tmp_path, crashed_cell):
   """A cell that checkpoints, stopped mid-run (the runner interrupted: its launcher is
   terminated), continues from its checkpoint on the next invocation; its record
   equals an uninterrupted run's but for the times, and says where every invocation
-  resumed (here a second one is stopped at its first round's end too)."""
-  base = reproduce.smoke_cells()[0]
-  cell = dataclasses.replace(
-      base, flags=tuple(sorted(dict(base.flag_dict, rounds=4, checkpoint_every=1).items())))
+  resumed (here a second one is stopped at its first round's end too). The
+  uninterrupted run: the crashed cell's second one, the same cell from round 0."""
+  cell = _checkpointing_cell()
   lines = []
 
   def stop_after_round_2(line):
@@ -677,9 +707,7 @@ def test_a_stopped_cell_resumes_from_its_checkpoint_and_records_the_same_result(
   assert not list(stopped_results.rglob("*.json"))
   resumed = runner.run_cell(cell, results_dir=str(stopped_results), work_dir=str(work),
                                data_root=str(tmp_path), log=lines.append)
-  whole = runner.run_cell(cell, results_dir=str(tmp_path / "whole"),
-                             work_dir=str(tmp_path / "work_whole"), data_root=str(tmp_path),
-                             log=lines.append)
+  whole = crashed_cell[0]
   # Both earlier invocations' resumes, though this one's log names only its own.
   at = resumed["resumed_from_rounds"][0]
   assert 2 <= at <= 3 and resumed["resumed_from_rounds"] == [at, 4], resumed["resumed_from_rounds"]
@@ -708,6 +736,15 @@ def test_a_stopped_cell_resumes_from_its_checkpoint_and_records_the_same_result(
   assert records_lib.wall_seconds(resumed) == resumed["wall_time_s"]
 
 
+def _continue(processes):
+  """SIGCONT to each of `processes` (psutil) still there."""
+  for p in processes:
+    try:
+      p.send_signal(signal.SIGCONT)
+    except psutil.NoSuchProcess:
+      pass
+
+
 def test_max_hours_stops_a_checkpointing_cell_at_the_limit_for_the_next_invocation(tmp_path):
   """A cell that checkpoints starts although its estimate passes --max_hours and, at the
   limit, its launcher stops as after Ctrl-C (the round in flight finished and
@@ -717,10 +754,27 @@ def test_max_hours_stops_a_checkpointing_cell_at_the_limit_for_the_next_invocati
   flags = dict(base.flag_dict, rounds=2000, checkpoint_every=500)
   cell = dataclasses.replace(base, flags=tuple(sorted(flags.items())), estimate_s=3600.0)
   results, work = tmp_path / "results", tmp_path / "work"
-  lines = []
+  lines, stopped = [], []
   limit = 30 / 3600  # past the launcher's start-up (~10 s quiet), within its rounds
-  ran = runner.run([cell], results_dir=str(results), work_dir=str(work),
-                   data_root=str(tmp_path), max_hours=limit, log=lines.append)
+
+  def log(line):
+    """From its first round to the limit the launcher's `worker_binary` is stopped
+    (SIGSTOP): its round in flight waits for the limit, at no CPU."""
+    lines.append(line)
+    if line.lstrip().startswith("[fedavg] round ") and not stopped:
+      launcher, = [p for p in psutil.Process().children()
+                   if "launchers.train" in " ".join(p.cmdline())]
+      stopped.extend(p for p in launcher.children(recursive=True) if p.name() == "worker_binary")
+      for p in stopped:
+        p.send_signal(signal.SIGSTOP)
+    if line.startswith("reproduce: --max_hours reached"):  # then the runner stops the launcher
+      _continue(stopped)
+
+  try:
+    ran = runner.run([cell], results_dir=str(results), work_dir=str(work),
+                     data_root=str(tmp_path), max_hours=limit, log=log)
+  finally:
+    _continue(stopped)
   assert ran == [] and not list(results.rglob("*.json"))
   assert not [p for p in psutil.Process().children(recursive=True)
               if "launchers.train" in " ".join(p.cmdline())]

@@ -53,8 +53,9 @@ def _scaled(fd, client, scale):
       num_classes=fd.num_classes)
 
 
-def _run(p, fd, **run_kw):
-  algo = driver.build_algorithm(fd, p)
+def _run(p, fd, algo=None, **run_kw):
+  """Runs `p` on `fd` with `algo` (built from them when not given)."""
+  algo = algo or driver.build_algorithm(fd, p)
   runner = round_loop.ExperimentRunner(
       algo, fd,
       round_loop.RunConfig(rounds=p["rounds"],
@@ -183,7 +184,7 @@ def test_huge_client_lr_drops_every_client_or_stops(tff_runtime, digits, algorit
   p = _params(algorithm, client_lr=1e3, rounds=1)
   algo = driver.build_algorithm(digits, p)
   try:
-    _, runner = _run(p, digits, verbose=True)
+    _, runner = _run(p, digits, algo, verbose=True)
   except round_loop.NonFiniteServerStateError as e:  # the other allowed outcome
     assert "round 1" in str(e) and algorithm in str(e) and "--client_lr" in str(e)
     return

@@ -1,7 +1,8 @@
 """Issue 34's VIRTUAL knobs through the launcher's flags, at the shipped defaults on
 digits (parsed as `launchers.train` parses them, trained in the test's process:
 `train_in_process`; the launcher program's own behaviour is tested as a subprocess
-elsewhere, e.g. tests/test_flags.py).
+elsewhere, e.g. tests/test_flags.py). Two rounds, S and MT evaluated after the last
+(`--eval_every=2`; the variance trajectories are training metrics, in every row).
 
 * `--scale_optimizer=adam`: the variance trajectories (`log_prec_*` in metrics.csv) move
   away from the initial scale, which under the paper's plain SGD they do not, and the
@@ -19,13 +20,13 @@ import pytest
 import train_in_process
 from tfbfl import driver
 
-_ROUNDS = 3
+_ROUNDS = 2
 _INIT_LOG_PRECISION = 5.9915  # log(1 / init_scale^2), init_scale = 0.05
 
 
 def _rows(out, *flags):
-  train_in_process.train("--algorithm=virtual", f"--rounds={_ROUNDS}", "--seed=0",
-                         "--export=false", f"--output_dir={out}", *flags)
+  train_in_process.train("--algorithm=virtual", f"--rounds={_ROUNDS}", f"--eval_every={_ROUNDS}",
+                         "--seed=0", "--export=false", f"--output_dir={out}", *flags)
   with open(os.path.join(out, "metrics.csv")) as f:
     return [{k: float(v) for k, v in r.items() if v != ""} for r in csv.DictReader(f)]
 
@@ -73,7 +74,8 @@ def test_trajectories_are_reported_per_layer(runs):
 
 def test_adam_moves_the_variances_and_still_learns(runs):
   sgd, adam = runs
-  # Measured (seed 0, 3 rounds): private layer 1 5.77, lateral 5.82, shared layer 3 6.09.
+  # Measured (seed 0, 2 rounds): private layer 1 5.86, lateral 5.89, shared layer 3 6.06
+  # (3 rounds: 5.77, 5.82, 6.09); S accuracy 0.71 against plain SGD's 0.71.
   moved = [abs(adam[-1][k] - _INIT_LOG_PRECISION) for k in adam[-1] if k.startswith("log_prec_")]
   assert max(moved) > 0.05, adam[-1]
   assert adam[-1]["server_accuracy"] > 0.5 and adam[-1]["mt_accuracy"] > 0.5

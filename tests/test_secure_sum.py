@@ -238,7 +238,7 @@ def test_secure_sum_context_needs_a_sync_context():
 
 # ----------------------------------------------------------- VIRTUAL round
 def test_virtual_round_secure_sum_matches_plain(tff_runtime):
-  """One VIRTUAL round on digits (3 clients, 1 epoch): the server posterior
+  """One VIRTUAL round on digits (3 clients, 1 epoch, no hidden layer): the server posterior
   through `GaussianProductFactory(value_sum_factory=sum_factory("secure_sum"))`
   equals the plain sum's within alpha * 3 Delta / 2 (+ float32 rounding); client
   training is untouched (same client states and metrics)."""
@@ -249,7 +249,7 @@ def test_virtual_round_secure_sum_matches_plain(tff_runtime):
   cfg = virtual.VirtualConfig(input_dim=64,
                               num_classes=10,
                               num_clients=3,
-                              hidden_units=(8,),
+                              hidden_units=(),  # the aggregation is the point, not the depth
                               epochs=1,
                               server_lr=0.5)
   bound = 2.0**20  # wide, so the quantisation error shows above float32 rounding

@@ -11,8 +11,9 @@ What is checked here (each can fail):
   `lr sign(Delta)`;
 * client momentum 0.9 changes the trajectory and still learns on digits;
 * a checkpoint keeps the optimizer state: a resumed run equals an uninterrupted one;
-* every flag runs through `launchers.train` (FedAdam, FedAvgM with client momentum on
-  FedProx, FedPA with the authors' setting) and learns;
+* every flag, parsed as `launchers.train` parses it (trained in this process:
+  `train_in_process`), runs (FedAdam, FedAvgM with client momentum on FedProx, FedPA
+  with the authors' setting), is recorded in `flags.txt` and learns;
 * bad combinations are one line naming the flag, before TensorFlow starts; VIRTUAL,
   Local and Global do not have these flags (one warning line names them).
 (The equality with tff.learning's FedAvg with the same TFF optimizers is in
@@ -35,6 +36,8 @@ from tfbfl import state_files  # noqa: E402
 from tfbfl import driver  # noqa: E402
 from tfbfl.algorithms import fedavg  # noqa: E402
 from launcher_helpers import assert_one_fatal_line_before_tensorflow  # noqa: E402
+import train_in_process  # noqa: E402
+import built_runs  # noqa: E402
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _SEED = 3
@@ -68,6 +71,14 @@ def plain(tff_runtime, fd):
   return driver.build_algorithm(fd, _params(server_lr=1.0))
 
 
+@pytest.fixture(scope="module")
+def momentum(tff_runtime, fd):
+  """FedAvgM at server_lr 0.5, momentum 0.9: built once for the closed form of its
+  finalizer and its rounds through `next` (an algorithm holds no run's state)."""
+  del tff_runtime
+  return driver.build_algorithm(fd, _params(server_lr=0.5, server_momentum=0.9))
+
+
 def _flat(weights):
   return np.concatenate([np.asarray(w, np.float64).ravel() for w in weights.trainable])
 
@@ -88,9 +99,10 @@ def _mean_delta(plain, weights, fd, r):
   return _flat(weights) - _flat(new_state.model_weights)
 
 
-def test_server_momentum_closed_form_with_a_constant_delta(tff_runtime, fd):
+def test_server_momentum_closed_form_with_a_constant_delta(momentum):
   lr, beta, steps = 0.5, 0.9, 5
-  algo = driver.build_algorithm(fd, _params(server_lr=lr, server_momentum=beta))
+  algo = momentum
+  assert (algo.config.server_step, algo.config.server_momentum) == (lr, beta)
   state = algo.initial_server_state()
   weights, fin = state.model_weights, state.finalizer_state
   rng = np.random.default_rng(0)
@@ -107,9 +119,10 @@ def test_server_momentum_closed_form_with_a_constant_delta(tff_runtime, fd):
     np.testing.assert_allclose(np.asarray(got), m * d, rtol=1e-5, atol=1e-5)
 
 
-def test_server_momentum_rounds_follow_the_recursion(tff_runtime, fd, plain):
+def test_server_momentum_rounds_follow_the_recursion(momentum, fd, plain):
   lr, beta = 0.5, 0.9
-  algo = driver.build_algorithm(fd, _params(server_lr=lr, server_momentum=beta))
+  algo = momentum
+  assert (algo.config.server_step, algo.config.server_momentum) == (lr, beta)
   state = algo.initial_server_state()
   w, m = _flat(state.model_weights), 0.0
   for r in (1, 2, 3):
@@ -194,19 +207,30 @@ def _rows(path):
     (dict(algorithm="fedprox", server_optimizer="adam", server_lr=0.03), "preconditioner"),
 ])
 def test_resume_keeps_the_optimizer_state(tff_runtime, tmp_path, flags, key):
+  """The three runs of one configuration (uninterrupted, stopped after round 2,
+  resumed) are `run_training`'s on one build of it (`built_runs.run_built`: the same
+  round loop, outputs, checkpoint and recorded flags)."""
+  del tff_runtime
   common = dict(checkpoint_every=1, export=False, **flags)
-  full = driver.run_training(_params(rounds=3, output_dir=str(tmp_path / "full"), **common))
-  driver.run_training(_params(rounds=2, output_dir=str(tmp_path / "part"), **common))
+  params = lambda rounds, out, **kw: dict(
+      _params(rounds=rounds, output_dir=str(tmp_path / out), **common), **kw)
+  data, algorithm = built_runs.build(params(3, "full"))
+  full = built_runs.run_built(algorithm, data, params(3, "full"))
+  built_runs.run_built(algorithm, data, params(2, "part"))
   state, _ = state_files.load(str(tmp_path / "part" / round_loop.CHECKPOINT))
   saved = state["server_state"].finalizer_state[key]
   assert max(float(np.max(np.abs(np.asarray(a)))) for a in saved) > 0  # not the initial zeros
-  resumed = driver.run_training(
-      _params(rounds=3, output_dir=str(tmp_path / "part"), resume=True, **common))
+  resumed = built_runs.run_built(algorithm, data, params(3, "part", resume=True))
+  assert resumed["rounds"] == 3 and len(_rows(tmp_path / "full")) == 3
   assert _rows(tmp_path / "full") == _rows(tmp_path / "part")
   assert full["final_server_accuracy"] == resumed["final_server_accuracy"]
 
 
-def test_every_flag_through_the_launcher_runs_and_learns(tmp_path_factory):
+def test_every_flag_through_the_launcher_runs_and_learns(tff_runtime, tmp_path, capsys):
+  """`launchers.train`'s flags, parsed as the launcher parses them and trained in this
+  process (`train_in_process`: the launcher program's own refusals are the
+  subprocess cases below)."""
+  del tff_runtime
   common = ("--rounds=4", "--epochs_per_round=5", "--hidden_units=32", "--export=false")
   jobs = {
       "adam": [
@@ -222,29 +246,19 @@ def test_every_flag_through_the_launcher_runs_and_learns(tmp_path_factory):
           "--fedpa_server_burn_in=2", "--fedpa_burn_in=2"
       ],
   }
-  outs = {}
   for name, args in jobs.items():
-    out = str(tmp_path_factory.mktemp(name))
-    outs[name] = out
-    jobs[name] = args + [f"--output_dir={out}"]
-  # One at a time (the three would share the cores).
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-  for name, args in jobs.items():
-    proc = subprocess.run([sys.executable, "-m", "launchers.train", *common, *args],
-                          cwd=_ROOT,
-                          env=env,
-                          capture_output=True,
-                          text=True,
-                          timeout=300)
-    assert proc.returncode == 0, (name, proc.stderr[-3000:])
-    assert "does not use" not in proc.stderr, (name, proc.stderr[-2000:])
-    rows = _rows(outs[name])
+    out = str(tmp_path / name)
+    capsys.readouterr()
+    train_in_process.train(*common, *args, f"--output_dir={out}")
+    err = capsys.readouterr().err
+    assert "does not use" not in err, (name, err[-2000:])
+    rows = _rows(out)
     assert len(rows) == 4
     assert float(rows[-1]["server_accuracy"]) > 0.6, (name, rows)  # chance: 0.1
     assert float(rows[-1]["server_loss"]) < float(rows[0]["server_loss"]), (name, rows)
-    with open(os.path.join(outs[name], "flags.txt")) as f:
+    with open(os.path.join(out, "flags.txt")) as f:
       recorded = set(f.read().split())
-    assert set(a for a in args if not a.startswith("--output_dir")) <= recorded, name
+    assert set(args) <= recorded, name
 
 
 def _launch(argv):

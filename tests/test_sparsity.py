@@ -45,10 +45,13 @@ def _round(tff_runtime, percentile):
   rng = np.random.default_rng(0)
   clients = [(rng.normal(size=(30, 6)).astype(np.float32), rng.integers(0, 3, 30).astype(np.int32))
              for _ in range(3)]
+  # No hidden layer (the shared posterior's kernel and bias are the pruned tensors):
+  # what is checked is the pruning of whatever Delta_i the clients upload, and the
+  # network's depth only adds tracing.
   cfg = virtual.VirtualConfig(input_dim=6,
                               num_classes=3,
                               num_clients=3,
-                              hidden_units=(8,),
+                              hidden_units=(),
                               epochs=2,
                               batch_size=10,
                               server_lr=1.0,

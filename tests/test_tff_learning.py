@@ -21,7 +21,6 @@ from tfbfl import round_loop
 from tfbfl import tff_learning
 from tfbfl.algorithms import fedavg
 from tfbfl.algorithms import fola
-from tfbfl.algorithms import virtual
 
 pytestmark = pytest.mark.usefixtures("tff_runtime")
 
@@ -125,17 +124,22 @@ def test_to_client_data_yields_the_clients_arrays_in_batches(digits, client_data
 
 # -------------------------------------------------------------------- VIRTUAL
 @pytest.fixture(scope="module")
-def virtual_runs(digits, client_data):
-  config = virtual.VirtualConfig(input_dim=64,
-                                 input_shape=(64,),
-                                 num_classes=10,
-                                 num_clients=_K,
-                                 clients_per_round=_C,
-                                 hidden_units=(16,),
-                                 epochs=3,
-                                 seed=_SEED)
-  algorithm = virtual.VirtualAlgorithm(config)
-  process = tff_learning.build_virtual_process(algorithm)
+def readme_process_run():
+  """`README_SNIPPET_PROCESS` executed once (its namespace and what it printed): the
+  snippet's test reads its run, and the VIRTUAL tests below take its process (VIRTUAL
+  on the module's digits clients, K = 4, C = 2, seed 0, 32 hidden units, 5 epochs), so
+  the module builds and traces that process once. A process holds no run's state
+  (each call gets the state passed in): the snippet's rounds leave it as built."""
+  return _exec(README_SNIPPET_PROCESS)
+
+
+@pytest.fixture(scope="module")
+def virtual_runs(readme_process_run, digits, client_data):
+  process = readme_process_run[0]["process"]
+  algorithm = process.algorithm
+  config = algorithm.config
+  assert (config.num_clients, config.clients_per_round, config.seed) == (_K, _C, _SEED)
+  assert tuple(config.hidden_units) == (32,) and config.epochs == 5
   states, metrics = _run_process(process, client_data)
   return algorithm, process, states, metrics, _drive(algorithm, digits)
 
@@ -417,9 +421,9 @@ def _exec(snippet):
   return namespace, stdout.getvalue()
 
 
-def test_readme_snippet_process_runs_and_learns():
+def test_readme_snippet_process_runs_and_learns(readme_process_run):
   assert 8 <= len(README_SNIPPET_PROCESS.strip().splitlines()) <= 15
-  namespace, printed = _exec(README_SNIPPET_PROCESS)
+  namespace, printed = readme_process_run
   assert printed.count("round ") == 3
   accuracy = namespace["accuracy"]
   assert accuracy[-1] > accuracy[0] + 0.2, accuracy

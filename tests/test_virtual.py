@@ -14,6 +14,7 @@ from tfbfl import gaussian
 from tfbfl import networks
 from tfbfl import driver
 from tfbfl.algorithms import virtual
+import built_runs
 
 
 # ------------------------------------------------------------ conjugate model
@@ -189,8 +190,11 @@ def _has_federated(type_spec):
 
 
 def test_server_only_receives_aggregates(tff_runtime):
+  # No hidden layer: each client still holds private weights (its own network's layer and
+  # the lateral connections, 13 tensors) beside its factor and posterior copy.
   alg = virtual.VirtualAlgorithm(
-      virtual.VirtualConfig(input_dim=6, num_classes=3, num_clients=4, hidden_units=(5,), epochs=1))
+      virtual.VirtualConfig(input_dim=6, num_classes=3, num_clients=4, hidden_units=(), epochs=1))
+  assert len(alg.initial_client_state(0).private) > 0
   # The per-client round and the client-batched one (groups of 2 stacked clients).
   for round_fn in (alg.next_per_client, alg._group_round(2)):  # pylint: disable=protected-access
     calls = _intrinsic_calls(round_fn.to_building_block(), [])
@@ -270,23 +274,32 @@ def test_digits_learns_above_per_client_majority(tff_runtime, tmp_path):
 
 
 def test_resume_refuses_other_flags_then_gives_identical_metrics(tff_runtime, tmp_path):
+  """The three runs of one configuration (uninterrupted, stopped after round 2,
+  resumed) are `run_training`'s on one build of it (`built_runs.run_built`: the same
+  round loop, outputs, checkpoint and recorded flags); the refused attempt is
+  `run_training`'s own check."""
   common = dict(num_clients=4,
                 clients_per_round=2,
                 epochs_per_round=1,
-                hidden_units=(8,),
+                hidden_units=(),  # what a checkpoint keeps does not depend on the depth
                 checkpoint_every=1)
-  full = driver.run_training(_tiny_params(tmp_path / "full", rounds=3, **common))
-  driver.run_training(_tiny_params(tmp_path / "part", rounds=2, **common))
-  with pytest.raises(ValueError, match="other flags"):
+  data, algorithm = built_runs.build(_tiny_params(tmp_path / "full", rounds=3, **common))
+  full = built_runs.run_built(algorithm, data, _tiny_params(tmp_path / "full", rounds=3, **common))
+  built_runs.run_built(algorithm, data, _tiny_params(tmp_path / "part", rounds=2, **common))
+  # (--private_kl_weight follows --kl_weight; nothing else differs)
+  with pytest.raises(ValueError, match=r"other flags: \['kl_weight', 'private_kl_weight'\]"):
     driver.run_training(
         _tiny_params(tmp_path / "part", rounds=3, resume=True, kl_weight=0.5, **common))
   # the refused attempt left the run as it was: it resumes with its own flags
-  resumed = driver.run_training(_tiny_params(tmp_path / "part", rounds=3, resume=True, **common))
+  resumed = built_runs.run_built(algorithm, data,
+                             _tiny_params(tmp_path / "part", rounds=3, resume=True, **common))
+  assert resumed["rounds"] == 3
 
   def rows(d):
     with open(tmp_path / d / "metrics.csv") as f:
       return [{k: v for k, v in r.items() if "wall_time" not in k} for r in csv.DictReader(f)]
 
+  assert len(rows("full")) == 3
   assert rows("full") == rows("part")
   assert full["final_mt_accuracy"] == resumed["final_mt_accuracy"]
 

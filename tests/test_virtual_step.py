@@ -378,7 +378,8 @@ def test_jit_compile_reaches_the_lean_step():
   state = virtual.initial_client_state(cfg, 1, post)
   net = virtual.build_networks(cfg)
   fn = tf.function(lambda: virtual.client_update(cfg, post, state, tf.constant([1, 2], tf.int64),
-                                                 x, y, net=net))
+                                                 x, y, net=net),
+                   autograph=False)  # as the library's own functions
   graph = fn.get_concrete_function().graph.as_graph_def()
   compiled = [
       f.signature.name

@@ -18,13 +18,25 @@ import numpy as np
 import pytest
 
 from tfbfl import driver
+from tfbfl import evaluation
 from tfbfl import restore
 from tfbfl import temperature
 from tfbfl.algorithms.base import evaluation_seed
-from tfbfl.algorithms import virtual
 from tfbfl.algorithms.virtual import VirtualConfig
+import train_in_process
 
 pytestmark = pytest.mark.usefixtures("tff_runtime")
+
+# The run both checks train, at the documented flags (`--temperature_scaling
+# --calibration_fraction=0.2`, docs/virtual.md) on a small network.
+_SIZES = ("--num_clients=6", "--clients_per_round=3", "--rounds=3", "--epochs_per_round=2",
+          "--hidden_units=16", "--seed=3", "--client_lr=0.1", "--export=false")
+_DOCUMENTED = ("--temperature_scaling", "--calibration_fraction=0.2")
+
+
+def _last_row(out):
+  with open(os.path.join(out, "metrics.csv")) as f:
+    return list(csv.DictReader(f))[-1]
 
 
 def _run(tmp_path, **kw):
@@ -34,8 +46,17 @@ def _run(tmp_path, **kw):
                 temperature_scaling=True, calibration_fraction=0.25)
   params.update(kw)
   driver.run_training(params)
-  with open(os.path.join(tmp_path, "metrics.csv")) as f:
-    return list(csv.DictReader(f))[-1]
+  return _last_row(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory):
+  """`launchers.train --algorithm=virtual` at the shipped default evaluation with the
+  documented temperature flags, parsed as the launcher parses them and trained in
+  this process (`train_in_process`): its output directory and last metrics row."""
+  out = tmp_path_factory.mktemp("default_run")
+  train_in_process.train("--algorithm=virtual", *_SIZES, *_DOCUMENTED, f"--output_dir={out}")
+  return out, _last_row(out)
 
 
 def _grid_nll(p, y):
@@ -50,32 +71,36 @@ def _check_against_predictors(out, last, samples):
   run = restore.restore_run(str(out))
   algorithm, state, fd = run.algorithm, run.server_state, run.data
   assert fd.calibration is not None
+  assert algorithm.config.eval_samples == samples
+  k = len(fd.client_ids)
+  clients = [run.clients.get(i) or algorithm.initial_client_state(i) for i in range(k)]
+  data = []
+  for cid in fd.client_ids:
+    (x, y), (xc, yc) = fd.test[cid], fd.calibration[cid]
+    assert len(yc) > 0 and len(fd.train[cid][1]) > 0
+    data.append((x, y, xc, yc))
+  # The grids each client reports, computed by the evaluation's own computations (the
+  # driver's streamed S and MT, one call each for every client), from the seeds the
+  # driver passes (which the Monte Carlo passes do not read).
+  seeds = [evaluation_seed(int(run.params["seed"]), i) for i in range(k)]
+  reported = [{**s, **m} for s, m in zip(
+      evaluation.rekey(list(range(k)), algorithm.evaluate_server(state, range(k), seeds, data)),
+      evaluation.rekey(list(range(k)), algorithm.evaluate_clients(clients, range(k), seeds, data)))]
+  # With samples, the predictors' fixed seeds from the run's seed (as the export
+  # passes it) are the evaluation's ([seed, 0] for the server, [seed, i + 1] for
+  # client i; the noise keyed by the example). One server model serves every client.
+  seed = int(run.params["seed"])
+  server = algorithm.server_predictor(state, seed=seed)
   fits = {"server": 0.0, "mt": 0.0}
   tests = {"server": 0.0, "mt": 0.0}
   n = 0
-  for i, cid in enumerate(fd.client_ids):
-    x, y = fd.test[cid]
-    xc, yc = fd.calibration[cid]
-    assert len(yc) > 0 and len(fd.train[cid][1]) > 0
-    client = run.clients.get(i) or algorithm.initial_client_state(i)
-    # With samples, the predictors' fixed seeds from the run's seed (as the export
-    # passes it) are the evaluation's ([seed, 0] for the server, [seed, i + 1] for
-    # client i; the noise keyed by the example).
-    seed = int(run.params["seed"])
-    s = algorithm.server_predictor(state, seed=seed)
-    m = algorithm.client_predictor(state, client, seed=seed)
-    predict = {"server": s, "mt": m}
-    # the grids one client reports, computed by the evaluation's own functions (from
-    # the seed the driver passes, which the Monte Carlo passes do not read)
-    seed = evaluation_seed(int(run.params["seed"]), i)
-    sums = {**virtual.evaluate_server_client(algorithm.config, state.posterior, np.int32(i),
-                                             seed, x, y, xc, yc),
-            **virtual.evaluate_own_client(algorithm.config, client.shared_posterior, client.private,
-                                          np.int32(i), seed, x, y, xc, yc)}
+  for i in range(k):
+    x, y, xc, yc = data[i]
+    predict = {"server": server, "mt": algorithm.client_predictor(state, clients[i], seed=seed)}
     for key in fits:
       fit, test = _grid_nll(np.asarray(predict[key](xc)), yc), _grid_nll(np.asarray(predict[key](x)), y)
-      np.testing.assert_allclose(sums[f"{key}_fit_nll"], fit, rtol=1e-4, err_msg=key)
-      np.testing.assert_allclose(sums[f"{key}_tempered_loss"], test, rtol=1e-4, err_msg=key)
+      np.testing.assert_allclose(reported[i][f"{key}_fit_nll"], fit, rtol=1e-4, err_msg=key)
+      np.testing.assert_allclose(reported[i][f"{key}_tempered_loss"], test, rtol=1e-4, err_msg=key)
       fits[key], tests[key] = fits[key] + fit, tests[key] + test
     n += len(y)
   for key in fits:
@@ -93,12 +118,12 @@ def test_posterior_mean_temperatures_match_the_predictors(tmp_path):
   assert fits["mt"].max() > 1.5 * fits["mt"].min()
 
 
-def test_monte_carlo_temperatures_match_the_seeded_predictors(tmp_path):
+def test_monte_carlo_temperatures_match_the_seeded_predictors(default_run):
   """At the shipped default evaluation: the Monte Carlo predictive of 10 passes."""
-  last = _run(tmp_path)
+  out, last = default_run
   default = VirtualConfig(input_dim=2, num_classes=2, num_clients=2).eval_samples
   assert default == 10
-  _check_against_predictors(tmp_path, last, samples=default)
+  _check_against_predictors(out, last, samples=default)
 
 
 def test_gaussian_likelihood_is_refused():
@@ -107,22 +132,15 @@ def test_gaussian_likelihood_is_refused():
                   temperature_scaling=True)
 
 
-def test_launcher_flags_fit_temperatures(tmp_path):
-  """`python -m launchers.train` with the documented flags, as a user runs it."""
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-  out = subprocess.run([sys.executable, "-m", "launchers.train", "--algorithm=virtual",
-                        "--rounds=1", "--epochs_per_round=1", "--num_clients=4",
-                        "--clients_per_round=2", "--hidden_units=8", "--eval_samples=2",
-                        "--temperature_scaling", "--calibration_fraction=0.2",
-                        f"--output_dir={tmp_path}"],
-                       capture_output=True, text=True, timeout=240, env=env,
-                       stdin=subprocess.DEVNULL)
-  assert out.returncode == 0, out.stderr[-2000:]
-  with open(os.path.join(tmp_path, "metrics.csv")) as f:
-    last = list(csv.DictReader(f))[-1]
+def test_launcher_flags_fit_temperatures(tmp_path, default_run):
+  """`launchers.train` with the documented flags, as a user gives them: the run (parsed
+  by the launcher's flags, trained in-process) fits temperatures on the grid; the
+  program itself (`python -m launchers.train`) refuses the flag without its split."""
+  _, last = default_run
   for key in ("server_temperature", "mt_temperature"):
     assert np.min(np.abs(np.log(float(last[key]) / temperature.TEMPERATURES))) < 1e-4
   # without the split it reads, the flag is refused before any training, naming both flags
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
   bad = subprocess.run([sys.executable, "-m", "launchers.train", "--algorithm=virtual",
                         "--temperature_scaling", f"--output_dir={tmp_path / 'bad'}"],
                        capture_output=True, text=True, timeout=120, env=env,

@@ -433,8 +433,14 @@ def test_a_hung_or_unreachable_worker_is_named_in_one_line(tmp_path):
         "overloaded, unreachable, or a subround longer than the deadline) during GetExecutor: "
         "Deadline Exceeded; run the same command again once the worker is back.")
     for address in (f"127.0.0.1:{port}", f"127.0.0.1:{portpicker.pick_unused_port()}"):
-      with pytest.raises(runtime.WorkerError) as info:
-        runtime.RemoteRuntime([address], connect_timeout_s=1.0).start()
+      remote = runtime.RemoteRuntime([address], connect_timeout_s=1.0)
+      try:
+        with pytest.raises(runtime.WorkerError) as info:
+          remote.start()
+      finally:
+        # A start that wrongly succeeds installs its context as TFF's default: closed
+        # here, so that it fails this test alone and not the module's next ones.
+        remote.close()
       line = faults.outside_run(info.value)
       assert str(line).startswith(f"TFF worker {address} is unavailable") and (
           "not reachable within connect_timeout_s=1 s" in str(line)), line

@@ -426,7 +426,9 @@ def test_a_hung_or_unreachable_worker_is_named_in_one_line(tmp_path):
     with pytest.raises(runtime.WorkerError) as info:
       stub.get_executor(executor_pb2.GetExecutorRequest())
     assert time.time() - t0 < 10
-    stub.close()
+    # The stub stays open through the connect checks below: a live channel to the hung
+    # worker must not make a new runtime's connection to it look ready (gRPC's shared
+    # subchannel pool did, in the full suite).
     line = faults.outside_run(info.value)
     assert line.status == 75 and str(line) == (
         f"TFF worker 127.0.0.1:{port} did not answer within call_timeout_s=2 s (hung, "
@@ -444,6 +446,7 @@ def test_a_hung_or_unreachable_worker_is_named_in_one_line(tmp_path):
       line = faults.outside_run(info.value)
       assert str(line).startswith(f"TFF worker {address} is unavailable") and (
           "not reachable within connect_timeout_s=1 s" in str(line)), line
+    stub.close()
   finally:
     assert launcher_helpers.stop_worker(proc) == 0
 

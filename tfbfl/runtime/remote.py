@@ -109,7 +109,9 @@ class DeadlineGrpcStub:
     self.call_timeout_s = float(call_timeout_s)
     self.tls = credentials is not None
     if channel is None:
-      options = list(channels.GRPC_OPTIONS)
+      # Its own connections: from gRPC's shared pool, a channel to an address another
+      # live channel holds is READY at once, even to a worker that has since hung.
+      options = list(channels.GRPC_OPTIONS) + [("grpc.use_local_subchannel_pool", 1)]
       if credentials is not None:
         if server_name:
           options.append(("grpc.ssl_target_name_override", server_name))

@@ -99,15 +99,20 @@ def binary_pids(proc):
     return []
 
 
+def is_running(pid):
+  """Whether `pid` runs (a zombie does not); a pid that exits while it is asked counts
+  as gone."""
+  try:
+    return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+  except psutil.NoSuchProcess:
+    return False
+
+
 def wait_gone(pids, timeout_s=10.0):
   """True once none of `pids` runs (zombies count as gone), False after `timeout_s`."""
   deadline = time.time() + timeout_s
   while time.time() < deadline:
-    alive = [
-        p for p in pids
-        if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
-    ]
-    if not alive:
+    if not any(is_running(p) for p in pids):
       return True
     time.sleep(0.1)
   return False

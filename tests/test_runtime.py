@@ -18,7 +18,7 @@ import pytest
 from tfbfl import runtime
 from tfbfl.runtime import guard
 from tfbfl.runtime import isolation
-from launcher_helpers import as_terminal_job
+from launcher_helpers import as_terminal_job, wait_gone
 
 _SCRIPT = textwrap.dedent("""
     import os, sys
@@ -37,15 +37,6 @@ _SCRIPT = textwrap.dedent("""
       import time
       time.sleep(600)   # parent gets SIGKILLed by the test
 """)
-
-
-def _wait_gone(pid, timeout_s=10.0):
-  deadline = time.time() + timeout_s
-  while time.time() < deadline:
-    if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-      return True
-    time.sleep(0.1)
-  return False
 
 
 def _worker_once_computed(proc, timeout_s=120.0):
@@ -79,7 +70,7 @@ def test_pipeline_ends_promptly_with_no_orphan(tmp_path):
   elapsed = time.time() - t0
   assert "RESULT 3.0" in out.stdout, out.stdout + out.stderr
   worker_pid = int(out.stdout.split("WORKER_PID")[1].split()[0])
-  assert _wait_gone(worker_pid, 5), "worker outlived its parent"
+  assert wait_gone([worker_pid], 5), "worker outlived its parent"
   assert elapsed < 90
   # The worker's own output went to the log file, not into our pipe.
   logs = [f for f in os.listdir(tmp_path) if f.startswith("tff_worker_")]
@@ -95,7 +86,7 @@ def test_worker_dies_when_parent_is_killed(tmp_path):
     worker_pid, address = _worker_once_computed(proc)
     os.kill(proc.pid, signal.SIGKILL)  # no atexit runs: only PDEATHSIG can help
     proc.wait(timeout=10)
-    assert _wait_gone(worker_pid, 10), "worker survived SIGKILL of its parent"
+    assert wait_gone([worker_pid], 10), "worker survived SIGKILL of its parent"
     if address.startswith("unix:"):  # "netns": the bridge removes its socket's directory.
       sock_dir = os.path.dirname(address[len("unix:"):])
       assert not os.path.exists(sock_dir), f"{sock_dir} outlived the killed parent"
@@ -130,7 +121,7 @@ def test_terminal_ctrl_c_reaches_the_parent_which_ends_the_worker(tmp_path):
     _, err = proc.communicate(timeout=120)
     assert "KeyboardInterrupt" in err, err[-2000:]
     for pid in workers:
-      assert _wait_gone(pid, 10), "worker outlived its interrupted parent"
+      assert wait_gone([pid], 10), "worker outlived its interrupted parent"
   finally:
     if proc.poll() is None:
       proc.kill()

@@ -55,12 +55,18 @@ def run_launcher(name, *args, timeout=300):
                         stdin=subprocess.DEVNULL)
 
 
+def assert_one_fatal_line(out, lines, flag, program="train"):
+  """`out` exited with 1 and its stderr `lines` are one `FATAL <program>: ...` naming
+  `flag`."""
+  assert out.returncode == 1, out
+  assert len(lines) == 1 and lines[0].startswith(f"FATAL {program}: ") and flag in lines[0], lines
+
+
 def assert_one_fatal_line_before_tensorflow(out, flag, program="train"):
   """`out` (a run under `python -X importtime`) failed with exactly one line
   `FATAL <program>: ...` naming `flag`, and never imported TensorFlow."""
-  assert out.returncode == 1, out
-  lines = [l for l in out.stderr.splitlines() if not l.startswith("import time:")]
-  assert len(lines) == 1 and lines[0].startswith(f"FATAL {program}: ") and flag in lines[0], lines
+  assert_one_fatal_line(
+      out, [l for l in out.stderr.splitlines() if not l.startswith("import time:")], flag, program)
   imported = {
       l.split("|")[-1].strip() for l in out.stderr.splitlines() if l.startswith("import time:")
   }

@@ -32,6 +32,7 @@ from tfbfl import driver
 from tfbfl.algorithms import base
 from tfbfl.algorithms import registry
 from launcher_forks import LauncherForks
+import launcher_helpers
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -57,9 +58,7 @@ def forks():
 def _assert_one_fatal_line_before_tensorflow(out, flag, program="train"):
   """`out` (a launcher's `launcher_forks.Result`) failed with exactly one line
   `FATAL <program>: ...` naming `flag`, and never imported TensorFlow."""
-  assert out.returncode == 1, out
-  lines = out.stderr.splitlines()
-  assert len(lines) == 1 and lines[0].startswith(f"FATAL {program}: ") and flag in lines[0], lines
+  launcher_helpers.assert_one_fatal_line(out, out.stderr.splitlines(), flag, program)
   assert out.tensorflow_modules == [], out  # none loaded, and the list was made
 
 

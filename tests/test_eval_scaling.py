@@ -24,6 +24,8 @@ from tfbfl import round_loop
 from tfbfl import driver
 from tfbfl import temperature
 
+import built_runs
+
 pytestmark = pytest.mark.usefixtures("tff_runtime")
 
 
@@ -64,19 +66,35 @@ def _assert_same_csv(a, b, skip=("wall_time_s",)):
 TEMPERATURE_SCALING = dict(temperature_scaling=True, calibration_fraction=0.25)
 
 
+@pytest.fixture(scope="module")
+def built():
+  """`(data, algorithm)` per configuration, built once: the single-call, streamed and
+  counted runs of one configuration differ only in how they are evaluated."""
+  return {}
+
+
+def _build(built, algorithm, extra):
+  key = (algorithm, json.dumps(extra, sort_keys=True))
+  if key not in built:
+    built[key] = built_runs.build(_params(None, algorithm=algorithm, output_dir=None, **extra))
+  return built[key]
+
+
 @pytest.mark.parametrize("algorithm, extra", [("virtual", {}), ("fedavg", {}),
                                               ("fedavg", TEMPERATURE_SCALING),
                                               ("virtual", dict(TEMPERATURE_SCALING, eval_samples=2))],
                          ids=["virtual", "fedavg", "fedavg_temperature_scaling",
                               "virtual_mc_temperature_scaling"])
-def test_streamed_cached_evaluation_equals_single_call(tmp_path, algorithm, extra):
+def test_streamed_cached_evaluation_equals_single_call(tmp_path, built, algorithm, extra):
   one = tmp_path / "one_call"
   streamed = tmp_path / "streamed"
+  data, algo = _build(built, algorithm, extra)
   # with fitted temperatures, the export states them (its models are untempered)
-  driver.run_training(_params(one, algorithm=algorithm, eval_chunk=0, **extra,
-                              **dict(export=True) if extra else {}))
+  built_runs.run_built(algo, data, _params(one, algorithm=algorithm, eval_chunk=0, **extra,
+                                           **dict(export=True) if extra else {}))
   # chunks of 3 over 5 clients (a short last chunk), disk store, cache on
-  driver.run_training(
+  built_runs.run_built(
+      algo, data,
       _params(streamed, algorithm=algorithm, eval_chunk=3, client_store="disk", **extra))
   _assert_same_csv(one / "metrics.csv", streamed / "metrics.csv")
   _assert_same_csv(one / "client_metrics.csv", streamed / "client_metrics.csv")
@@ -111,10 +129,9 @@ class _Counting:
     return self._algorithm.evaluate_server(server_state, indices, seeds, test_data)
 
 
-def _runner(p, eval_chunk):
+def _runner(p, eval_chunk, data, algorithm):
   p = driver.resolve_params(p)
-  data = driver.load_data(p)
-  algorithm = _Counting(driver.build_algorithm(data, p))
+  algorithm = _Counting(algorithm)
   config = round_loop.RunConfig(rounds=p["rounds"],
                                 clients_per_round=p["clients_per_round"],
                                 seed=p["seed"],
@@ -123,18 +140,14 @@ def _runner(p, eval_chunk):
   return round_loop.ExperimentRunner(algorithm, data, config), algorithm
 
 
-def test_only_trained_clients_recomputed(tmp_path):
+def test_only_trained_clients_recomputed(built):
   k, c = 5, 2
   # Which clients are recomputed is the evaluator's choice alone (it never reads
   # eval_samples); the sampled predictive's cached values are checked equal to
-  # one call's by test_streamed_cached_evaluation_equals_single_call.
-  runner, algo = _runner(_params(None,
-                                 num_clients=k,
-                                 clients_per_round=c,
-                                 rounds=3,
-                                 output_dir=None,
-                                 eval_samples=2),
-                         eval_chunk=3)
+  # one call's by test_streamed_cached_evaluation_equals_single_call. Its VIRTUAL
+  # (the default Monte Carlo predictive) serves here.
+  p = _params(None, num_clients=k, clients_per_round=c, rounds=3, output_dir=None)
+  runner, algo = _runner(p, 3, *_build(built, "virtual", {}))
   runner.run()
   per_eval = (k + 2) // 3  # S calls per evaluation
   assert len(algo.s_calls) == 3 * per_eval

@@ -90,8 +90,21 @@ def test_batched_clients_equal_keras_path_client_by_client():
   x, y, n = client_batch.pack_data(data)
   out = virtual.client_update_batch(cfg, post, client_batch.stack(states), np.stack(seeds), x, y, n)
   keras = dataclasses.replace(cfg, lean_step=False)
+  # One trace of the Keras path serves the three clients (as the TFF client
+  # computation runs it: any client's size).
+  net = virtual.build_networks(keras)
+  spec = lambda t: tf.TensorSpec.from_tensor(tf.convert_to_tensor(t))
+  keras_update = tf.function(
+      lambda state, seed, x, y: virtual.client_update(keras, post, state, seed, x, y, net=net),
+      input_signature=[
+          tf.nest.map_structure(spec, states[0]),
+          tf.TensorSpec([2], tf.int64),
+          tf.TensorSpec([None, 8], tf.float32),
+          tf.TensorSpec([None], tf.int32)
+      ],
+      autograph=False)
   for c in range(3):
-    want = virtual.client_update(keras, post, states[c], tf.constant(seeds[c]), *data[c])
+    want = keras_update(states[c], tf.constant(seeds[c]), *data[c])
     got_post = gaussian.NaturalGaussian([t[c] for t in out.client_state.shared_posterior.eta1],
                                         [t[c] for t in out.client_state.shared_posterior.eta2])
     loc_g, scale_g = gaussian.to_loc_scale(got_post)

@@ -419,7 +419,8 @@ def test_a_hung_or_unreachable_worker_is_named_in_one_line(tmp_path):
   proc = launcher_helpers.start_worker(port, str(tmp_path))
   try:
     launcher_helpers.wait_serving(proc, port)
-    stub = runtime.DeadlineGrpcStub(f"127.0.0.1:{port}", call_timeout_s=2.0)
+    # Short deadlines: the stopped worker never answers, however long they are.
+    stub = runtime.DeadlineGrpcStub(f"127.0.0.1:{port}", call_timeout_s=0.5)
     assert stub.wait_ready(10)
     proc.send_signal(signal.SIGSTOP)
     t0 = time.time()
@@ -431,11 +432,11 @@ def test_a_hung_or_unreachable_worker_is_named_in_one_line(tmp_path):
     # subchannel pool did, in the full suite).
     line = faults.outside_run(info.value)
     assert line.status == 75 and str(line) == (
-        f"TFF worker 127.0.0.1:{port} did not answer within call_timeout_s=2 s (hung, "
+        f"TFF worker 127.0.0.1:{port} did not answer within call_timeout_s=0.5 s (hung, "
         "overloaded, unreachable, or a subround longer than the deadline) during GetExecutor: "
         "Deadline Exceeded; run the same command again once the worker is back.")
     for address in (f"127.0.0.1:{port}", f"127.0.0.1:{portpicker.pick_unused_port()}"):
-      remote = runtime.RemoteRuntime([address], connect_timeout_s=1.0)
+      remote = runtime.RemoteRuntime([address], connect_timeout_s=0.5)
       try:
         with pytest.raises(runtime.WorkerError) as info:
           remote.start()
@@ -445,7 +446,7 @@ def test_a_hung_or_unreachable_worker_is_named_in_one_line(tmp_path):
         remote.close()
       line = faults.outside_run(info.value)
       assert str(line).startswith(f"TFF worker {address} is unavailable") and (
-          "not reachable within connect_timeout_s=1 s" in str(line)), line
+          "not reachable within connect_timeout_s=0.5 s" in str(line)), line
     stub.close()
   finally:
     assert launcher_helpers.stop_worker(proc) == 0

@@ -136,7 +136,7 @@ def test_remote_rounds_match_local_and_dead_worker_is_named(tff_runtime, tmp_pat
 # ----------------------------------------------------------- failure paths
 def test_unreachable_worker_is_named_at_start():
   port = portpicker.pick_unused_port()
-  rt = runtime.RemoteRuntime([f"localhost:{port}"], connect_timeout_s=1.0)
+  rt = runtime.RemoteRuntime([f"localhost:{port}"], connect_timeout_s=0.5)  # nobody serves it
   with pytest.raises(runtime.WorkerError, match=f"localhost:{port}.*not reachable"):
     rt.start()
   assert not rt.running

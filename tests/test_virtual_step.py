@@ -254,7 +254,7 @@ def _rows(tmp_path, lean, monkeypatch):
   p = dict(algorithm="virtual",
            num_clients=6,
            clients_per_round=6,
-           rounds=3,
+           rounds=2,  # best S 0.59-0.81, MT 0.86-0.92 over seeds 0-5
            epochs_per_round=5,
            hidden_units=(32,),
            seed=3,

@@ -42,6 +42,25 @@ def digits():
   return driver.load_data(_params("fedavg"))
 
 
+@pytest.fixture(scope="module")
+def built(tff_runtime, digits):
+  """`build(p)`: `driver.build_algorithm` once per algorithm config for the module.
+  An algorithm holds no run's state and reads only the data's shapes (the scaled
+  clients' are the digits'), so the runs of one config share its computations."""
+  del tff_runtime
+  algorithms = []
+
+  def build(p):
+    config = driver.configs(p, digits).algorithm
+    for c, algo in algorithms:
+      if type(c) is type(config) and c == config:
+        return algo
+    algorithms.append((config, driver.build_algorithm(digits, p)))
+    return algorithms[-1][1]
+
+  return build
+
+
 def _scaled(fd, client, scale):
   """`fd` with client `client`'s training features multiplied by `scale` (finite)."""
   ids = fd.client_ids
@@ -147,11 +166,10 @@ def test_max_update_ratio_flag_is_checked():
 
 # ------------------------------------------------------------ huge client
 @pytest.mark.parametrize("algorithm", ["virtual", "fedavg", "fola"])
-def test_client_with_huge_features_is_dropped(tff_runtime, digits, algorithm):
-  del tff_runtime
+def test_client_with_huge_features_is_dropped(built, digits, algorithm):
   p = _params(algorithm)
   fd = _scaled(digits, 0, 1e20)
-  algo, runner = _run(p, fd)
+  algo, runner = _run(p, fd, built(p))
   assert [row["clients_dropped"] for row in runner.rows] == [1.0] * _ROUNDS
   assert not round_loop.non_finite_leaves(runner.state["server_state"])
   assert all(np.isfinite(row["train_loss"]) for row in runner.rows)
@@ -163,26 +181,25 @@ def test_client_with_huge_features_is_dropped(tff_runtime, digits, algorithm):
       _leaves(algo.initial_client_state(1))[0])
 
 
-def test_outlier_rule_drops_a_finite_update(tff_runtime, digits):
+def test_outlier_rule_drops_a_finite_update(built, digits):
   """x 1e3 features: FedAvg's update stays finite but is far above 100 x ||w||,
   so only the norm rule drops it (with max_update_ratio=inf it is kept)."""
-  del tff_runtime
   fd = _scaled(digits, 0, 1e3)
-  p = _params("fedavg", rounds=1, client_lr=0.05, epochs_per_round=1)
-  _, kept = _run(driver.resolve_params(dict(p, max_update_ratio=float("inf"))), fd)
+  p = _params("fedavg", rounds=1)  # the huge-features case's config (ratio ~6e3)
+  kept_p = driver.resolve_params(dict(p, max_update_ratio=float("inf")))
+  _, kept = _run(kept_p, fd, built(kept_p))
   assert kept.rows[0]["clients_dropped"] == 0.0
   assert 100.0 < kept.rows[0]["update_ratio_max"] < np.inf
-  _, dropped = _run(p, fd)
+  _, dropped = _run(p, fd, built(p))
   assert dropped.rows[0]["clients_dropped"] == 1.0
   assert dropped.rows[0]["update_ratio_max"] == kept.rows[0]["update_ratio_max"]
 
 
 # ------------------------------------------------------- all clients dropped
 @pytest.mark.parametrize("algorithm", ["virtual", "fedavg"])
-def test_huge_client_lr_drops_every_client_or_stops(tff_runtime, digits, algorithm, capsys):
-  del tff_runtime
+def test_huge_client_lr_drops_every_client_or_stops(built, digits, algorithm, capsys):
   p = _params(algorithm, client_lr=1e3, rounds=1)
-  algo = driver.build_algorithm(digits, p)
+  algo = built(p)
   try:
     _, runner = _run(p, digits, algo, verbose=True)
   except round_loop.NonFiniteServerStateError as e:  # the other allowed outcome
@@ -255,10 +272,9 @@ class _PoisonRound2:
     return new_state, clients, metrics
 
 
-def test_non_finite_server_state_stops_before_writing(tff_runtime, digits, tmp_path):
-  del tff_runtime
-  p = _params("fedavg", rounds=3, epochs_per_round=1)
-  algo = _PoisonRound2(driver.build_algorithm(digits, p))
+def test_non_finite_server_state_stops_before_writing(built, digits, tmp_path):
+  p = _params("fedavg", rounds=3)  # the huge-features case's config
+  algo = _PoisonRound2(built(p))
   out = str(tmp_path / "run")
   runner = round_loop.ExperimentRunner(
       algo, digits,

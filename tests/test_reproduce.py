@@ -369,6 +369,18 @@ def _runner(tmp_path, *extra):
           *extra]
 
 
+def _launcher_of(process, arg):
+  """The `launchers.train` children of `process` (psutil) whose command line holds `arg`."""
+  found = []
+  for p in process.children():
+    try:
+      if "launchers.train" in p.cmdline() and arg in p.cmdline():
+        found.append(p)
+    except psutil.NoSuchProcess:  # a short-lived child (git) gone meanwhile
+      pass
+  return found
+
+
 def test_a_killed_cell_is_redone_and_the_others_are_not(tmp_path):
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
   first = tmp_path / "results" / "smoke/digits/digits/fedavg/default/seed0.json"
@@ -379,7 +391,10 @@ def test_a_killed_cell_is_redone_and_the_others_are_not(tmp_path):
   while not first.exists() and time.time() < deadline and proc.poll() is None:
     time.sleep(0.2)
   assert first.exists(), "the first cell did not finish"
-  time.sleep(2.0)  # the second cell's launcher is running now
+  while not _launcher_of(runner_process, "--seed=1") and time.time() < deadline and (
+      proc.poll() is None):
+    time.sleep(0.05)  # killed once the second cell's launcher runs
+  assert _launcher_of(runner_process, "--seed=1"), "the second cell's launcher did not start"
   children = runner_process.children(recursive=True)
   proc.send_signal(signal.SIGKILL)
   proc.wait()
@@ -755,9 +770,7 @@ def test_max_hours_stops_a_checkpointing_cell_at_the_limit_for_the_next_invocati
   base = reproduce.smoke_cells()[0]
   flags = dict(base.flag_dict, rounds=2000, checkpoint_every=500)
   cell = dataclasses.replace(base, flags=tuple(sorted(flags.items())), estimate_s=3600.0)
-  results, work = tmp_path / "results", tmp_path / "work"
-  lines, stopped = [], []
-  limit = 30 / 3600  # past the launcher's start-up (~10 s quiet), within its rounds
+  results = tmp_path / "results"
 
   def log(line):
     """From its first round to the limit the launcher's `worker_binary` is stopped
@@ -772,23 +785,32 @@ def test_max_hours_stops_a_checkpointing_cell_at_the_limit_for_the_next_invocati
     if line.startswith("reproduce: --max_hours reached"):  # then the runner stops the launcher
       _continue(stopped)
 
-  try:
-    ran = runner.run([cell], results_dir=str(results), work_dir=str(work),
-                     data_root=str(tmp_path), max_hours=limit, log=log)
-  finally:
-    _continue(stopped)
-  assert ran == [] and not list(results.rglob("*.json"))
-  assert not [p for p in psutil.Process().children(recursive=True)
-              if "launchers.train" in " ".join(p.cmdline())]
-  assert lines[-1] == (f"reproduce: stopped at --max_hours={limit:g} in cell {cell.name}: "
-                       f"{runner._where_it_resumes(cell, str(work))}")
-  log = (work / cell.name / "log.txt").read_text().splitlines()
-  if any(l.startswith("[fedavg] round ") for l in log):  # it stopped in its rounds
+  # Past the launcher's start-up (~10 s quiet), within its rounds; where the start-up
+  # took the first limit, a second invocation at a longer one.
+  for limit_s in (20, 60):
+    limit, work = limit_s / 3600, tmp_path / f"work_{limit_s}"
+    lines, stopped = [], []
+    try:
+      ran = runner.run([cell], results_dir=str(results), work_dir=str(work),
+                       data_root=str(tmp_path), max_hours=limit, log=log)
+    finally:
+      _continue(stopped)
+    assert ran == [] and not list(results.rglob("*.json"))
+    assert not [p for p in psutil.Process().children(recursive=True)
+                if "launchers.train" in " ".join(p.cmdline())]
+    assert lines[-1] == (f"reproduce: stopped at --max_hours={limit:g} in cell {cell.name}: "
+                         f"{runner._where_it_resumes(cell, str(work))}")
+    launcher_log = (work / cell.name / "log.txt").read_text().splitlines()
+    in_rounds = any(l.startswith("[fedavg] round ") for l in launcher_log)
+    if in_rounds:
+      break
+  if in_rounds:  # it stopped in its rounds
     saved = state_files.read_meta(str(work / cell.name / "run" / round_loop.CHECKPOINT))["round"]
     rows = (work / cell.name / "run" / "metrics.csv").read_text().splitlines()[1:]
     assert 1 <= saved < 500 and len(rows) == saved, (saved, len(rows))  # the stop's own
     assert re.fullmatch(rf"train: stopped after round {saved} of 2000, as asked; the checkpoint "
-                        rf"has round {saved}; continue with: .*--resume", log[-1]), log[-1]
+                        rf"has round {saved}; continue with: .*--resume", launcher_log[-1]), \
+        launcher_log[-1]
     assert f"({saved} of its 2000 rounds)" in lines[-1]
   plain = dataclasses.replace(base, estimate_s=3600.0)
   assert not runner.resumable(plain) and runner.resumable(cell)

@@ -67,13 +67,12 @@ def test_remote_rounds_match_local_and_dead_worker_is_named(tff_runtime, tmp_pat
   from tfbfl.data import load_federated  # pylint: disable=g-import-not-at-top
 
   data = load_federated("digits", num_clients=4, seed=0)
-  local = _run(data, rounds=2)
-
   ports = [portpicker.pick_unused_port() for _ in range(2)]
   addresses = [f"localhost:{p}" for p in ports]
-  procs = [_start_worker(p, str(tmp_path)) for p in ports]
+  procs = [_start_worker(p, str(tmp_path)) for p in ports]  # they start while the local run runs
   started = []
   try:
+    local = _run(data, rounds=2)
     for proc, port in zip(procs, ports):
       _wait_serving(proc, port)
       started += [proc.pid] + _binary_pids(proc)

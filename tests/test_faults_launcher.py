@@ -150,8 +150,11 @@ def test_a_remote_worker_killed_mid_run_is_one_line_and_the_cell_resumes(tmp_pat
 
   def log(line):
     """After round 2 (checkpointed): SIGKILL worker 1; once the launcher has exited,
-    start it again on its port."""
+    start it again on its port (serving, checked as the second launcher starts: its
+    start-up hides the worker's)."""
     lines.append(line)
+    if killed and "loading data" in line:
+      launcher_helpers.wait_serving(workers[1], ports[1])
     if "round 2/3" in line and not killed:
       import psutil  # pylint: disable=g-import-not-at-top
       launcher, = [p for p in psutil.Process().children()
@@ -165,7 +168,6 @@ def test_a_remote_worker_killed_mid_run_is_one_line_and_the_cell_resumes(tmp_pat
       while launcher.status() != psutil.STATUS_ZOMBIE and time.time() < deadline:
         time.sleep(0.1)
       workers[1] = launcher_helpers.start_worker(ports[1], str(tmp_path))
-      launcher_helpers.wait_serving(workers[1], ports[1])
 
   try:
     for proc, port in zip(workers, ports):

@@ -10,6 +10,8 @@ import time
 import grpc
 import psutil
 
+from tfbfl.runtime import channels
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -126,7 +128,8 @@ def wait_gone(pids, timeout_s=10.0):
 
 def wait_serving(proc, port, timeout_s=60.0):
   """Until the worker's binary is up (a child exists and the port accepts gRPC)."""
-  channel = grpc.insecure_channel(f"localhost:{port}")
+  # The library's short back-off: the default one grows to seconds over the retries.
+  channel = grpc.insecure_channel(f"localhost:{port}", channels.LOCAL_WORKER_OPTIONS)
   try:
     deadline = time.time() + timeout_s
     while time.time() < deadline:

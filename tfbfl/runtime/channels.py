@@ -13,6 +13,13 @@ GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", _GRPC_MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", _GRPC_MAX_MESSAGE_BYTES),
 ]
+# A worker this process starts listens within ~0.3 s; gRPC's default reconnect back-off
+# (1 s, growing) would have the first connect wait a second for it.
+LOCAL_WORKER_OPTIONS = GRPC_OPTIONS + [
+    ("grpc.initial_reconnect_backoff_ms", 50),
+    ("grpc.min_reconnect_backoff_ms", 50),
+    ("grpc.max_reconnect_backoff_ms", 250),
+]
 
 
 def parse_worker_address(address: str) -> str:

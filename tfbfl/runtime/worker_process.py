@@ -170,7 +170,7 @@ class WorkerProcess:
                                        self._log_file,
                                        sock_dir=self._sock_dir,
                                        discard_empty_log=log_path is None and log_dir is None)
-    self.channel = grpc.insecure_channel(self.address, channels.GRPC_OPTIONS)
+    self.channel = grpc.insecure_channel(self.address, channels.LOCAL_WORKER_OPTIONS)
     self._stub = None
     self._wait_ready(startup_timeout_s)
 

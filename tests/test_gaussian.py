@@ -29,12 +29,20 @@ MEANS = reals(-10., 10.)
 PRECS = reals(1e-2, 1e2)
 
 
+def _like_template(flat):
+  """A flat array of 9 values as the leaves of TEMPLATE."""
+  parts = np.split(flat, np.cumsum([x.size for x in LEAVES])[:-1])
+  return tf.nest.pack_sequence_as(TEMPLATE, [p.reshape(x.shape) for p, x in zip(parts, LEAVES)])
+
+
 @st.composite
 def loc_prec(draw):
   """(loc, prec) numpy float64 structures shaped like TEMPLATE."""
-  locs = [draw(hnp.arrays(np.float64, x.shape, elements=MEANS)) for x in LEAVES]
-  precs = [draw(hnp.arrays(np.float64, x.shape, elements=PRECS)) for x in LEAVES]
-  return (tf.nest.pack_sequence_as(TEMPLATE, locs), tf.nest.pack_sequence_as(TEMPLATE, precs))
+  # One array per parameter, split into the leaves: fewer hypothesis draws per example.
+  n = sum(x.size for x in LEAVES)
+  locs = draw(hnp.arrays(np.float64, n, elements=MEANS))
+  precs = draw(hnp.arrays(np.float64, n, elements=PRECS))
+  return _like_template(locs), _like_template(precs)
 
 
 def natural(loc, prec):

@@ -12,7 +12,6 @@ docs/library.md's serving snippet runs as written.
 
 import dataclasses
 import inspect
-import itertools
 import json
 import os
 import shutil
@@ -544,90 +543,29 @@ def test_raw_input_predictor_applies_the_preprocessing(tmp_path):
 
 
 # ------------------------------------------------- real data: raw input served
-def _real_mnist_run(tmp_path, dataset, algorithm, from_checkpoint=True):
-  """A tiny run on the real MNIST files (skipped where ../shared/data/mnist is
-  absent), exported from its checkpoint (`launchers.export`'s path) or, without
-  `from_checkpoint`, by `export_run` of the restored run; returns (run dir, export
-  dir, raw t10k images, the restored run or None)."""
-  import gzip  # pylint: disable=g-import-not-at-top
-  from datafiles import real_data_dir  # pylint: disable=g-import-not-at-top
-  from tfbfl.data import mnist  # pylint: disable=g-import-not-at-top
-
-  directory = real_data_dir("mnist")
-  out = tmp_path / dataset
-  params = dict(algorithm=algorithm,
-                dataset=dataset,
-                data_dir=directory,
-                partition="homogeneous",
-                num_clients=20,
-                clients_per_round=2,
-                rounds=2,
-                epochs_per_round=1,
-                batch_size=50,
-                checkpoint_every=1,
-                export=False,
-                output_dir=str(out))
-  if dataset == "pmnist":
-    params.pop("partition")
-  if algorithm == "virtual":
-    params["eval_samples"] = 0  # the raw-pixel path at the means: S reproduced exactly
-  driver.run_training(params)
-  run = None
-  if from_checkpoint:
-    exported = restore.export_from_checkpoint(str(out), verbose=False)
-  else:
-    run = restore.restore_run(str(out))
-    # The caller reads the server model; two client models keep the raw-input path
-    # of a client export (every client's: the checkpoint path of the PMNIST test).
-    exported = export.export_run(run.algorithm,
-                                 run.server_state,
-                                 itertools.islice(
-                                     export.iter_client_states(run.algorithm, run.data.client_ids,
-                                                               run.clients), 2),
-                                 os.path.join(str(out), "export"),
-                                 seed=0,
-                                 raw_input=run.data.raw_input)
+# (VIRTUAL's server model on real MNIST's raw pixels: tests/test_export_predictive.py)
+def _real_pmnist_run(tmp_path):
+  """A tiny FedAvg run on real PMNIST (skipped where ../shared/data/mnist is absent),
+  exported from its checkpoint (`launchers.export`'s path); returns (run dir, export
+  dir)."""
+  directory = _mnist_dir()
+  out = tmp_path / "pmnist"
+  driver.run_training(
+      dict(algorithm="fedavg",
+           dataset="pmnist",
+           data_dir=directory,
+           num_clients=20,
+           clients_per_round=2,
+           rounds=2,
+           epochs_per_round=1,
+           batch_size=50,
+           checkpoint_every=1,
+           export=False,
+           output_dir=str(out)))
+  exported = restore.export_from_checkpoint(str(out), verbose=False)
   assert exported["signature"]["inputs"]["x"] == {"dtype": "uint8", "shape": [None, 28, 28]}
   assert exported["raw_input"]["divisor"] == 255.0 and not exported["raw_input"]["invert"]
-  with gzip.open(os.path.join(directory, "t10k-images-idx3-ubyte.gz"), "rb") as f:
-    raw = mnist.parse_idx(f.read(), "t10k-images-idx3-ubyte")[1]
-  return str(out), os.path.join(str(out), "export"), raw, run
-
-
-def test_real_mnist_export_serves_raw_pixels(tmp_path):
-  """VIRTUAL on real MNIST: the exported server model takes the t10k file's uint8
-  pixels and predicts what the in-library model predicts on x = pixel / 255; fed
-  every client's raw test images it reproduces the run's final S accuracy."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
-  out, directory, raw, run = _real_mnist_run(tmp_path, "mnist", "virtual", from_checkpoint=False)
-  assert run.data.raw_input is not None
-  server = tf.saved_model.load(os.path.join(directory, "server"))
-  batch = raw[:256]
-  got = server.signatures["serving_default"](x=tf.constant(batch))
-  library = run.algorithm.server_predictor(run.server_state)  # the in-library model
-  x = batch.astype(np.float32) / np.float32(255)
-  want = library.serve(tf.constant(x))
-  np.testing.assert_array_equal(got["predictions"].numpy(), want["predictions"].numpy())
-  np.testing.assert_allclose(got["probabilities"].numpy(),
-                             want["probabilities"].numpy(),
-                             rtol=1e-6,
-                             atol=1e-7)
-  features = server.signatures[export.FEATURES_SIGNATURE](x=tf.constant(x))
-  np.testing.assert_array_equal(features["predictions"].numpy(), want["predictions"].numpy())
-  # Every client's test images back as the file's bytes (x * 255 is exact): S accuracy.
-  with open(os.path.join(out, "summary.json")) as f:
-    summary = json.load(f)
-  correct = n = 0
-  for cid in run.data.client_ids:
-    xt, yt = run.data.test[cid]
-    pixels = np.rint(xt * 255).astype(np.uint8)
-    np.testing.assert_array_equal(run.data.raw_input.apply(pixels), xt)
-    pred = server.signatures["serving_default"](x=tf.constant(pixels))["predictions"].numpy()
-    correct += int(np.sum(pred == yt))
-    n += len(yt)
-  assert correct / n == summary["final_server_accuracy"], (correct / n, summary)
-  assert correct / n > 0.5  # real MNIST, 2 rounds: learnt
+  return str(out), os.path.join(str(out), "export")
 
 
 def test_real_pmnist_client_exports_apply_their_permutation(tmp_path):
@@ -636,7 +574,7 @@ def test_real_pmnist_client_exports_apply_their_permutation(tmp_path):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tfbfl import data as data_lib  # pylint: disable=g-import-not-at-top
 
-  out, directory, _, _ = _real_mnist_run(tmp_path, "pmnist", "fedavg")
+  out, directory = _real_pmnist_run(tmp_path)
   manifest = export.read_manifest(directory)
   assert manifest["raw_input"]["permuted"] and not manifest["server"]["raw_input"]["permuted"]
   fd = data_lib.load_pmnist(_mnist_dir(), num_clients=20)  # the run's data (seed 0)

@@ -13,6 +13,11 @@ trained, one never selected), in two batch sizes each: the accuracies agree to
 `TOLERANCE` (the issue's bound; measured: equal), and the probabilities of the two
 batch sizes agree to float rounding.
 
+The posterior-means run's server model also takes the t10k file's uint8 pixels
+and predicts exactly what the in-library model predicts on x = pixel / 255 (its
+features signature too), and every client's raw test images give the run's S
+exactly.
+
 The user's check needs real MNIST (skipped, naming the folder, where
 ../shared/data/mnist is absent); the property it rests on (an example's Monte Carlo
 probabilities do not depend on its batch, for the MLP, conv and LSTM networks, both
@@ -28,6 +33,9 @@ import pytest
 
 from tfbfl import driver
 from tfbfl import export
+from tfbfl import restore
+
+import built_runs
 
 pytestmark = pytest.mark.usefixtures("tff_runtime")
 
@@ -183,19 +191,44 @@ def _accuracies(serve, x, y, batches):
   return accuracies
 
 
-@pytest.mark.parametrize("eval_samples", [None, 0], ids=["default_predictive", "means"])
-def test_exported_models_give_the_runs_accuracies_as_a_user_checks(eval_samples, tmp_path):
+@pytest.fixture(scope="module")
+def mnist():
+  """`(data_dir, data)`: the runs' real MNIST, loaded once for both runs and the checks."""
   from datafiles import real_data_dir  # pylint: disable=g-import-not-at-top
 
   directory = real_data_dir("mnist")
-  params = dict(RUN, data_dir=directory, output_dir=str(tmp_path / "run"))
-  if eval_samples is not None:
-    params["eval_samples"] = eval_samples
-  driver.run_training(params)
-  with open(tmp_path / "run" / "summary.json") as f:
+  return directory, driver.load_data(driver.resolve_params(dict(RUN, data_dir=directory)))
+
+
+@pytest.fixture(scope="module")
+def run_dir(mnist, tmp_path_factory):
+  """`run_dir(eval_samples)`: the directory of RUN at `eval_samples` (None: the
+  default), run once (`run_training`'s round loop and outputs on the loaded data)."""
+  directory, data = mnist
+  runs = {}
+
+  def get(eval_samples):
+    if eval_samples not in runs:
+      out = tmp_path_factory.mktemp("run")
+      params = dict(RUN, data_dir=directory, output_dir=str(out))
+      if eval_samples is not None:
+        params["eval_samples"] = eval_samples
+      algorithm = driver.build_algorithm(data, driver.resolve_params(params))
+      built_runs.run_built(algorithm, data, params)
+      runs[eval_samples] = str(out)
+    return runs[eval_samples]
+
+  return get
+
+
+@pytest.mark.parametrize("eval_samples", [None, 0], ids=["default_predictive", "means"])
+def test_exported_models_give_the_runs_accuracies_as_a_user_checks(eval_samples, mnist, run_dir):
+  directory, fd = mnist
+  run = run_dir(eval_samples)
+  with open(os.path.join(run, "summary.json")) as f:
     summary = json.load(f)
   assert np.isfinite(summary["final_server_loss"]) and np.isfinite(summary["final_mt_loss"])
-  out = str(tmp_path / "run" / "export")
+  out = os.path.join(run, "export")
   manifest = export.read_manifest(out)
   samples = 10 if eval_samples is None else eval_samples
   assert manifest["server"]["samples"] == samples
@@ -211,9 +244,8 @@ def test_exported_models_give_the_runs_accuracies_as_a_user_checks(eval_samples,
   assert all(abs(a - s) <= TOLERANCE for a in got), (got, s)
 
   # Two clients (a trained one and one never selected): their own test images, raw.
-  fd = driver.load_data(driver.resolve_params(dict(params)))
   assert sum(len(fd.test[c][1]) for c in fd.client_ids) == len(labels)  # t10k, partitioned
-  client_mt = _client_mt(str(tmp_path / "run"))
+  client_mt = _client_mt(run)
   trained = [c for c in manifest["clients"] if c["trained"]]
   untrained = [c for c in manifest["clients"] if not c["trained"]]
   assert trained and untrained, manifest["clients"]
@@ -226,3 +258,45 @@ def test_exported_models_give_the_runs_accuracies_as_a_user_checks(eval_samples,
     print(f"client {entry['client_id']} (trained: {entry['trained']}): MT {mt:.4f}, exported "
           f"at batch sizes {CLIENT_BATCHES}: {got}")
     assert all(abs(a - mt) <= TOLERANCE for a in got), (entry["client_id"], got, mt)
+
+
+def test_real_mnist_export_serves_raw_pixels(mnist, run_dir):
+  """VIRTUAL on real MNIST at the posterior means: the exported server model takes the
+  t10k file's uint8 pixels and predicts what the in-library model predicts on
+  x = pixel / 255; fed every client's raw test images it reproduces the run's final S
+  accuracy exactly."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  directory, data = mnist
+  out = run_dir(0)
+  exported = export.read_manifest(os.path.join(out, "export"))
+  assert exported["signature"]["inputs"]["x"] == {"dtype": "uint8", "shape": [None, 28, 28]}
+  assert exported["raw_input"]["divisor"] == 255.0 and not exported["raw_input"]["invert"]
+  run = restore.restore_run(out, data=data)
+  assert run.data.raw_input is not None
+  server = tf.saved_model.load(os.path.join(out, "export", "server"))
+  batch = _t10k(directory)[0][:256]
+  got = server.signatures["serving_default"](x=tf.constant(batch))
+  library = run.algorithm.server_predictor(run.server_state)  # the in-library model
+  x = batch.astype(np.float32) / np.float32(255)
+  want = library.serve(tf.constant(x))
+  np.testing.assert_array_equal(got["predictions"].numpy(), want["predictions"].numpy())
+  np.testing.assert_allclose(got["probabilities"].numpy(),
+                             want["probabilities"].numpy(),
+                             rtol=1e-6,
+                             atol=1e-7)
+  features = server.signatures[export.FEATURES_SIGNATURE](x=tf.constant(x))
+  np.testing.assert_array_equal(features["predictions"].numpy(), want["predictions"].numpy())
+  # Every client's test images back as the file's bytes (x * 255 is exact): S accuracy.
+  with open(os.path.join(out, "summary.json")) as f:
+    summary = json.load(f)
+  correct = n = 0
+  for cid in run.data.client_ids:
+    xt, yt = run.data.test[cid]
+    pixels = np.rint(xt * 255).astype(np.uint8)
+    np.testing.assert_array_equal(run.data.raw_input.apply(pixels), xt)
+    pred = server.signatures["serving_default"](x=tf.constant(pixels))["predictions"].numpy()
+    correct += int(np.sum(pred == yt))
+    n += len(yt)
+  assert correct / n == summary["final_server_accuracy"], (correct / n, summary)
+  assert correct / n > 0.5  # real MNIST, 2 rounds: learnt

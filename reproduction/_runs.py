@@ -33,6 +33,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from tfbfl import round_loop
+from tfbfl import run_outputs
 
 SUMMARY = "summary.json"
 METRICS = "metrics.csv"
@@ -66,7 +67,10 @@ def comparable(flags: Mapping[str, Any], ignore: Sequence[str] = ()) -> Dict[str
   skip = set(NOT_COMPARED) | set(ignore)
   if flags.get("dataset") == "npz":  # the file decides the number of clients
     skip.add("num_clients")
-  return {k: v for k, v in jsonable(dict(flags)).items() if k not in skip}
+  # As summary.json holds them (strict JSON: an infinite flag such as the default
+  # --fola_gamma is the string "inf"), whichever of the two forms `flags` is in.
+  flags = run_outputs.strict_json(jsonable(dict(flags)))
+  return {k: v for k, v in flags.items() if k not in skip}
 
 
 def same_flags(saved: Mapping[str, Any], wanted: Mapping[str, Any],

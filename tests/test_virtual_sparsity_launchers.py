@@ -11,9 +11,11 @@ import os
 import numpy as np
 import pytest
 
-from launcher_helpers import run_launchers_in_parallel
+from launcher_helpers import run_launcher
 
 from tfbfl import gaussian
+from tfbfl import run_outputs
+from reproduction import _runs
 from reproduction import virtual_tables as vx
 
 TINY = [
@@ -30,12 +32,19 @@ def _read_csv(path):
 # ------------------------------------------------------------ launchers (slow)
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory):
-  """Starts both launchers at once (2 shared cores) and waits for both."""
+  """Both launchers, one after the other, into one output directory, as a user runs
+  Table III and then Fig. 4: the SNR launcher reuses the sparsity launcher's finished
+  `virtual_p0` run (the same flags, checkpointed at its last round)."""
+  out = str(tmp_path_factory.mktemp("table3_fig4"))
   jobs = {
       "virtual_sparsity": ["--percentiles=0,50", "--variants=virtual"],
       "virtual_snr_cdf": [],
   }
-  return run_launchers_in_parallel(jobs, tmp_path_factory, TINY, timeout=300)
+  done = {}
+  for name, args in jobs.items():
+    proc = run_launcher(name, f"--output_dir={out}", *TINY, *args)
+    done[name] = (out, proc.returncode, proc.stdout + proc.stderr)
+  return done
 
 
 def test_sparsity_launcher_writes_table3(launched):
@@ -85,6 +94,7 @@ def test_snr_cdf_launcher_writes_fig4(launched):
   assert [int(r["num_weights"]) for r in summary] == [3 * 64 * 8] * 2 + [3 * 8 * 10] * 2
   for name in ("virtual_p0", "virtual_fedavg_init_p0"):
     assert os.path.exists(os.path.join(out, name, "checkpoint.npz"))
+  assert "virtual_p0 reused" in log and "virtual_fedavg_init_p0 trained" in log
 
 
 # --------------------------------------------------------- table writer (fast)
@@ -221,6 +231,16 @@ def test_ensure_run_reuses_resumes_and_retrains(tmp_path):
   os.remove(tmp_path / spec.name / "summary.json")
   _, how = vx.ensure_run(other, str(tmp_path), runner=runner, log=log.append)
   assert how == "resumed" and runner.calls[-1]["resume"]
+
+
+def test_a_finished_run_with_an_infinite_flag_is_the_same_run():
+  """summary.json holds an infinite flag (the default --fola_gamma) as the string "inf"
+  (strict JSON); the flags asked for hold the float: the same run, so reused."""
+  wanted = dict(algorithm="virtual", fola_gamma=float("inf"), rounds=2, kl_weight=1e-3)
+  saved = json.loads(json.dumps(run_outputs.strict_json(wanted)))
+  assert saved["fola_gamma"] == "inf"
+  assert _runs.same_flags(saved, wanted) and _runs.same_flags(wanted, saved)
+  assert not _runs.same_flags(saved, dict(wanted, fola_gamma=1.0))
 
 
 def test_run_sparsity_table_with_fake_runner(tmp_path):

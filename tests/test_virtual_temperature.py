@@ -28,8 +28,9 @@ import train_in_process
 pytestmark = pytest.mark.usefixtures("tff_runtime")
 
 # The run both checks train, at the documented flags (`--temperature_scaling
-# --calibration_fraction=0.2`, docs/virtual.md) on a small network.
-_SIZES = ("--num_clients=6", "--clients_per_round=3", "--rounds=3", "--epochs_per_round=2",
+# --calibration_fraction=0.2`, docs/virtual.md) on a small network; 3 clients (one
+# never selected or not): the check builds and traces a predictor per client.
+_SIZES = ("--num_clients=3", "--clients_per_round=2", "--rounds=3", "--epochs_per_round=2",
           "--hidden_units=16", "--seed=3", "--client_lr=0.1", "--export=false")
 _DOCUMENTED = ("--temperature_scaling", "--calibration_fraction=0.2")
 
@@ -40,7 +41,7 @@ def _last_row(out):
 
 
 def _run(tmp_path, **kw):
-  params = dict(algorithm="virtual", num_clients=6, clients_per_round=3, rounds=3,
+  params = dict(algorithm="virtual", num_clients=3, clients_per_round=2, rounds=3,
                 epochs_per_round=2, hidden_units=(16,), seed=3, client_lr=0.1,
                 output_dir=str(tmp_path), verbose=False, export=False,
                 temperature_scaling=True, calibration_fraction=0.25)
@@ -114,7 +115,8 @@ def _check_against_predictors(out, last, samples):
 def test_posterior_mean_temperatures_match_the_predictors(tmp_path):
   last = _run(tmp_path, eval_samples=0)
   fits = _check_against_predictors(tmp_path, last, samples=0)
-  # the fit is informative: the calibration NLL is not flat over the grid
+  # the fit is informative: the calibration NLL is not flat over the grid (max / min
+  # over seeds 0-4: 6.9-21.9)
   assert fits["mt"].max() > 1.5 * fits["mt"].min()
 
 

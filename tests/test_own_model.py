@@ -169,7 +169,8 @@ def test_fola_with_the_preset_spelled_out_is_the_preset_run(tff_runtime, mymodel
 def test_a_user_conv_net_trains_with_every_deterministic_algorithm(tff_runtime, mymodels,
                                                                    tmp_path):
   del tff_runtime, mymodels
-  common = dict(_SMALL, rounds=3, epochs_per_round=2, num_clients=4, clients_per_round=2,
+  # Two clients: each run exports every client's model (Local's ensemble: K of them).
+  common = dict(_SMALL, rounds=3, epochs_per_round=2, num_clients=2, clients_per_round=2,
                 client_lr=0.1, model="mymodels:build", export=True)
   extra = dict(fedprox=dict(mu=0.01),
                fedpa=dict(fedpa_server_burn_in=1, fedpa_burn_in=1, epochs_per_round=3))
@@ -185,7 +186,7 @@ def test_a_user_conv_net_trains_with_every_deterministic_algorithm(tff_runtime, 
   _check_reproduces(str(tmp_path / "local"), pooled_server=True)
   # Chance is 0.1 on digits.
   print(f"\nbest S and MT accuracy of the user conv net: {accuracy}")
-  # (measured: S 0.43-0.52, MT 0.53-0.83 after these 3 short rounds)
+  # (measured over seeds 0-4: S 0.71-0.92, MT 0.74-0.94 after these 3 short rounds)
   assert all(s > 0.25 and mt > 0.25 for s, mt in accuracy.values()), accuracy
 
 

@@ -32,6 +32,27 @@ def build(params):
   return data, driver.build_algorithm(data, p)
 
 
+class Builds:
+  """Algorithms built once per algorithm configuration (`driver.configs(...).algorithm`)
+  for a module's runs: an algorithm holds no run's state and reads only its
+  configuration and the data's shapes, so runs of one configuration (on data of those
+  shapes) share its computations."""
+
+  def __init__(self):
+    self._built = []  # (config, algorithm): configs are compared, not hashed
+
+  def algorithm(self, data, params):
+    """The algorithm `driver.build_algorithm(data, params)` builds, built once."""
+    p = driver.resolve_params(params)
+    config = driver.configs(p, data).algorithm
+    for built_config, algorithm in self._built:
+      if type(built_config) is type(config) and built_config == config:
+        return algorithm
+    algorithm = driver.build_algorithm(data, p)
+    self._built.append((config, algorithm))
+    return algorithm
+
+
 def run_built(algorithm, data, params):
   """The summary of `run_training(params)` run on `algorithm` (built for the same
   configuration, e.g. by `build`) and `data`, on the session's runtime."""

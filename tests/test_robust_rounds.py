@@ -18,6 +18,7 @@ from tfbfl import state_files  # noqa: E402
 from tfbfl import driver  # noqa: E402
 from tfbfl.algorithms import robust  # noqa: E402
 from launcher_helpers import run_launcher  # noqa: E402
+import built_runs  # noqa: E402
 
 _ROUNDS = 2
 
@@ -44,21 +45,11 @@ def digits():
 
 @pytest.fixture(scope="module")
 def built(tff_runtime, digits):
-  """`build(p)`: `driver.build_algorithm` once per algorithm config for the module.
-  An algorithm holds no run's state and reads only the data's shapes (the scaled
-  clients' are the digits'), so the runs of one config share its computations."""
+  """`build(p)`: the algorithm of `p`, built once per config for the module (the scaled
+  clients' shapes are the digits')."""
   del tff_runtime
-  algorithms = []
-
-  def build(p):
-    config = driver.configs(p, digits).algorithm
-    for c, algo in algorithms:
-      if type(c) is type(config) and c == config:
-        return algo
-    algorithms.append((config, driver.build_algorithm(digits, p)))
-    return algorithms[-1][1]
-
-  return build
+  builds = built_runs.Builds()
+  return lambda p: builds.algorithm(digits, p)
 
 
 def _scaled(fd, client, scale):

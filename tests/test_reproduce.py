@@ -369,12 +369,13 @@ def _runner(tmp_path, *extra):
           *extra]
 
 
-def _launcher_of(process, arg):
-  """The `launchers.train` children of `process` (psutil) whose command line holds `arg`."""
+def _launcher_of(process, arg=None):
+  """The `launchers.train` children of `process` (psutil) whose command line holds `arg`
+  (any, without it)."""
   found = []
   for p in process.children():
     try:
-      if "launchers.train" in p.cmdline() and arg in p.cmdline():
+      if "launchers.train" in p.cmdline() and (arg is None or arg in p.cmdline()):
         found.append(p)
     except psutil.NoSuchProcess:  # a short-lived child (git) gone meanwhile
       pass
@@ -652,8 +653,7 @@ def crashed_cell(tmp_path_factory):
     its own too)."""
     lines.append(line)
     if "building computations" in line and not killed:
-      launcher, = [p for p in psutil.Process().children()
-                   if "launchers.train" in " ".join(p.cmdline())]
+      launcher, = _launcher_of(psutil.Process())
       for p in launcher.children(recursive=True):
         if p.name() == "worker_binary":
           p.send_signal(signal.SIGSEGV)
@@ -777,8 +777,7 @@ def test_max_hours_stops_a_checkpointing_cell_at_the_limit_for_the_next_invocati
     (SIGSTOP): its round in flight waits for the limit, at no CPU."""
     lines.append(line)
     if line.lstrip().startswith("[fedavg] round ") and not stopped:
-      launcher, = [p for p in psutil.Process().children()
-                   if "launchers.train" in " ".join(p.cmdline())]
+      launcher, = _launcher_of(psutil.Process())
       stopped.extend(p for p in launcher.children(recursive=True) if p.name() == "worker_binary")
       for p in stopped:
         p.send_signal(signal.SIGSTOP)

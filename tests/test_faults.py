@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -285,10 +286,26 @@ def test_a_directory_turned_read_only_mid_run_is_one_line(tmp_path, uninterrupte
     assert _timeless(_csv(out)) == uninterrupted()
 
 
+def _closed_to_others(path):
+  """The first folder from `path` up to / that other users cannot enter, or None."""
+  path = os.path.abspath(path)
+  while True:
+    if not os.stat(path).st_mode & stat.S_IXOTH:
+      return path
+    if os.path.dirname(path) == path:
+      return None
+    path = os.path.dirname(path)
+
+
 def _as_nobody(*args, **kw):
   """`args` run as user nobody (setpriv), or a skip saying why it cannot be."""
   if os.geteuid() != 0 or not shutil.which("setpriv"):
     pytest.skip("runs a process as user nobody: needs root and setpriv")
+  for needed in (launcher_helpers.ROOT, sys.prefix):  # the checkout, the venv
+    closed = _closed_to_others(needed)
+    if closed:  # e.g. a clone inside `mktemp -d` (mode 700)
+      pytest.skip(f"runs a process as user nobody, who cannot enter {closed} "
+                  f"(mode {stat.S_IMODE(os.stat(closed).st_mode):o}) to reach {needed}")
   return subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", *args],
                         capture_output=True, text=True, timeout=120, cwd=launcher_helpers.ROOT,
                         env=dict(os.environ, TMPDIR="/tmp"), **kw)

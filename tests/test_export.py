@@ -486,6 +486,71 @@ def test_a_monte_carlo_predictor_is_traced_once_and_saving_reuses_it(raw, tmp_pa
     predictor_lib.make_predictor(None, seeded_forward=seeded, default_seed=(3, 4), **kw)
 
 
+def test_a_predictor_described_anew_serves_its_new_values_and_seed_without_a_new_trace(
+    tmp_path):
+  """What the export does for a run's clients: another model's values assigned to a
+  predictor's variables and its seed and description set by `describe` are what it
+  serves, in-process and saved, from the first trace."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  traces = []
+  w = tf.Variable([[1.0, -1.0]])
+
+  def seeded(x, seed):
+    traces.append(1)
+    logits = x * w + tf.random.stateless_normal(tf.shape(x * w), seed)
+    return tf.nn.softmax(logits), tf.argmax(logits, -1, output_type=tf.int32)
+
+  kw = dict(input_shape=(1,), input_dtype="float32", num_classes=2, variables=[w])
+  model = predictor_lib.make_predictor(None, seeded_forward=seeded, default_seed=(3, 4), **kw)
+  assert [id(v) for v in model.weights] == [id(w)]  # the seed is not a weight
+  w.assign([[0.5, 2.0]])
+  assert model.describe(dict(client=1), (5, 6)) is model
+  assert model.info == dict(client=1, mc_seed=[5, 6])
+  loaded = tf.saved_model.load(predictor_lib.save_predictor(model, str(tmp_path / "m")))
+  assert len(traces) == 1  # (a call outside a save's context traces anew: not the export's)
+  x = tf.constant([[2.0], [-1.0]])
+  at = lambda s: model.serve_seeded(x, tf.constant(s, tf.int64))["probabilities"].numpy()
+  np.testing.assert_array_equal(
+      loaded.signatures["serving_default"](x=x)["probabilities"].numpy(), at([5, 6]))
+  np.testing.assert_array_equal(model(x).numpy(), at([5, 6]))
+  assert not np.array_equal(at([5, 6]), at([3, 4]))
+  with pytest.raises(ValueError, match="needs `default_seed`"):
+    model.describe({})
+  deterministic = predictor_lib.make_predictor(lambda x: seeded(x, [0, 0]), **kw)
+  with pytest.raises(ValueError, match="Monte Carlo"):
+    deterministic.describe({}, (1, 2))
+
+
+def test_virtual_client_predictors_share_one_trace_and_are_each_clients_model(virtual_run):
+  """VIRTUAL's `client_predictor(..., reuse=)` assigns each client into one traced
+  predictor (as the export passes them): at the means and as a Monte Carlo
+  predictive, what it serves and states for each client is what a predictor built
+  for that client alone serves and states; another kind of predictor is not reused."""
+  run = restore.restore_run(virtual_run)
+  algorithm, state = run.algorithm, run.server_state
+  clients = [s for _, _, s in export.iter_client_states(algorithm, run.data.client_ids,
+                                                          run.clients)]
+  assert len(clients) > 1, virtual_run
+  x = run.data.test[run.data.client_ids[0]][0][:50]
+  for samples in (0, 3):
+    shared = None
+    served = []
+    for client in clients:
+      alone = algorithm.client_predictor(state, client, samples=samples, seed=7)
+      got = algorithm.client_predictor(state, client, samples=samples, seed=7, reuse=shared)
+      assert shared is None or got is shared
+      shared = got
+      served.append(got(x).numpy())
+      np.testing.assert_array_equal(served[-1], alone(x).numpy())
+      assert got.info == alone.info
+    assert any(not np.array_equal(served[0], s) for s in served[1:])  # models differ
+    traced = shared.serve_seeded if samples else shared.serve
+    assert traced.experimental_get_tracing_count() == 1  # calls included
+  server = algorithm.server_predictor(state, samples=3)
+  assert algorithm.client_predictor(state, clients[0], samples=3, reuse=server) is not server
+
+
 def test_algorithm_without_hooks_is_refused(tmp_path):
   with pytest.raises(NotImplementedError, match="cannot be exported"):
     export.export_run(object(), None, [], str(tmp_path))

@@ -95,9 +95,12 @@ def _check_against_predictors(out, last, samples):
   fits = {"server": 0.0, "mt": 0.0}
   tests = {"server": 0.0, "mt": 0.0}
   n = 0
+  mt = None
   for i in range(k):
     x, y, xc, yc = data[i]
-    predict = {"server": server, "mt": algorithm.client_predictor(state, clients[i], seed=seed)}
+    # Client i's model assigned into client i - 1's predictor, as the export does.
+    mt = algorithm.client_predictor(state, clients[i], seed=seed, reuse=mt)
+    predict = {"server": server, "mt": mt}
     for key in fits:
       fit, test = _grid_nll(np.asarray(predict[key](xc)), yc), _grid_nll(np.asarray(predict[key](x)), y)
       np.testing.assert_allclose(reported[i][f"{key}_fit_nll"], fit, rtol=1e-4, err_msg=key)

@@ -107,14 +107,17 @@ manifest maps ids to paths.
 Hooks (what an algorithm defines to be exportable, `supports_export`):
 
     server_predictor(server_state, *, samples=None, seed=0) -> predictor
-    client_predictor(server_state, client_state, *, samples=None, seed=0) -> predictor
+    client_predictor(server_state, client_state, *, samples=None, seed=0,
+                     reuse=None) -> predictor
 
 returning `tfbfl.predictor.make_predictor(...)` modules (`samples=None`: what the evaluation
 computes); an algorithm whose server model needs every client's state sets
-`export_server_needs_clients = True` and takes `client_states=` (Local).
+`export_server_needs_clients = True` and takes `client_states=` (Local). `reuse` is
+the previous client's predictor: a hook may assign this client's model into it
+instead of tracing a new one (VIRTUAL does: one trace of its client network a run).
 
-Linear in K: one predictor built and saved per model (measured seconds:
-docs/performance.md, "Export").
+Linear in K: one predictor saved per model (measured seconds: docs/performance.md,
+"Export").
 
 The models themselves are `tfbfl.predictor` modules; this module writes a run's set
 of them and its manifest. It imports TensorFlow on first use only (the driver
@@ -289,10 +292,12 @@ def _export_run(algorithm, server_state, client_states, out_dir, samples, seed, 
   del server, kwargs
 
   entries, names, namer = [], [], _DirNames()
+  features = None  # the previous client's model: the hook may assign the next one into it
   for cid, index, state in client_states:  # one state in memory at a time
     cid, index = str(cid), int(index)
     name = namer(cid, index)
-    model = raw(algorithm.client_predictor(server_state, state, seed=int(seed)), cid)
+    features = algorithm.client_predictor(server_state, state, seed=int(seed), reuse=features)
+    model = raw(features, cid)
     _check_signature(model, signature, f"client {cid!r}")
     predictor_lib.save_predictor(model, os.path.join(out_dir, CLIENTS_DIR, name))
     entry = dict(client_id=cid, client_index=index, path=f"{CLIENTS_DIR}/{name}", **model.info)

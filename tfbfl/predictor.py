@@ -14,8 +14,8 @@ process that has no tfbfl. Signature `serving_default`:
                         prediction (the argmax of its own decision score)
 
 A Monte Carlo predictive also has `predict_seeded(x, seed)` (seed int64 [2]);
-`serving_default` then uses a fixed seed (`default_seed`, recorded in `info` as
-`mc_seed`). `with_raw_input` puts a loader's preprocessing in front of a predictor
+`serving_default` then uses a fixed seed (`default_seed`, a variable of the
+SavedModel, recorded in `info` as `mc_seed`). `with_raw_input` puts a loader's preprocessing in front of a predictor
 (`serving_default` on the raw input, `predict_features` on the features).
 
 This module imports TensorFlow on first use only.
@@ -106,6 +106,7 @@ def make_predictor(forward: Callable,
                    seeded_forward: Optional[Callable] = None,
                    default_seed: Optional[Sequence[int]] = None,
                    features=None,
+                   source: Any = None,
                    name: str = "predictor"):
   """A `tf.Module` that `save_predictor` writes as a SavedModel (the hooks' result).
 
@@ -123,9 +124,14 @@ def make_predictor(forward: Callable,
       and the extra signature `predict_seeded(x, seed)` takes it as an input.
     features: a predictor on the evaluation's features that this one wraps
       (`with_raw_input`); saved with it as the signature `predict_features`.
+    source: what the code that made the module needs to assign another model into
+      it later (e.g. the network whose variables `forward` reads); kept as
+      `module.source`, not saved. See `Predictor.describe`.
     name: module name.
 
   The module is callable in-process: `module(x)` -> probabilities (a tensor).
+  Its functions read `variables` when called, so values assigned to them later
+  (followed by `describe`) are the model it serves and saves, without a new trace.
   """
   cls = _predictor_class()
   return cls(forward,
@@ -137,6 +143,7 @@ def make_predictor(forward: Callable,
              seeded_forward=seeded_forward,
              default_seed=default_seed,
              features=features,
+             source=source,
              name=name)
 
 
@@ -153,7 +160,7 @@ def _predictor_class():
     """See `make_predictor`."""
 
     def __init__(self, forward, *, input_shape, input_dtype, num_classes, variables, info,
-                 seeded_forward, default_seed, features, name):
+                 seeded_forward, default_seed, features, source, name):
       super().__init__(name=name)
       if features is not None:
         self.features = features  # tracked: saved with this module
@@ -164,6 +171,7 @@ def _predictor_class():
       object.__setattr__(self, "input_dtype", str(input_dtype))
       object.__setattr__(self, "num_classes", int(num_classes))
       object.__setattr__(self, "seeded", seeded_forward is not None)
+      object.__setattr__(self, "source", source)
 
       def outputs(p, c):
         return {
@@ -179,10 +187,11 @@ def _predictor_class():
         self.serve = tf.function(serve, input_signature=[spec], autograph=False)
         functions = [self.serve]
       else:
-        if default_seed is None:
-          raise ValueError("a seeded (Monte Carlo) predictor needs `default_seed`.")
-        fixed = np.asarray(default_seed, np.int64).reshape([2])
-        self.info["mc_seed"] = [int(s) for s in fixed]
+        # A variable, so that `describe` can give the traced graphs another seed.
+        self.default_seed = tf.Variable(np.zeros([2], np.int64),
+                                        trainable=False,
+                                        name="default_seed")
+        self.describe(self.info, default_seed)
 
         def serve_seeded(x, seed):
           return outputs(*seeded_forward(x, seed))
@@ -193,7 +202,7 @@ def _predictor_class():
 
         # Calls the seeded function rather than tracing the forward pass a second time.
         def serve(x):
-          return self.serve_seeded(x, tf.constant(fixed))
+          return self.serve_seeded(x, self.default_seed.read_value())
 
         self.serve = tf.function(serve, input_signature=[spec], autograph=False)
         functions = [self.serve_seeded, self.serve]
@@ -204,15 +213,37 @@ def _predictor_class():
         for f in functions:
           for v in f.get_concrete_function().variables:
             read[id(v)] = v
+      if self.seeded:
+        read.pop(id(self.default_seed), None)  # saved as `default_seed`, not a weight
       wanted = [v for v in variables if id(v) in read]
       wanted += [v for k, v in read.items() if k not in {id(w) for w in wanted}]
       self.weights = wanted
+
+    def describe(self, info: Dict[str, Any], default_seed: Optional[Sequence[int]] = None):
+      """Sets the description (`info`) and, for a Monte Carlo predictive, the fixed
+      seed of `serving_default` (`default_seed`, recorded in `info` as `mc_seed`).
+      The code that made this module calls it after assigning another model's
+      values to its variables (the algorithms' export hooks, given `reuse=`), so
+      that one trace serves every client of a run. Returns the module."""
+      info = dict(info)
+      if self.seeded:
+        if default_seed is None:
+          raise ValueError("a seeded (Monte Carlo) predictor needs `default_seed`.")
+        fixed = np.asarray(default_seed, np.int64).reshape([2])
+        self.default_seed.assign(fixed)
+        info["mc_seed"] = [int(s) for s in fixed]
+      elif default_seed is not None:
+        raise ValueError("`default_seed` is for a seeded (Monte Carlo) predictor only.")
+      object.__setattr__(self, "info", info)
+      return self
 
     def __call__(self, x):
       """Probabilities of `x` (a tensor or array), in-process."""
       if not tf.is_tensor(x):
         x = np.asarray(x, np.dtype(self.input_dtype))
-      return self.serve(tf.convert_to_tensor(x, tf.as_dtype(self.input_dtype)))["probabilities"]
+      with saving_scope():  # the context of the traces made above: no new trace
+        return self.serve(tf.convert_to_tensor(x, tf.as_dtype(
+            self.input_dtype)))["probabilities"]
 
     @property
     def signatures(self) -> Dict[str, Any]:

@@ -264,14 +264,17 @@ class SupportsExport(Protocol):
   modules (`tfbfl.export.export_run` writes them as SavedModels). `samples=None`:
   what the evaluation computes; > 0: an MC predictive where the model is Bayesian.
   With `export_server_needs_clients`, `server_predictor` also takes
-  `client_states=` (every client's state: Local's ensemble)."""
+  `client_states=` (every client's state: Local's ensemble). `reuse` is a
+  predictor `client_predictor` returned for an earlier client with the same
+  `samples` (`export_run` passes the previous one): the hook may assign this
+  client's model into it and return it rather than trace a new one."""
   export_server_needs_clients: bool
 
   def server_predictor(self, server_state, *, samples: Optional[int] = None, seed: int = 0):
     ...
 
   def client_predictor(self, server_state, client_state, *, samples: Optional[int] = None,
-                       seed: int = 0):
+                       seed: int = 0, reuse: Any = None):
     ...
 
 

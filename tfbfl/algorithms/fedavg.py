@@ -958,10 +958,11 @@ class FedAvgAlgorithm:
                        client_state,
                        *,
                        samples: Optional[int] = None,
-                       seed: int = 0):
+                       seed: int = 0,
+                       reuse=None):
     """The model metric MT evaluates for this client: its deployed weights (after
     its last local training; the initial server model if never selected)."""
-    del server_state, samples, seed
+    del server_state, samples, seed, reuse  # a new Keras model is cheap to trace
     return self.computations.predictor(
         client_state,
         info=dict(metric="MT",

@@ -626,10 +626,11 @@ class _LaplaceBase:
                        client_state,
                        *,
                        samples: Optional[int] = None,
-                       seed: int = 0):
+                       seed: int = 0,
+                       reuse=None):
     """The model metric MT evaluates for this client: its last trained weights
     (the initial model if never selected)."""
-    del server_state, samples, seed
+    del server_state, samples, seed, reuse  # a new Keras model is cheap to trace
     return self._export_predictor(
         client_state.weights,
         dict(metric="MT",

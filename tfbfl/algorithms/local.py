@@ -179,9 +179,10 @@ class LocalAlgorithm:
                        client_state,
                        *,
                        samples: Optional[int] = None,
-                       seed: int = 0):
+                       seed: int = 0,
+                       reuse=None):
     """The model metric MT evaluates for this client: its own model."""
-    del server_state, samples, seed
+    del server_state, samples, seed, reuse  # a new Keras model is cheap to trace
     return self.computations.predictor(
         client_state,
         info=dict(metric="MT",
@@ -260,9 +261,10 @@ class GlobalAlgorithm:
                        client_state,
                        *,
                        samples: Optional[int] = None,
-                       seed: int = 0):
+                       seed: int = 0,
+                       reuse=None):
     """Every client's MT model is the pooled-data model (clients hold none)."""
-    del client_state, samples, seed
+    del client_state, samples, seed, reuse
     return self.computations.predictor(server_state.model_weights,
                                        info=dict(metric="MT", model="the pooled-data model"),
                                        name="client")

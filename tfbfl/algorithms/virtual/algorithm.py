@@ -546,13 +546,17 @@ class VirtualAlgorithm:
                        client_state,
                        *,
                        samples: Optional[int] = None,
-                       seed: int = 0):
+                       seed: int = 0,
+                       reuse=None):
     """The model metric MT evaluates for this client: the client network (its
     shared posterior q_i and its private weights, joined by the lateral
     connections; the server network with q_i where `private` is off), at the means
     (`eval_samples == 0`) or the average of `eval_samples` sampled passes (fixed
     seed `[seed, client_index + 1]`). A client never trained has its initial model.
-    The server state is not read (MT is a function of the client's state)."""
+    The server state is not read (MT is a function of the client's state).
+    `reuse`: a client predictor this algorithm returned before with the same
+    `samples`; this client's model is assigned into it and it is returned, without
+    a new trace (its previous model is gone)."""
     del server_state
     state = _as_client_state(client_state)
     samples = self.config.eval_samples if samples is None else int(samples)
@@ -569,26 +573,30 @@ class VirtualAlgorithm:
                                             ("at the posterior means" if samples == 0 else
                                              f"{samples}-pass Monte Carlo predictive"),
                                             trained=bool(np.asarray(state.trained))),
-                                  name="client")
+                                  name="client",
+                                  reuse=reuse)
 
-  def _export_predictor(self, posterior, private, head, samples, mc_seed, info, name):
+  def _export_predictor(self, posterior, private, head, samples, mc_seed, info, name, reuse=None):
     """A predictor computing the evaluation's predictive (`evaluation`): the network's
     variables are assigned as the evaluation assigns them (from the natural
     parameters), and the forward pass, the softmax, the Monte Carlo average and
-    the decision `argmax metrics.log_probabilities(p)` are the same ops."""
+    the decision `argmax metrics.log_probabilities(p)` are the same ops. With
+    `reuse` (a predictor this method made for the same head, samples and name),
+    the values are assigned into its network and it is returned."""
     cfg = self.config
     if cfg.likelihood != "categorical":
       raise ValueError("export needs a categorical likelihood (class probabilities), got "
                        f"likelihood={cfg.likelihood!r}.")
+    info = dict(info, samples=int(samples))
+    mc_seed = None if samples == 0 else mc_seed
+    made = _ExportNetwork(self, head, int(samples), name, None)
+    source = None if reuse is None else reuse.source
+    if isinstance(source, _ExportNetwork) and source.made_as(made):
+      _assign_export_network(source.net, posterior, private)
+      return reuse.describe(info, mc_seed)
     with predictor_lib.eager_scope():  # as for any Keras model built by an export
       net = build_networks(cfg)
-    as_tensors = lambda ts: [tf.constant(np.asarray(t, np.float32)) for t in ts]
-    if private is not None:
-      net.set_private_weights(as_tensors(private))  # exact copies
-    # The layers' (loc, scale) from the natural parameters, with the ops of the
-    # evaluation's `set_shared_posterior` (loc = eta1 / eta2).
-    net.set_shared_posterior(
-        gaussian.NaturalGaussian(as_tensors(posterior.eta1), as_tensors(posterior.eta2)))
+    _assign_export_network(net, posterior, private)
 
     def predictive(x, seed):
       # The evaluation's function (example-keyed noise: independent of the batch).
@@ -601,11 +609,37 @@ class VirtualAlgorithm:
               input_dtype="int32" if cfg.architecture == "lstm" else "float32",
               num_classes=cfg.num_classes,
               variables=net.trainable_variables,
-              info=dict(info, samples=int(samples)),
+              info=info,
+              source=made._replace(net=net),
               name=name)
     if samples == 0:
       return predictor_lib.make_predictor(lambda x: predictive(x, None), **kw)
     return predictor_lib.make_predictor(None, seeded_forward=predictive, default_seed=mc_seed, **kw)
+
+
+class _ExportNetwork(NamedTuple):
+  """An exported predictor's `source`: the network its graphs read, and what it was
+  made as (the algorithm, the head, the number of samples, the name)."""
+  algorithm: Any
+  head: int
+  samples: int
+  name: str
+  net: Any
+
+  def made_as(self, other: "_ExportNetwork") -> bool:
+    return (self.algorithm is other.algorithm and
+            (self.head, self.samples, self.name) == (other.head, other.samples, other.name))
+
+
+def _assign_export_network(net, posterior, private):
+  """Assigns an export's network: the private weights (exact copies) and the layers'
+  (loc, scale) from the natural parameters, with the ops of the evaluation's
+  `set_shared_posterior` (loc = eta1 / eta2)."""
+  as_tensors = lambda ts: [tf.constant(np.asarray(t, np.float32)) for t in ts]
+  if private is not None:
+    net.set_private_weights(as_tensors(private))
+  net.set_shared_posterior(
+      gaussian.NaturalGaussian(as_tensors(posterior.eta1), as_tensors(posterior.eta2)))
 
 
 def build(data, config: VirtualConfig, run) -> VirtualAlgorithm:

@@ -15,8 +15,9 @@ process that has no tfbfl. Signature `serving_default`:
 
 A Monte Carlo predictive also has `predict_seeded(x, seed)` (seed int64 [2]);
 `serving_default` then uses a fixed seed (`default_seed`, a variable of the
-SavedModel, recorded in `info` as `mc_seed`). `with_raw_input` puts a loader's preprocessing in front of a predictor
-(`serving_default` on the raw input, `predict_features` on the features).
+SavedModel, recorded in `info` as `mc_seed`). `with_raw_input` puts a loader's
+preprocessing in front of a predictor (`serving_default` on the raw input,
+`predict_features` on the features).
 
 This module imports TensorFlow on first use only.
 """

@@ -14,7 +14,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple, Optional, Tuple
 
 import numpy as np
 
@@ -589,9 +589,9 @@ class VirtualAlgorithm:
                        f"likelihood={cfg.likelihood!r}.")
     info = dict(info, samples=int(samples))
     mc_seed = None if samples == 0 else mc_seed
-    made = _ExportNetwork(self, head, int(samples), name, None)
+    key = (head, int(samples), name)
     source = None if reuse is None else reuse.source
-    if isinstance(source, _ExportNetwork) and source.made_as(made):
+    if isinstance(source, _ExportNetwork) and source.algorithm is self and source.key == key:
       _assign_export_network(source.net, posterior, private)
       return reuse.describe(info, mc_seed)
     with predictor_lib.eager_scope():  # as for any Keras model built by an export
@@ -610,7 +610,7 @@ class VirtualAlgorithm:
               num_classes=cfg.num_classes,
               variables=net.trainable_variables,
               info=info,
-              source=made._replace(net=net),
+              source=_ExportNetwork(self, key, net),
               name=name)
     if samples == 0:
       return predictor_lib.make_predictor(lambda x: predictive(x, None), **kw)
@@ -618,17 +618,11 @@ class VirtualAlgorithm:
 
 
 class _ExportNetwork(NamedTuple):
-  """An exported predictor's `source`: the network its graphs read, and what it was
-  made as (the algorithm, the head, the number of samples, the name)."""
+  """An exported predictor's `source`: the algorithm that made it, what it was made
+  as (head, number of samples, name) and the network its graphs read."""
   algorithm: Any
-  head: int
-  samples: int
-  name: str
+  key: Tuple[int, int, str]
   net: Any
-
-  def made_as(self, other: "_ExportNetwork") -> bool:
-    return (self.algorithm is other.algorithm and
-            (self.head, self.samples, self.name) == (other.head, other.samples, other.name))
 
 
 def _assign_export_network(net, posterior, private):

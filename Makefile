@@ -35,7 +35,7 @@ TEST_WORKERS ?= 2
 TEST_TF_THREADS ?= 1
 TF_THREADS_ENV := $(if $(TEST_TF_THREADS),TF_NUM_INTRAOP_THREADS=$(TEST_TF_THREADS) TF_NUM_INTEROP_THREADS=$(TEST_TF_THREADS))
 test: install lint
-	TF_CPP_MIN_LOG_LEVEL=2 $(TF_THREADS_ENV) $(PY) -m pytest -q tests -n $(TEST_WORKERS) --dist loadfile --durations=15
+	TF_CPP_MIN_LOG_LEVEL=2 $(TF_THREADS_ENV) $(PY) -m pytest -q tests -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15
 
 demo: install
 	TF_CPP_MIN_LOG_LEVEL=3 $(PY) -m launchers.demo

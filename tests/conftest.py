@@ -57,6 +57,23 @@ def tff_runtime():
   runtime.shutdown()
 
 
+@pytest.fixture
+def eager_functions():
+  """The test's `tf.function`s run as plain Python (`tf.config.run_functions_eagerly`).
+
+  For checks of mathematics (two formulations of one step agree) run at many settings:
+  tracing and grappler cost a tiny network's step ~4 CPU-s a function, running it
+  eagerly ~0.2 s. Each such test keeps its default case in graph mode, as TFF runs it.
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  tf.config.run_functions_eagerly(True)
+  try:
+    yield
+  finally:
+    tf.config.run_functions_eagerly(False)
+
+
 def _leftover_processes():
   me = psutil.Process()
   found = {p.pid: p for p in me.children(recursive=True)}
@@ -110,6 +127,28 @@ def no_process_outlives_the_session():
   lines = _end_leftovers()
   if lines:
     pytest.fail("tests left processes running (killed now):\n" + "\n".join(lines))
+
+
+# pytest-xdist hands whole modules (`--dist loadfile`) to whichever worker is free, in
+# collection order (`--no-loadscope-reorder`, Makefile): the slowest first, so that the
+# two workers end together (longest first; by test count, xdist's own order, the two
+# ended 43 s apart). The modules over ~20 CPU-s, slowest first, as measured in
+# docs/tests.md ("Time"); the others follow in file order.
+_SLOWEST_FIRST = (
+    "test_real_data", "test_reproduce", "test_export", "test_own_model_virtual",
+    "test_launchers_smoke", "test_faults_launcher", "test_export_predictive",
+    "test_virtual_step", "test_scale_optimizer", "test_outputs", "test_own_model",
+    "test_eval_scaling", "test_layers_keras", "test_tff_learning", "test_virtual_ep",
+    "test_robust_rounds", "test_virtual_architectures", "test_server_optimizers",
+    "test_virtual_sparsity_launchers", "test_fola", "test_pfnm_launchers",
+    "test_networks_conv_lstm", "test_client_batch", "test_fedavg", "test_runtime",
+    "test_virtual", "test_virtual_temperature", "test_run_directory", "test_remote",
+    "test_fola_laplace", "test_fedpa")
+
+
+def pytest_collection_modifyitems(items):
+  rank = {name: i for i, name in enumerate(_SLOWEST_FIRST)}
+  items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: file order kept
 
 
 def pytest_sessionfinish(session, exitstatus):

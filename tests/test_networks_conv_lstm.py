@@ -293,6 +293,7 @@ def test_docstring_examples_run(name):
   exec(textwrap.dedent(code), {})  # pylint: disable=exec-used
 
 
+@pytest.mark.usefixtures("eager_functions")  # its subject is the step's maths
 def test_virtual_lstm_client_update_is_stable_under_a_sharp_shared_prior():
   """Regression: VIRTUAL's LSTM client round gave a NaN loss at client_lr=0.2.
 

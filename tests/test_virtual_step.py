@@ -12,6 +12,11 @@ rounding, with or without noise. Its data loss and gradient agree with the layer
 for a fixed epsilon (and for the posterior-mean pass), its analytic KL gradient with
 autodiff of `kl_shared()`/`kl_private()`, and end to end it learns digits as the
 Keras path does.
+
+The equalities are checked at the default settings in graph mode (the library's
+`tf.function`s, as TFF's computations run them) and at the other settings eagerly
+(`eager_functions`, tests/conftest.py): the mathematics is the same, and tracing each
+setting anew was ~8 CPU-s a case against ~1 eagerly.
 """
 
 import csv
@@ -93,7 +98,9 @@ def _assert_same_update(a, b, atol, rtol=1e-4):
         dict(kl_weight=50.0, client_lr=0.5),  # stiff KL: proximal step matters
         dict(private_kl_weight=20.0, client_lr=0.5),  # the private KL weighted on its own
     ])
-def test_one_step_matches_keras_path(kw):
+def test_one_step_matches_keras_path(kw, request):
+  if kw:  # the variants eagerly, the default in graph mode (module docstring)
+    request.getfixturevalue("eager_functions")
   cfg = _config(**kw)
   x, y = _data(13)  # 13 < batch_size 16: one masked step
   a, b = _both_paths(cfg, x, y)
@@ -105,6 +112,7 @@ def test_one_step_matches_keras_path(kw):
   assert np.max(np.abs(moved)) > 1e-3
 
 
+@pytest.mark.usefixtures("eager_functions")
 def test_several_epochs_match_keras_path():
   cfg = _config(epochs=3, batch_size=5)  # 3 steps an epoch, the last masked
   x, y = _data(13)
@@ -308,7 +316,9 @@ def _train_inputs(cfg, clients, seed=0):
         dict(server_loss_weight=0.0, hidden_units=(6,)),  # one hidden layer, eq. (3) alone
         dict(private_kl_weight=5.0, client_lr=0.1),  # the private KL weighted on its own
     ])
-def test_fused_step_equals_reference_step(kw, clients):
+def test_fused_step_equals_reference_step(kw, clients, request):
+  if kw:
+    request.getfixturevalue("eager_functions")
   cfg = _config(**dict(dict(epochs=3, batch_size=5), **kw))
   layout, params, shared_prior, x, y, n, seeds = _train_inputs(cfg, clients)
   out = {}

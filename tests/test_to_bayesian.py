@@ -350,7 +350,11 @@ class _Scale(L.Layer):
 
 
 def _seq(*layers, shape=(4,)):
-  return lambda: tf.keras.Sequential([tf.keras.Input(shape), *layers])
+  # New layers from the listed ones' configs when the test runs: a layer made at
+  # collection is invalid once TFF has traced Keras layers in a graph in this process
+  # (the SPEC's pitfall), which an earlier module of the same xdist worker may have done.
+  return lambda: tf.keras.Sequential(
+      [tf.keras.Input(shape), *[type(l).from_config(l.get_config()) for l in layers]])
 
 
 def _branching():

@@ -61,9 +61,10 @@ def tff_runtime():
 def eager_functions():
   """The test's `tf.function`s run as plain Python (`tf.config.run_functions_eagerly`).
 
-  For checks of mathematics (two formulations of one step agree) run at many settings:
-  tracing and grappler cost a tiny network's step ~4 CPU-s a function, running it
-  eagerly ~0.2 s. Each such test keeps its default case in graph mode, as TFF runs it.
+  For checks of mathematics (two formulations of one step agree) run at many settings,
+  where tracing each setting anew would be most of the suite's time for them
+  (docs/tests.md, "Time"). Each such test keeps its default case in graph mode, as TFF
+  runs it.
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
@@ -131,9 +132,9 @@ def no_process_outlives_the_session():
 
 # pytest-xdist hands whole modules (`--dist loadfile`) to whichever worker is free, in
 # collection order (`--no-loadscope-reorder`, Makefile): the slowest first, so that the
-# two workers end together (longest first; by test count, xdist's own order, the two
-# ended 43 s apart). The modules over ~20 CPU-s, slowest first, as measured in
-# docs/tests.md ("Time"); the others follow in file order.
+# two workers end together (xdist's own order is by test count). The modules over ~20
+# CPU-s, slowest first, as measured in docs/tests.md ("Time"); the others follow in file
+# order.
 _SLOWEST_FIRST = (
     "test_real_data", "test_reproduce", "test_export", "test_own_model_virtual",
     "test_launchers_smoke", "test_faults_launcher", "test_export_predictive",

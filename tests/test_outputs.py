@@ -777,9 +777,9 @@ def ctrl_c_run(tmp_path_factory):
       with again.worker_stopped():  # its one round waits for the signal
         time.sleep(0.5)  # in its rounds
         again.proc.terminate()
-        # Its handler runs in its main thread: at once, or, in 2 of 4 suite runs on
-        # 2026-12-06, only once the stopped worker answered (a 60 s stall here, then the
-        # line); either way in the round, which `continued` shows.
+        # Its handler runs in its main thread: at once, or, seen in suite runs, only once
+        # the stopped worker answers (docs/tests.md, "Time"); either way in the round,
+        # which `continued` shows.
         handled = again.wait_for_line(r"^train: stopping after round ", timeout=2, stream="err")
       if not handled:
         again.wait_for_line(r"^train: stopping after round ", timeout=60, stream="err")

@@ -15,8 +15,8 @@ Keras path does.
 
 The equalities are checked at the default settings in graph mode (the library's
 `tf.function`s, as TFF's computations run them) and at the other settings eagerly
-(`eager_functions`, tests/conftest.py): the mathematics is the same, and tracing each
-setting anew was ~8 CPU-s a case against ~1 eagerly.
+(`eager_functions`, tests/conftest.py): the mathematics is the same, without a trace
+per setting.
 """
 
 import csv

@@ -292,12 +292,12 @@ def _export_run(algorithm, server_state, client_states, out_dir, samples, seed, 
   del server, kwargs
 
   entries, names, namer = [], [], _DirNames()
-  features = None  # the previous client's model: the hook may assign the next one into it
+  previous = None  # the previous client's model: the hook may assign the next one into it
   for cid, index, state in client_states:  # one state in memory at a time
     cid, index = str(cid), int(index)
     name = namer(cid, index)
-    features = algorithm.client_predictor(server_state, state, seed=int(seed), reuse=features)
-    model = raw(features, cid)
+    previous = algorithm.client_predictor(server_state, state, seed=int(seed), reuse=previous)
+    model = raw(previous, cid)
     _check_signature(model, signature, f"client {cid!r}")
     predictor_lib.save_predictor(model, os.path.join(out_dir, CLIENTS_DIR, name))
     entry = dict(client_id=cid, client_index=index, path=f"{CLIENTS_DIR}/{name}", **model.info)
